@@ -1,0 +1,158 @@
+"""System checks: a misconfigured IDEMPOTENCY setting is reported at startup, not at the
+first duplicate request in production."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+
+from idempotency_django.conf import (
+    ANONYMOUS_POLICIES,
+    DEFAULTS,
+    FORBIDDEN_STORED_HEADERS,
+    IN_FLIGHT_POLICIES,
+    MODES,
+    STORE_ERROR_POLICIES,
+    resolve_callable,
+    status_predicate,
+)
+
+CHOICES = {
+    "MODE": MODES,
+    "IN_FLIGHT": IN_FLIGHT_POLICIES,
+    "ANONYMOUS": ANONYMOUS_POLICIES,
+    "ON_STORE_ERROR": STORE_ERROR_POLICIES,
+}
+NUMBERS = (
+    "WAIT_SECONDS",
+    "RETRY_AFTER_SECONDS",
+    "LEASE_SECONDS",
+    "MAX_RUN_SECONDS",
+    "TTL_SECONDS",
+    "MAX_RESPONSE_BYTES",
+)
+CALLABLES = ("ACCOUNT", "ENDPOINT", "FINGERPRINT")
+
+
+def register() -> None:
+    checks.register(check_settings, "idempotency_django")
+
+
+def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    user = getattr(settings, "IDEMPOTENCY", {})
+    if not isinstance(user, dict):
+        return [
+            checks.Error(
+                "IDEMPOTENCY must be a dict.",
+                hint="Set IDEMPOTENCY = {...} with the keys listed in the README.",
+                id="idempotency_django.E001",
+            )
+        ]
+    values = {**DEFAULTS, **user}
+    errors: list[checks.CheckMessage] = [
+        checks.Warning(
+            f"IDEMPOTENCY has an unknown key {name!r}; it is ignored.",
+            hint=f"Known keys: {', '.join(sorted(DEFAULTS))}.",
+            id="idempotency_django.W001",
+        )
+        for name in sorted(set(user) - set(DEFAULTS))
+    ]
+    for name, allowed in CHOICES.items():
+        if values[name] not in allowed:
+            errors.append(
+                checks.Error(
+                    f"IDEMPOTENCY[{name!r}] is {values[name]!r}.",
+                    hint=f"Use one of: {', '.join(allowed)}.",
+                    id="idempotency_django.E002",
+                )
+            )
+    bad_numbers = [
+        name
+        for name in NUMBERS
+        if isinstance(values[name], bool)
+        or not isinstance(values[name], (int, float))
+        or values[name] < 0
+    ]
+    for name in bad_numbers:
+        errors.append(
+            checks.Error(
+                f"IDEMPOTENCY[{name!r}] is {values[name]!r}, not a number of zero or more.",
+                hint="Give a number (seconds, or bytes for MAX_RESPONSE_BYTES).",
+                id="idempotency_django.E003",
+            )
+        )
+    if not {"LEASE_SECONDS", "TTL_SECONDS", "MAX_RUN_SECONDS"} & set(bad_numbers):
+        errors.extend(_check_durations(values))
+    for name in CALLABLES:
+        errors.extend(_check_callable(name, resolve_callable, values[name]))
+    errors.extend(_check_callable("STORE_STATUSES", status_predicate, values["STORE_STATUSES"]))
+    forbidden = [name for name in values["STORED_HEADERS"] if name.lower() in FORBIDDEN_STORED_HEADERS]
+    if forbidden:
+        errors.append(
+            checks.Error(
+                f"IDEMPOTENCY['STORED_HEADERS'] names {', '.join(forbidden)}.",
+                hint="Cookies and credentials belong to one exchange and are never replayed.",
+                id="idempotency_django.E007",
+            )
+        )
+    if values["DATABASE"] is not None and values["DATABASE"] not in connections:
+        errors.append(
+            checks.Error(
+                f"IDEMPOTENCY['DATABASE'] is {values['DATABASE']!r}, which is not in DATABASES.",
+                hint="Name a database alias, or None to follow the database routers.",
+                id="idempotency_django.E008",
+            )
+        )
+    return errors
+
+
+def _check_durations(values: dict[str, Any]) -> list[checks.CheckMessage]:
+    errors: list[checks.CheckMessage] = []
+    if values["LEASE_SECONDS"] < 1:
+        errors.append(
+            checks.Error(
+                f"IDEMPOTENCY['LEASE_SECONDS'] is {values['LEASE_SECONDS']}, shorter than 1 s.",
+                hint="The lease is renewed every third of itself; below 1 s renewals "
+                "cannot keep up with a busy database.",
+                id="idempotency_django.E004",
+            )
+        )
+    if values["TTL_SECONDS"] < values["LEASE_SECONDS"]:
+        errors.append(
+            checks.Error(
+                "IDEMPOTENCY['TTL_SECONDS'] is shorter than LEASE_SECONDS.",
+                hint="A key must be kept at least as long as a claim on it can last.",
+                id="idempotency_django.E005",
+            )
+        )
+    if values["MAX_RUN_SECONDS"] < values["LEASE_SECONDS"]:
+        errors.append(
+            checks.Error(
+                "IDEMPOTENCY['MAX_RUN_SECONDS'] is shorter than LEASE_SECONDS.",
+                hint="MAX_RUN_SECONDS bounds how long a running view keeps its key; make it "
+                "longer than the slowest honest request.",
+                id="idempotency_django.E006",
+            )
+        )
+    return errors
+
+
+def _check_callable(
+    name: str, resolve: Callable[[Any, str], Any], value: Any
+) -> list[checks.CheckMessage]:
+    try:
+        resolve(value, name)
+    except (ImproperlyConfigured, TypeError, ValueError) as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint=f"IDEMPOTENCY[{name!r}] takes a callable or its dotted path.",
+                id="idempotency_django.E009",
+            )
+        ]
+    return []

@@ -1,0 +1,174 @@
+"""Settings for idempotency_django, read from the ``IDEMPOTENCY`` dict.
+
+Every value is looked up when it is used, never cached at import, so that
+``override_settings`` in tests and per-request overrides see the current value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+MODES = ("commit", "atomic")
+IN_FLIGHT_POLICIES = ("conflict", "wait")
+ANONYMOUS_POLICIES = ("reject", "bypass")
+STORE_ERROR_POLICIES = ("closed", "open")
+
+# Headers that describe one exchange or carry credentials: never stored, never replayed.
+FORBIDDEN_STORED_HEADERS = frozenset({"set-cookie", "authorization", "cookie", "www-authenticate"})
+
+DEFAULTS: dict[str, Any] = {
+    "ENABLED": True,
+    "HEADER": "Idempotency-Key",
+    "REQUIRED": True,
+    "METHODS": ("POST", "PATCH"),
+    "MODE": "commit",
+    "IN_FLIGHT": "conflict",
+    "WAIT_SECONDS": 10.0,
+    "RETRY_AFTER_SECONDS": 1,
+    "LEASE_SECONDS": 10.0,
+    "MAX_RUN_SECONDS": 300.0,
+    "TTL_SECONDS": 24 * 60 * 60,
+    "ACCOUNT": "idempotency_django.keys.default_account",
+    "ANONYMOUS": "reject",
+    "ENDPOINT": "idempotency_django.keys.default_endpoint",
+    "FINGERPRINT": "idempotency_django.keys.default_fingerprint",
+    "STORE_STATUSES": "idempotency_django.responses.is_definitive",
+    "STORED_HEADERS": (),
+    "MAX_RESPONSE_BYTES": 1024 * 1024,
+    "DATABASE": None,
+    "ON_STORE_ERROR": "closed",
+    "REPLAY_HEADER": "Idempotent-Replayed",
+    "PROBLEM_TYPE_BASE": "urn:idempotency-django:problem:",
+}
+
+
+def resolve_callable(value: Any, name: str) -> Callable[..., Any]:
+    """Turn a callable or a dotted path into a callable, naming the setting when it fails."""
+    if isinstance(value, str):
+        try:
+            value = import_string(value)
+        except ImportError as exc:
+            raise ImproperlyConfigured(f"IDEMPOTENCY {name}: cannot import {value!r}: {exc}") from exc
+    if not callable(value):
+        raise ImproperlyConfigured(f"IDEMPOTENCY {name}: {value!r} is not callable")
+    return value  # type: ignore[no-any-return]
+
+
+def status_predicate(value: Any, name: str = "STORE_STATUSES") -> Callable[[int], bool]:
+    """``STORE_STATUSES`` may be a predicate, its dotted path, or an iterable of status codes."""
+    if isinstance(value, Iterable) and not isinstance(value, str):
+        codes = frozenset(int(code) for code in value)
+        return codes.__contains__
+    return resolve_callable(value, name)
+
+
+class Settings:
+    """Typed, late-bound view of ``settings.IDEMPOTENCY`` with defaults."""
+
+    def raw(self) -> dict[str, Any]:
+        user = getattr(settings, "IDEMPOTENCY", {})
+        if not isinstance(user, dict):
+            raise ImproperlyConfigured("The IDEMPOTENCY setting must be a dict.")
+        return user
+
+    def get(self, name: str) -> Any:
+        if name not in DEFAULTS:
+            raise AttributeError(name)
+        return self.raw().get(name, DEFAULTS[name])
+
+    @property
+    def ENABLED(self) -> bool:
+        return bool(self.get("ENABLED"))
+
+    @property
+    def HEADER(self) -> str:
+        return str(self.get("HEADER"))
+
+    @property
+    def REQUIRED(self) -> bool:
+        return bool(self.get("REQUIRED"))
+
+    @property
+    def METHODS(self) -> frozenset[str]:
+        return frozenset(method.upper() for method in self.get("METHODS"))
+
+    @property
+    def MODE(self) -> str:
+        return str(self.get("MODE"))
+
+    @property
+    def IN_FLIGHT(self) -> str:
+        return str(self.get("IN_FLIGHT"))
+
+    @property
+    def WAIT_SECONDS(self) -> float:
+        return float(self.get("WAIT_SECONDS"))
+
+    @property
+    def RETRY_AFTER_SECONDS(self) -> int:
+        return int(self.get("RETRY_AFTER_SECONDS"))
+
+    @property
+    def LEASE_SECONDS(self) -> float:
+        return float(self.get("LEASE_SECONDS"))
+
+    @property
+    def MAX_RUN_SECONDS(self) -> float:
+        return float(self.get("MAX_RUN_SECONDS"))
+
+    @property
+    def TTL_SECONDS(self) -> float:
+        return float(self.get("TTL_SECONDS"))
+
+    @property
+    def ACCOUNT(self) -> Callable[..., Any]:
+        return resolve_callable(self.get("ACCOUNT"), "ACCOUNT")
+
+    @property
+    def ANONYMOUS(self) -> str:
+        return str(self.get("ANONYMOUS"))
+
+    @property
+    def ENDPOINT(self) -> Callable[..., Any]:
+        return resolve_callable(self.get("ENDPOINT"), "ENDPOINT")
+
+    @property
+    def FINGERPRINT(self) -> Callable[..., Any]:
+        return resolve_callable(self.get("FINGERPRINT"), "FINGERPRINT")
+
+    @property
+    def STORE_STATUSES(self) -> Callable[[int], bool]:
+        return status_predicate(self.get("STORE_STATUSES"))
+
+    @property
+    def STORED_HEADERS(self) -> tuple[str, ...]:
+        return tuple(self.get("STORED_HEADERS"))
+
+    @property
+    def MAX_RESPONSE_BYTES(self) -> int:
+        return int(self.get("MAX_RESPONSE_BYTES"))
+
+    @property
+    def DATABASE(self) -> str | None:
+        value = self.get("DATABASE")
+        return None if value is None else str(value)
+
+    @property
+    def ON_STORE_ERROR(self) -> str:
+        return str(self.get("ON_STORE_ERROR"))
+
+    @property
+    def REPLAY_HEADER(self) -> str:
+        return str(self.get("REPLAY_HEADER"))
+
+    @property
+    def PROBLEM_TYPE_BASE(self) -> str:
+        return str(self.get("PROBLEM_TYPE_BASE"))
+
+
+conf = Settings()

@@ -1,0 +1,268 @@
+"""Claim, replay, complete and release keys in the ``IdempotencyRecord`` store.
+
+This module knows nothing of HTTP: the decorator (and any other adapter) turns a request
+into a ``Scope`` and a fingerprint, calls ``begin`` and then ``complete`` or ``release``.
+
+The claim is one ``INSERT … ON CONFLICT DO NOTHING`` (``INSERT IGNORE`` on MariaDB/MySQL):
+whoever inserts the row owns the key, and the unique index decides between concurrent
+inserts in any number of processes. Only a loser reads the row, so a first request costs
+one statement to claim and one to complete, and a replay, conflict or mismatch costs two.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import IntegrityError, connections, router, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from idempotency_django import signals
+from idempotency_django.conf import conf
+from idempotency_django.exceptions import InFlight, KeyMismatch, ResponseNotStored
+from idempotency_django.models import IdempotencyRecord
+from idempotency_django.responses import StoredResponse
+
+logger = logging.getLogger("idempotency_django")
+
+State = IdempotencyRecord.State
+
+# How often a claim is retried when the row it lost to vanishes before it can be read
+# (the winner released it in between). Past this, the caller is told to retry later.
+MAX_VANISHED_ROWS = 5
+
+
+@dataclass(frozen=True)
+class Scope:
+    account: str
+    endpoint: str
+    key: str
+
+    def lookup(self) -> dict[str, str]:
+        return {"account": self.account, "endpoint": self.endpoint, "key": self.key}
+
+
+@dataclass(frozen=True)
+class Options:
+    alias: str
+    lease: float
+    ttl: float
+    in_flight: str
+    wait_seconds: float
+    retry_after: int
+
+
+@dataclass(frozen=True)
+class Claim:
+    scope: Scope
+    token: str
+    alias: str
+
+
+def store_alias() -> str:
+    return conf.DATABASE or router.db_for_write(IdempotencyRecord)
+
+
+def _records(alias: str) -> Any:
+    return IdempotencyRecord.objects.using(alias)
+
+
+def begin(scope: Scope, fingerprint: str, options: Options) -> Claim | StoredResponse:
+    """Claim ``scope`` for this request, or return the stored outcome of an earlier one.
+
+    Raises ``KeyMismatch`` when the key belongs to a different request, ``InFlight`` when
+    its first request is still running (after waiting, under the ``wait`` policy) and
+    ``ResponseNotStored`` when it completed without a storable response.
+    """
+    deadline = time.monotonic() + (options.wait_seconds if options.in_flight == "wait" else 0)
+    delay = 0.05
+    vanished = 0
+    reported_in_flight = False
+    while True:
+        now = timezone.now()
+        token = uuid.uuid4().hex
+        if _insert(scope, fingerprint, token, now, options):
+            signals.claimed.send(IdempotencyRecord, **scope.lookup())
+            return Claim(scope, token, options.alias)
+        record = _read(scope, options.alias)
+        if record is None:
+            vanished += 1
+            if vanished > MAX_VANISHED_ROWS:
+                raise InFlight(retry_after=options.retry_after)
+            continue
+        expired = record.expires_at <= now
+        lapsed = record.state == State.IN_PROGRESS and record.lease_expires_at <= now
+        if expired or (lapsed and record.fingerprint == fingerprint):
+            claim = _take_over(record, scope, fingerprint, token, now, options)
+            if claim is not None:
+                signal = signals.claimed if expired else signals.lease_taken_over
+                signal.send(IdempotencyRecord, **scope.lookup())
+                return claim
+            continue
+        if record.fingerprint != fingerprint:
+            signals.mismatch.send(IdempotencyRecord, **scope.lookup())
+            raise KeyMismatch(
+                "This Idempotency-Key was already used with a different request."
+            )
+        if record.state == State.COMPLETED:
+            return _stored(record, scope)
+        if not reported_in_flight:
+            signals.in_flight.send(IdempotencyRecord, **scope.lookup())
+            reported_in_flight = True
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise InFlight(
+                "A request with this Idempotency-Key is still being processed.",
+                retry_after=options.retry_after,
+            )
+        time.sleep(min(delay, remaining))
+        delay = min(delay * 2, 0.5)
+
+
+def complete(claim: Claim, outcome: StoredResponse, *, body_stored: bool = True) -> bool:
+    """Store the outcome for ``claim``: fenced, so it never overwrites a newer claim.
+
+    Returns False (and logs an error) when the claim was lost: its lease lapsed and another
+    request took the key over, which now owns the record.
+    """
+    updated = (
+        _records(claim.alias)
+        .filter(token=claim.token, state=State.IN_PROGRESS, **claim.scope.lookup())
+        .update(
+            state=State.COMPLETED,
+            response_status=outcome.status,
+            response_headers=[list(pair) for pair in outcome.headers],
+            response_body=outcome.body if body_stored else None,
+            completed_at=timezone.now(),
+            lease_expires_at=None,
+        )
+    )
+    if updated:
+        return True
+    logger.error(
+        "Idempotency claim lost before completion: the view ran, but its lease lapsed and "
+        "another request took the key over; the outcome was not stored.",
+        extra=_log_extra(claim.scope, status=outcome.status),
+    )
+    signals.completion_lost.send(IdempotencyRecord, **claim.scope.lookup())
+    return False
+
+
+def release(claim: Claim) -> None:
+    """Delete the claim's record so that the next retry runs the view."""
+    _records(claim.alias).filter(token=claim.token, **claim.scope.lookup()).delete()
+    signals.released.send(IdempotencyRecord, **claim.scope.lookup())
+
+
+def _insert(scope: Scope, fingerprint: str, token: str, now: Any, options: Options) -> bool:
+    values = {
+        **scope.lookup(),
+        "fingerprint": fingerprint,
+        "state": State.IN_PROGRESS,
+        "token": token,
+        "lease_expires_at": now + timedelta(seconds=options.lease),
+        "response_headers": [],
+        "created_at": now,
+        "expires_at": now + timedelta(seconds=options.ttl),
+    }
+    connection = connections[options.alias]
+    if connection.vendor == "mysql":
+        verb, suffix = "INSERT IGNORE INTO", ""
+    elif connection.vendor in ("postgresql", "sqlite"):
+        verb, suffix = "INSERT INTO", " ON CONFLICT DO NOTHING"
+    else:  # pragma: no cover - other backends take the portable, slower path
+        try:
+            with transaction.atomic(using=options.alias):
+                _records(options.alias).create(**values)
+        except IntegrityError:
+            return False
+        return True
+    meta = IdempotencyRecord._meta
+    fields = [meta.get_field(name) for name in values]
+    columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)
+    placeholders = ", ".join(["%s"] * len(fields))
+    params = [field.get_db_prep_save(values[field.name], connection) for field in fields]
+    table = connection.ops.quote_name(meta.db_table)
+    sql = f"{verb} {table} ({columns}) VALUES ({placeholders}){suffix}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return bool(cursor.rowcount == 1)
+
+
+def _read(scope: Scope, alias: str) -> IdempotencyRecord | None:
+    records = _records(alias).filter(**scope.lookup())
+    connection = connections[alias]
+    if connection.vendor == "mysql" and connection.in_atomic_block:
+        # A locking read sees the latest committed row even under REPEATABLE READ.
+        records = records.select_for_update()
+    return records.first()  # type: ignore[no-any-return]
+
+
+def _take_over(
+    record: IdempotencyRecord,
+    scope: Scope,
+    fingerprint: str,
+    token: str,
+    now: Any,
+    options: Options,
+) -> Claim | None:
+    """Claim a row that is expired or whose lease lapsed, unless someone else got there first.
+
+    The conditions are re-checked in the ``UPDATE`` itself: a heartbeat that renewed the
+    lease, or another request that took the row over, makes it match nothing.
+    """
+    still_takeable = Q(expires_at__lte=now) | Q(state=State.IN_PROGRESS, lease_expires_at__lte=now)
+    updated = (
+        _records(options.alias)
+        .filter(still_takeable, pk=record.pk, token=record.token)
+        .update(
+            fingerprint=fingerprint,
+            state=State.IN_PROGRESS,
+            token=token,
+            lease_expires_at=now + timedelta(seconds=options.lease),
+            response_status=None,
+            response_headers=[],
+            response_body=None,
+            created_at=now,
+            completed_at=None,
+            expires_at=now + timedelta(seconds=options.ttl),
+        )
+    )
+    if not updated:
+        return None
+    if record.state == State.IN_PROGRESS:
+        logger.warning(
+            "Idempotency lease lapsed; the key was taken over by a retry.",
+            extra=_log_extra(scope),
+        )
+    return Claim(scope, token, options.alias)
+
+
+def _stored(record: IdempotencyRecord, scope: Scope) -> StoredResponse:
+    assert record.response_status is not None
+    if record.response_body is None:
+        raise ResponseNotStored(
+            f"The first request with this Idempotency-Key completed with status "
+            f"{record.response_status}, but its response was not stored "
+            "(it was streamed or larger than MAX_RESPONSE_BYTES)."
+        )
+    signals.replayed.send(IdempotencyRecord, status=record.response_status, **scope.lookup())
+    return StoredResponse(
+        status=record.response_status,
+        body=bytes(record.response_body),
+        headers=[(str(name), str(value)) for name, value in record.response_headers],
+    )
+
+
+def _log_extra(scope: Scope, **extra: Any) -> dict[str, Any]:
+    return {
+        "idempotency_account": scope.account,
+        "idempotency_endpoint": scope.endpoint,
+        "idempotency_key": scope.key,
+        **extra,
+    }

@@ -1,0 +1,45 @@
+"""The record whose unique row is the single-flight lock for one idempotency key."""
+
+from __future__ import annotations
+
+from django.db import models
+
+# Column widths are chosen so the unique index fits MariaDB/MySQL's 3072-byte
+# InnoDB limit with utf8mb4 (4 bytes per character): (128 + 255 + 255) * 4 = 2552.
+ACCOUNT_MAX_LENGTH = 128
+ENDPOINT_MAX_LENGTH = 255
+KEY_MAX_LENGTH = 255
+
+
+class IdempotencyRecord(models.Model):
+    class State(models.TextChoices):
+        IN_PROGRESS = "in_progress", "in progress"
+        COMPLETED = "completed", "completed"
+
+    account = models.CharField(max_length=ACCOUNT_MAX_LENGTH)
+    endpoint = models.CharField(max_length=ENDPOINT_MAX_LENGTH)
+    key = models.CharField(max_length=KEY_MAX_LENGTH)
+    fingerprint = models.CharField(max_length=64)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.IN_PROGRESS)
+    # A new random token per claim: completion, renewal and release only touch the
+    # row while it still carries the token of the claim that wants to write it.
+    token = models.CharField(max_length=32)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_headers = models.JSONField(default=list, blank=True)
+    response_body = models.BinaryField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    completed_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        verbose_name = "idempotency record"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["account", "endpoint", "key"],
+                name="idempotency_record_unique_key",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.account}, {self.endpoint})"
