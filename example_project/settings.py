@@ -1,0 +1,57 @@
+"""A small payments API that shows idempotency_django in use.
+
+SQLite with no setup; ``DATABASE_URL`` (``postgres://…`` or ``mysql://…``) selects a real
+database. Not a production configuration: ``DEBUG`` and the secret key come from the
+environment with demo defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+SECRET_KEY = os.environ.get("EXAMPLE_SECRET_KEY", "example-project-demo-secret-key-change-me")
+DEBUG = os.environ.get("EXAMPLE_DEBUG", "") == "1"
+ALLOWED_HOSTS = ["localhost", "127.0.0.1", "[::1]", "testserver"]
+USE_TZ = True
+ROOT_URLCONF = "example_project.urls"
+WSGI_APPLICATION = "example_project.wsgi.application"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'example.sqlite3'}"),
+    ),
+}
+
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "idempotency_django",
+    "example_project.payments",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.middleware.common.CommonMiddleware",
+]
+
+# The demo users have demo passwords and every API request checks one (HTTP Basic), so the
+# example hashes with few iterations. Keep Django's default hashers in a real project.
+PASSWORD_HASHERS = ["example_project.payments.hashers.DemoPBKDF2PasswordHasher"]
+
+IDEMPOTENCY = {
+    "LEASE_SECONDS": float(os.environ.get("EXAMPLE_LEASE_SECONDS", "10")),
+    "MAX_RUN_SECONDS": float(os.environ.get("EXAMPLE_MAX_RUN_SECONDS", "300")),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"idempotency_django": {"handlers": ["console"], "level": "INFO"}},
+}
