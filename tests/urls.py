@@ -1,3 +1,20 @@
 from __future__ import annotations
 
-urlpatterns: list[object] = []
+from django.urls import path
+
+from tests import views
+
+urlpatterns = [
+    path("effect/", views.effect),
+    path("effect/<int:number>/", views.effect),
+    path("optional/", views.optional),
+    path("atomic/", views.atomic),
+    path("waiting/", views.waiting),
+    path("short-wait/", views.short_wait),
+    path("fields/", views.fields),
+    path("custom-fingerprint/", views.custom_fingerprint),
+    path("only-201/", views.only_201),
+    path("with-put/", views.with_put),
+    path("stream/", views.stream),
+    path("class-based/", views.EffectView.as_view()),
+]

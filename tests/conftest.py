@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test import Client
+
+from tests.factories import UserFactory
+from tests.models import SideEffect
+from tests.views import gate
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Concurrency and end-to-end tests need a real database; SQLite runs the rest."""
+    if connection.vendor in ("postgresql", "mysql"):
+        return
+    skip = pytest.mark.skip(reason="needs PostgreSQL or MariaDB (set DATABASE_URL)")
+    for item in items:
+        if "concurrency" in item.keywords or "e2e" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def alice(db: None) -> User:
+    return UserFactory(username="alice")
+
+
+@pytest.fixture
+def bob(db: None) -> User:
+    return UserFactory(username="bob")
+
+
+@pytest.fixture
+def new_key() -> Callable[[], str]:
+    return lambda: f"key-{uuid.uuid4()}"
+
+
+@pytest.fixture(autouse=True)
+def _open_gate() -> Iterator[None]:
+    gate.reset()
+    yield
+    gate.release.set()
+
+
+Post = Callable[..., Any]
+
+
+@pytest.fixture
+def post(client: Client) -> Post:
+    """POST JSON as a user with an Idempotency-Key; ``key=None`` sends no key."""
+
+    def send(
+        path: str,
+        body: Any = None,
+        *,
+        key: str | None = "k1",
+        user: str | None = "alice",
+        method: str = "post",
+        content_type: str = "application/json",
+        **headers: str,
+    ) -> Any:
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        if user is not None:
+            headers["X-User"] = user
+        data = body if isinstance(body, bytes) else json.dumps(body if body is not None else {})
+        return getattr(client, method)(path, data=data, content_type=content_type, headers=headers)
+
+    return send
+
+
+def effects(label: str | None = None) -> int:
+    records = SideEffect.objects.all()
+    return records.filter(label=label).count() if label else records.count()

@@ -1,0 +1,562 @@
+"""The decision table of DESIGN.md §2–§3, through ``@idempotent`` views and the test client.
+
+These tests commit for real (``transaction=True``): the default mode claims in a
+transaction of its own, which a test wrapped in a transaction would hide.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import timedelta
+
+from collections.abc import Iterator
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import OperationalError, connection
+from django.utils import timezone
+
+from idempotency_django.models import IdempotencyRecord
+from tests.conftest import Post, effects
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+State = IdempotencyRecord.State
+
+
+def problem(response: object) -> dict[str, object]:
+    assert response["Content-Type"] == "application/problem+json"  # type: ignore[index]
+    return json.loads(response.content)  # type: ignore[attr-defined,no-any-return]
+
+
+def test_first_request_runs_the_view_and_stores_the_outcome(alice: User, post: Post) -> None:
+    response = post("/effect/", {"amount": 1})
+
+    assert response.status_code == 201
+    assert "Idempotent-Replayed" not in response
+    assert effects() == 1
+    record = IdempotencyRecord.objects.get()
+    assert record.state == State.COMPLETED
+    assert (record.account, record.endpoint, record.key) == (str(alice.pk), "POST /effect/", "k1")
+    assert bytes(record.response_body) == response.content
+    assert record.lease_expires_at is None
+
+
+def test_retry_replays_status_body_and_allowed_headers(alice: User, post: Post) -> None:
+    first = post("/effect/", {"amount": 1})
+    retry = post("/effect/", {"amount": 1})
+
+    assert effects() == 1
+    assert retry.status_code == 201
+    assert retry.content == first.content
+    assert retry["Content-Type"] == first["Content-Type"]
+    assert retry["Location"] == first["Location"]
+    assert retry["Idempotent-Replayed"] == "true"
+    assert "X-Request-Id" not in retry
+    assert not retry.cookies
+    assert first.cookies["session"].value == "secret"
+
+
+def test_stored_headers_setting_adds_headers_to_replays(alice: User, post: Post, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.IDEMPOTENCY = {"STORED_HEADERS": ["X-Request-Id"]}
+    first = post("/effect/", {})
+    retry = post("/effect/", {})
+
+    assert retry["X-Request-Id"] == first["X-Request-Id"]
+
+
+def test_json_key_order_and_whitespace_are_the_same_request(alice: User, post: Post, client) -> None:  # type: ignore[no-untyped-def]
+    post("/effect/", {"a": 1, "b": 2})
+    retry = client.post(
+        "/effect/",
+        data='{ "b" : 2,\n "a": 1 }',
+        content_type="application/json",
+        headers={"Idempotency-Key": "k1", "X-User": "alice"},
+    )
+
+    assert retry.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert effects() == 1
+
+
+def test_key_reused_with_another_body_is_422_and_runs_nothing(alice: User, post: Post) -> None:
+    post("/effect/", {"amount": 1})
+    response = post("/effect/", {"amount": 2})
+
+    assert response.status_code == 422
+    assert problem(response)["type"] == "urn:idempotency-django:problem:key-mismatch"
+    assert effects() == 1
+
+
+def test_key_reused_with_another_query_string_is_422(alice: User, post: Post) -> None:
+    post("/effect/?currency=usd", {})
+    response = post("/effect/?currency=eur", {})
+
+    assert response.status_code == 422
+    assert effects() == 1
+
+
+def test_same_key_on_another_path_is_another_operation(alice: User, post: Post) -> None:
+    first = post("/effect/1/", {})
+    second = post("/effect/2/", {})
+
+    assert (first.status_code, second.status_code) == (201, 201)
+    assert "Idempotent-Replayed" not in second
+    assert effects() == 2
+
+
+def test_missing_key_is_400_and_runs_nothing(alice: User, post: Post) -> None:
+    response = post("/effect/", {}, key=None)
+
+    assert response.status_code == 400
+    body = problem(response)
+    assert body["type"] == "urn:idempotency-django:problem:key-missing"
+    assert body["status"] == 400
+    assert effects() == 0
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["", "   ", "a" * 256, '"' + "a" * 256 + '"', "with space", "tab\there", "é", '"open', '"a"b'],
+)
+def test_malformed_key_is_400_and_runs_nothing(alice: User, post: Post, key: str) -> None:
+    response = post("/effect/", {}, key=key)
+
+    assert response.status_code == 400
+    assert problem(response)["type"] == "urn:idempotency-django:problem:key-malformed"
+    assert effects() == 0
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_bare_and_structured_field_forms_name_the_same_key(alice: User, post: Post) -> None:
+    post("/effect/", {}, key="abc")
+    retry = post("/effect/", {}, key='"abc"')
+
+    assert retry["Idempotent-Replayed"] == "true"
+    assert effects() == 1
+    assert IdempotencyRecord.objects.get().key == "abc"
+
+
+def test_255_character_key_is_accepted(alice: User, post: Post) -> None:
+    assert post("/effect/", {}, key="k" * 255).status_code == 201
+
+
+def test_optional_key_runs_unprotected_without_a_key(alice: User, post: Post) -> None:
+    post("/optional/", {}, key=None)
+    post("/optional/", {}, key=None)
+
+    assert effects() == 2
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_optional_key_still_protects_when_a_key_is_sent(alice: User, post: Post) -> None:
+    post("/optional/", {}, key="k")
+    retry = post("/optional/", {}, key="k")
+
+    assert retry["Idempotent-Replayed"] == "true"
+    assert effects() == 1
+
+
+def test_safe_methods_are_not_protected(alice: User, client) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(2):
+        response = client.get("/effect/", headers={"Idempotency-Key": "k", "X-User": "alice"})
+        assert response.status_code == 201
+        assert "Idempotent-Replayed" not in response
+    assert effects() == 2
+
+
+def test_put_is_protected_only_where_configured(alice: User, post: Post) -> None:
+    post("/with-put/", {}, method="put")
+    retry = post("/with-put/", {}, method="put")
+    post("/effect/", {}, method="put", key="unprotected")
+    post("/effect/", {}, method="put", key="unprotected")
+
+    assert retry["Idempotent-Replayed"] == "true"
+    assert effects("with_put") == 1
+    assert effects("effect") == 2
+
+
+def test_patch_is_protected_by_default(alice: User, post: Post) -> None:
+    post("/effect/", {}, method="patch")
+    retry = post("/effect/", {}, method="patch")
+
+    assert retry["Idempotent-Replayed"] == "true"
+    assert effects() == 1
+
+
+def test_anonymous_requests_are_refused_and_cannot_read_stored_responses(
+    alice: User, post: Post
+) -> None:
+    stored = post("/effect/", {"amount": 1})
+    response = post("/effect/", {"amount": 1}, user=None)
+
+    assert response.status_code == 403
+    assert problem(response)["type"] == "urn:idempotency-django:problem:anonymous"
+    assert stored.content not in response.content
+    assert effects() == 1
+
+
+def test_anonymous_bypass_runs_unprotected(post: Post, settings, db) -> None:  # type: ignore[no-untyped-def]
+    settings.IDEMPOTENCY = {"ANONYMOUS": "bypass"}
+    post("/effect/", {}, user=None)
+    post("/effect/", {}, user=None)
+
+    assert effects() == 2
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_two_accounts_with_one_key_are_independent(alice: User, bob: User, post: Post) -> None:
+    for_alice = post("/effect/", {"amount": 1}, user="alice")
+    for_bob = post("/effect/", {"amount": 1}, user="bob")
+    bob_with_other_body = post("/effect/", {"amount": 2}, user="bob", key="k2")
+    alice_same_key_other_body = post("/effect/", {"amount": 2}, user="alice", key="k2")
+
+    assert for_bob.status_code == 201
+    assert "Idempotent-Replayed" not in for_bob
+    assert json.loads(for_bob.content)["effect"] != json.loads(for_alice.content)["effect"]
+    assert bob_with_other_body.status_code == alice_same_key_other_body.status_code == 201
+    assert effects() == 4
+
+
+def test_custom_account_callable_scopes_keys(alice: User, bob: User, post: Post, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.IDEMPOTENCY = {"ACCOUNT": lambda request: "one-tenant"}
+    post("/effect/", {}, user="alice")
+    from_bob = post("/effect/", {}, user="bob")
+
+    assert from_bob["Idempotent-Replayed"] == "true"
+    assert IdempotencyRecord.objects.get().account == "one-tenant"
+
+
+def test_exception_releases_the_key_and_a_retry_runs(alice: User, post: Post, client) -> None:  # type: ignore[no-untyped-def]
+    client.raise_request_exception = False
+    failed = post("/effect/", {"raise": True})
+    assert failed.status_code == 500
+    assert not IdempotencyRecord.objects.exists()
+
+    retry = post("/effect/", {"raise": True}, key="k1")
+    assert retry.status_code == 500
+    assert effects() == 2
+
+
+def test_5xx_response_releases_the_key(alice: User, post: Post) -> None:
+    first = post("/effect/", {"status": 503})
+    retry = post("/effect/", {"status": 503})
+
+    assert first.status_code == retry.status_code == 503
+    assert "Idempotent-Replayed" not in retry
+    assert effects() == 2
+    assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.parametrize("status", [408, 409, 425, 429])
+def test_transient_4xx_is_not_stored(alice: User, post: Post, status: int) -> None:
+    post("/effect/", {"status": status})
+    retry = post("/effect/", {"status": status})
+
+    assert "Idempotent-Replayed" not in retry
+    assert effects() == 2
+
+
+@pytest.mark.parametrize("status", [200, 302, 400, 402, 404, 422])
+def test_definitive_outcomes_are_stored_and_replayed(alice: User, post: Post, status: int) -> None:
+    first = post("/effect/", {"status": status})
+    retry = post("/effect/", {"status": status})
+
+    assert retry.status_code == status
+    assert retry.content == first.content
+    assert retry["Idempotent-Replayed"] == "true"
+    assert effects() == 1
+
+
+def test_store_statuses_per_view(alice: User, post: Post) -> None:
+    post("/only-201/", {"status": 402})
+    declined_again = post("/only-201/", {"status": 402})
+
+    assert "Idempotent-Replayed" not in declined_again
+    assert effects() == 2
+
+
+def test_store_statuses_setting(alice: User, post: Post, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.IDEMPOTENCY = {"STORE_STATUSES": lambda status: status < 600}
+    post("/effect/", {"status": 500})
+    retry = post("/effect/", {"status": 500})
+
+    assert retry.status_code == 500
+    assert retry["Idempotent-Replayed"] == "true"
+    assert effects() == 1
+
+
+def test_in_flight_duplicate_gets_409_with_retry_after(alice: User, post: Post) -> None:
+    IdempotencyRecord.objects.create(
+        account=str(alice.pk),
+        endpoint="POST /effect/",
+        key="k1",
+        fingerprint=_fingerprint_of(post, {"amount": 1}),
+        token="a" * 32,
+        created_at=timezone.now(),
+        lease_expires_at=timezone.now() + timedelta(seconds=30),
+        expires_at=timezone.now() + timedelta(days=1),
+    )
+    response = post("/effect/", {"amount": 1})
+
+    assert response.status_code == 409
+    assert response["Retry-After"] == "1"
+    assert problem(response)["type"] == "urn:idempotency-django:problem:in-flight"
+    assert effects() == 0
+
+
+def test_mismatch_wins_over_in_flight(alice: User, post: Post) -> None:
+    IdempotencyRecord.objects.create(
+        account=str(alice.pk),
+        endpoint="POST /effect/",
+        key="k1",
+        fingerprint="f" * 64,
+        token="a" * 32,
+        created_at=timezone.now(),
+        lease_expires_at=timezone.now() + timedelta(seconds=30),
+        expires_at=timezone.now() + timedelta(days=1),
+    )
+
+    assert post("/effect/", {"amount": 1}).status_code == 422
+
+
+def test_lapsed_lease_is_taken_over_and_runs_once(alice: User, post: Post) -> None:
+    fingerprint = _fingerprint_of(post, {"amount": 1})
+    IdempotencyRecord.objects.create(
+        account=str(alice.pk),
+        endpoint="POST /effect/",
+        key="k1",
+        fingerprint=fingerprint,
+        token="a" * 32,
+        created_at=timezone.now() - timedelta(seconds=60),
+        lease_expires_at=timezone.now() - timedelta(seconds=1),
+        expires_at=timezone.now() + timedelta(days=1),
+    )
+    response = post("/effect/", {"amount": 1})
+    retry = post("/effect/", {"amount": 1})
+
+    assert response.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert effects() == 1
+    record = IdempotencyRecord.objects.get()
+    assert record.token != "a" * 32
+    assert record.state == State.COMPLETED
+
+
+def test_lapsed_lease_with_another_body_is_still_422(alice: User, post: Post) -> None:
+    IdempotencyRecord.objects.create(
+        account=str(alice.pk),
+        endpoint="POST /effect/",
+        key="k1",
+        fingerprint="f" * 64,
+        token="a" * 32,
+        created_at=timezone.now() - timedelta(seconds=60),
+        lease_expires_at=timezone.now() - timedelta(seconds=1),
+        expires_at=timezone.now() + timedelta(days=1),
+    )
+
+    assert post("/effect/", {"amount": 1}).status_code == 422
+    assert effects() == 0
+
+
+def test_completed_key_past_its_ttl_counts_as_absent(alice: User, post: Post) -> None:
+    post("/effect/", {"amount": 1})
+    IdempotencyRecord.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+
+    again = post("/effect/", {"amount": 2})
+
+    assert again.status_code == 201
+    assert "Idempotent-Replayed" not in again
+    assert effects() == 2
+    assert IdempotencyRecord.objects.count() == 1
+
+
+def test_ttl_setting_sets_expiry(alice: User, post: Post, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.IDEMPOTENCY = {"TTL_SECONDS": 3600}
+    before = timezone.now()
+    post("/effect/", {})
+    record = IdempotencyRecord.objects.get()
+
+    assert before + timedelta(seconds=3590) < record.expires_at <= timezone.now() + timedelta(hours=1)
+
+
+def test_fingerprint_fields_ignore_other_fields(alice: User, post: Post) -> None:
+    post("/fields/", {"amount": 1, "note": "first"})
+    retry = post("/fields/", {"amount": 1, "note": "edited"})
+    other = post("/fields/", {"amount": 2, "note": "first"})
+
+    assert retry["Idempotent-Replayed"] == "true"
+    assert other.status_code == 422
+    assert effects() == 1
+
+
+def test_fingerprint_callable(alice: User, post: Post) -> None:
+    post("/custom-fingerprint/", {"amount": 1, "note": "a"})
+    retry = post("/custom-fingerprint/", {"amount": 1, "note": "b"})
+    other = post("/custom-fingerprint/", {"amount": 3})
+
+    assert retry["Idempotent-Replayed"] == "true"
+    assert other.status_code == 422
+
+
+def test_class_based_view_with_method_decorator(alice: User, post: Post) -> None:
+    post("/class-based/", {})
+    retry = post("/class-based/", {})
+
+    assert retry["Idempotent-Replayed"] == "true"
+    assert effects("class_based") == 1
+
+
+def test_disabled_switch_turns_protection_off(alice: User, post: Post, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.IDEMPOTENCY = {"ENABLED": False}
+    post("/effect/", {}, key=None)
+    post("/effect/", {})
+    post("/effect/", {})
+
+    assert effects() == 3
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_streaming_response_is_delivered_and_a_retry_is_told_it_ran(alice: User, post: Post) -> None:
+    first = post("/stream/", {})
+    retry = post("/stream/", {})
+
+    assert first.status_code == 201
+    assert b"".join(first.streaming_content) == b"chunk-1,chunk-2"
+    assert retry.status_code == 409
+    body = problem(retry)
+    assert body["type"] == "urn:idempotency-django:problem:response-not-stored"
+    assert "201" in str(body["detail"])
+    assert "Retry-After" not in retry
+    assert effects("stream") == 1
+
+
+def test_response_over_the_limit_is_delivered_but_not_stored(alice: User, post: Post, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.IDEMPOTENCY = {"MAX_RESPONSE_BYTES": 10}
+    first = post("/effect/", {"amount": 1})
+    retry = post("/effect/", {"amount": 1})
+
+    assert first.status_code == 201
+    assert retry.status_code == 409
+    assert problem(retry)["type"] == "urn:idempotency-django:problem:response-not-stored"
+    assert effects() == 1
+
+
+def test_body_over_django_upload_limit_is_413(alice: User, post: Post, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 100
+    response = post("/effect/", {"blob": "x" * 500})
+
+    assert response.status_code == 413
+    assert problem(response)["type"] == "urn:idempotency-django:problem:body-too-large"
+    assert effects() == 0
+
+
+def test_non_utf8_and_non_json_bodies_are_fingerprinted_as_bytes(alice: User, post: Post) -> None:
+    first = post("/effect/", b"\xff\xfe raw", content_type="application/octet-stream")
+    retry = post("/effect/", b"\xff\xfe raw", content_type="application/octet-stream")
+    other = post("/effect/", b"\xff\xfe other", content_type="application/octet-stream")
+    bad_json = post("/effect/", b"\xff{not json", content_type="application/json", key="k2")
+
+    assert first.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert other.status_code == 422
+    assert bad_json.status_code == 201
+
+
+@pytest.fixture
+def store_down() -> Iterator[list[str]]:
+    """Make every statement on the records table fail as if the database went away.
+
+    Uses Django's ``execute_wrapper`` hook; tests with a server that really goes away live
+    with the end-to-end tests.
+    """
+    failed: list[str] = []
+
+    def fail_on_records(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if IdempotencyRecord._meta.db_table in sql:
+            failed.append(sql)
+            raise OperationalError("server closed the connection unexpectedly")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(fail_on_records):
+        yield failed
+
+
+def test_store_down_fails_closed_with_503(alice: User, post: Post, store_down: list[str]) -> None:
+    response = post("/effect/", {})
+
+    assert store_down
+    assert response.status_code == 503
+    assert response["Retry-After"] == "1"
+    assert problem(response)["type"] == "urn:idempotency-django:problem:store-unavailable"
+    assert effects() == 0
+
+
+def test_store_down_in_atomic_mode_fails_closed(alice: User, post: Post, store_down: list[str]) -> None:
+    response = post("/atomic/", {})
+
+    assert response.status_code == 503
+    assert effects() == 0
+
+
+def test_store_down_fails_open_when_configured(alice: User, post: Post, settings, store_down) -> None:  # type: ignore[no-untyped-def]
+    settings.IDEMPOTENCY = {"ON_STORE_ERROR": "open"}
+    response = post("/effect/", {})
+
+    assert response.status_code == 201
+    assert effects() == 1
+
+
+def test_completion_failure_still_sends_the_response_and_keeps_the_claim(
+    alice: User, post: Post, caplog: pytest.LogCaptureFixture
+) -> None:
+    def fail_updates(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if sql.startswith("UPDATE") and IdempotencyRecord._meta.db_table in sql:
+            raise OperationalError("server closed the connection unexpectedly")
+        return execute(sql, params, many, context)
+
+    with caplog.at_level(logging.ERROR, logger="idempotency_django"), connection.execute_wrapper(fail_updates):
+        response = post("/effect/", {})
+
+    assert response.status_code == 201
+    assert effects() == 1
+    assert "completing a key" in caplog.text
+    record = IdempotencyRecord.objects.get()
+    assert record.state == State.IN_PROGRESS
+    assert post("/effect/", {}).status_code == 409
+
+
+def test_claim_lost_completion_does_not_overwrite_the_new_owner(
+    alice: User, post: Post, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A view that outlives its lease (no heartbeat here) and is taken over does not store."""
+    from idempotency_django import engine
+
+    scope = engine.Scope(str(alice.pk), "POST /effect/", "k1")
+    options = engine.Options("default", lease=10, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1)
+    first = engine.begin(scope, "f" * 64, options)
+    assert isinstance(first, engine.Claim)
+    IdempotencyRecord.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    second = engine.begin(scope, "f" * 64, options)
+    assert isinstance(second, engine.Claim)
+
+    from idempotency_django.responses import StoredResponse
+
+    with caplog.at_level(logging.ERROR, logger="idempotency_django"):
+        assert engine.complete(first, StoredResponse(201, b"first")) is False
+    assert "claim lost" in caplog.text
+    assert engine.complete(second, StoredResponse(201, b"second")) is True
+    assert bytes(IdempotencyRecord.objects.get().response_body) == b"second"
+    engine.release(first)
+    assert IdempotencyRecord.objects.count() == 1
+
+
+def _fingerprint_of(post: Post, body: object) -> str:
+    """The fingerprint the default settings give ``POST /effect/`` with this JSON body."""
+    from django.test import RequestFactory
+
+    from idempotency_django.keys import default_fingerprint
+
+    request = RequestFactory().post("/effect/", data=json.dumps(body), content_type="application/json")
+    return default_fingerprint(request, "POST /effect/")

@@ -1,0 +1,118 @@
+"""Views the tests protect. Each execution of a view body writes one ``SideEffect`` row,
+so tests count executions the way a user counts charges."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.utils.decorators import method_decorator
+from django.views import View
+
+from idempotency_django.decorators import idempotent
+from tests.models import SideEffect
+
+
+class Gate:
+    """Holds a view inside its body until a test lets it go: concurrency without sleeps."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def reset(self) -> None:
+        self.entered.clear()
+        self.release.clear()
+
+    def pass_through(self, timeout: float = 30) -> None:
+        self.entered.set()
+        self.release.wait(timeout)
+
+
+gate = Gate()
+
+
+def _body(request: HttpRequest) -> dict[str, Any]:
+    try:
+        data = json.loads(request.body or b"{}")
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _effect(request: HttpRequest, label: str) -> HttpResponse:
+    data = _body(request)
+    if data.get("gate"):
+        gate.pass_through()
+    effect = SideEffect.objects.create(label=label)
+    if data.get("raise"):
+        raise RuntimeError("the view failed")
+    status = int(data.get("status", 201))
+    response = JsonResponse({"effect": effect.pk, "echo": data}, status=status)
+    response["Location"] = f"/effects/{effect.pk}"
+    response["X-Request-Id"] = f"req-{effect.pk}"
+    response.set_cookie("session", "secret")
+    return response
+
+
+@idempotent
+def effect(request: HttpRequest, number: int | None = None) -> HttpResponse:
+    return _effect(request, "effect")
+
+
+@idempotent(required=False)
+def optional(request: HttpRequest) -> HttpResponse:
+    return _effect(request, "optional")
+
+
+@idempotent(mode="atomic")
+def atomic(request: HttpRequest) -> HttpResponse:
+    return _effect(request, "atomic")
+
+
+@idempotent(in_flight="wait", wait_seconds=20)
+def waiting(request: HttpRequest) -> HttpResponse:
+    return _effect(request, "waiting")
+
+
+@idempotent(in_flight="wait", wait_seconds=0.2)
+def short_wait(request: HttpRequest) -> HttpResponse:
+    return _effect(request, "short_wait")
+
+
+@idempotent(fingerprint_fields=["amount"])
+def fields(request: HttpRequest) -> HttpResponse:
+    return _effect(request, "fields")
+
+
+def _amount_only(request: HttpRequest) -> str:
+    return str(_body(request).get("amount"))
+
+
+@idempotent(fingerprint=_amount_only)
+def custom_fingerprint(request: HttpRequest) -> HttpResponse:
+    return _effect(request, "custom_fingerprint")
+
+
+@idempotent(store_statuses=[201])
+def only_201(request: HttpRequest) -> HttpResponse:
+    return _effect(request, "only_201")
+
+
+@idempotent(methods=["POST", "PUT"])
+def with_put(request: HttpRequest) -> HttpResponse:
+    return _effect(request, "with_put")
+
+
+@idempotent
+def stream(request: HttpRequest) -> StreamingHttpResponse:
+    SideEffect.objects.create(label="stream")
+    return StreamingHttpResponse(iter([b"chunk-1,", b"chunk-2"]), status=201)
+
+
+@method_decorator(idempotent, name="dispatch")
+class EffectView(View):
+    def post(self, request: HttpRequest) -> HttpResponse:
+        return _effect(request, "class_based")
