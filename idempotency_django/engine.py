@@ -195,12 +195,10 @@ def _insert(scope: Scope, fingerprint: str, token: str, now: Any, options: Optio
 
 
 def _read(scope: Scope, alias: str) -> IdempotencyRecord | None:
-    records = _records(alias).filter(**scope.lookup())
-    connection = connections[alias]
-    if connection.vendor == "mysql" and connection.in_atomic_block:
-        # A locking read sees the latest committed row even under REPEATABLE READ.
-        records = records.select_for_update()
-    return records.first()  # type: ignore[no-any-return]
+    # A plain read: under READ COMMITTED (Django's default on every backend) it sees the
+    # row the insert just lost to. A locking read would make concurrent losers, who all
+    # hold a shared lock from their insert's duplicate check, deadlock on MariaDB.
+    return _records(alias).filter(**scope.lookup()).first()  # type: ignore[no-any-return]
 
 
 def _take_over(
