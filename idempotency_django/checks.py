@@ -3,6 +3,7 @@ first duplicate request in production."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -71,13 +72,7 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
                     id="idempotency_django.E002",
                 )
             )
-    bad_numbers = [
-        name
-        for name in NUMBERS
-        if isinstance(values[name], bool)
-        or not isinstance(values[name], (int, float))
-        or values[name] < 0
-    ]
+    bad_numbers = [name for name in NUMBERS if not _is_duration(values[name])]
     for name in bad_numbers:
         errors.append(
             checks.Error(
@@ -91,7 +86,17 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
     for name in CALLABLES:
         errors.extend(_check_callable(name, resolve_callable, values[name]))
     errors.extend(_check_callable("STORE_STATUSES", status_predicate, values["STORE_STATUSES"]))
-    forbidden = [name for name in values["STORED_HEADERS"] if name.lower() in FORBIDDEN_STORED_HEADERS]
+    for name in ("METHODS", "STORED_HEADERS"):
+        if not _is_list_of_names(values[name]):
+            errors.append(
+                checks.Error(
+                    f"IDEMPOTENCY[{name!r}] is {values[name]!r}, not a list of names.",
+                    hint='Give a list or tuple of strings, e.g. ["POST", "PATCH"].',
+                    id="idempotency_django.E010",
+                )
+            )
+    stored = values["STORED_HEADERS"] if _is_list_of_names(values["STORED_HEADERS"]) else ()
+    forbidden = [name for name in stored if name.lower() in FORBIDDEN_STORED_HEADERS]
     if forbidden:
         errors.append(
             checks.Error(
@@ -109,6 +114,21 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
             )
         )
     return errors
+
+
+def _is_duration(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
+def _is_list_of_names(value: Any) -> bool:
+    return isinstance(value, (list, tuple, set, frozenset)) and all(
+        isinstance(item, str) for item in value
+    )
 
 
 def _check_durations(values: dict[str, Any]) -> list[checks.CheckMessage]:

@@ -30,7 +30,7 @@ def parse_key(raw: str) -> str:
         if any(not 0x21 <= ord(char) <= 0x7E for char in value):
             raise KeyMalformed("The key must be visible ASCII characters (or a quoted string).")
         key = value
-    if not key:
+    if not key.strip(" "):
         raise KeyMalformed("The key is empty.")
     if len(key) > KEY_MAX_LENGTH:
         raise KeyMalformed(f"The key is longer than {KEY_MAX_LENGTH} characters.")
@@ -64,7 +64,7 @@ def fit(value: str, max_length: int) -> str:
     if len(value) <= max_length:
         return value
     digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
-    return f"sha256:{digest}"
+    return f"sha256:{digest}"[:max_length]
 
 
 def default_account(request: HttpRequest) -> str | None:
@@ -88,7 +88,8 @@ def canonical_body(request: HttpRequest, fields: Sequence[str] | None = None) ->
         return body
     if fields is not None and isinstance(parsed, dict):
         parsed = {name: parsed.get(name) for name in fields}
-    return json.dumps(parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    canonical = json.dumps(parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return canonical.encode("utf-8", "surrogatepass")
 
 
 _UNPARSED = object()
@@ -98,12 +99,18 @@ def _parse_body(content_type: str, body: bytes) -> Any:
     if content_type == "application/json" or content_type.endswith("+json"):
         try:
             return json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
             return _UNPARSED
     if content_type == "application/x-www-form-urlencoded":
-        pairs = parse_qsl(body.decode("latin-1"), keep_blank_values=True)
+        pairs = _parse_pairs(body.decode("latin-1"))
         return _pairs_to_dict(pairs)
     return _UNPARSED
+
+
+def _parse_pairs(encoded: str) -> list[tuple[str, str]]:
+    # Latin-1 maps every percent-escaped byte to one character, so two different invalid
+    # UTF-8 values never decode to the same replacement character.
+    return parse_qsl(encoded, keep_blank_values=True, encoding="latin-1")
 
 
 def _pairs_to_dict(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
@@ -128,12 +135,12 @@ def default_fingerprint(
     fields: Sequence[str] | None = None,
     body: Fingerprinter | None = None,
 ) -> str:
-    """SHA-256 over method, endpoint, sorted query string and the canonical body.
+    """SHA-256 over method, endpoint, sorted query string, media type and canonical body.
 
     ``fields`` limits the body to the named fields; ``body`` replaces the body part with
     what a view-supplied callable returns.
     """
-    query = sorted(parse_qsl(request.META.get("QUERY_STRING", ""), keep_blank_values=True))
+    query = sorted(_parse_pairs(request.META.get("QUERY_STRING", "")))
     if body is not None:
         content = body(request)
         body_bytes = content.encode() if isinstance(content, str) else content
@@ -143,5 +150,6 @@ def default_fingerprint(
         (request.method or "").encode(),
         endpoint.encode("utf-8", "surrogatepass"),
         json.dumps(query).encode(),
+        (request.content_type or "").encode(),
         body_bytes,
     )
