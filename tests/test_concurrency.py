@@ -217,3 +217,31 @@ def test_heartbeat_keeps_a_view_longer_than_its_lease(alice: User, settings: Any
     assert set(statuses) == {409}
     assert first.get(timeout=5).status_code == 201
     assert effects() == 1
+
+
+def test_atomic_requests_view_that_lost_its_claim_rolls_back(
+    alice: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A view whose lease lapsed and was taken over must not commit its work (409 instead)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from idempotency_django import engine
+
+    monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
+    first: queue.Queue[Any] = queue.Queue()
+    thread = threading.Thread(target=lambda: first.put(send("/effect/", {"gate": True})))
+    thread.start()
+    assert gate.entered.wait(20)
+    record = IdempotencyRecord.objects.get()
+    IdempotencyRecord.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    options = engine.Options("default", lease=30, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1)
+    scope = engine.Scope(record.account, record.endpoint, record.key)
+    assert isinstance(engine.begin(scope, record.fingerprint, options), engine.Claim)
+    finish([thread])
+
+    response = first.get(timeout=5)
+    assert response.status_code == 409
+    assert effects() == 0
+    assert IdempotencyRecord.objects.get().state == IdempotencyRecord.State.IN_PROGRESS

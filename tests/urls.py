@@ -9,6 +9,7 @@ urlpatterns = [
     path("effect/<int:number>/", views.effect),
     path("optional/", views.optional),
     path("atomic/", views.atomic),
+    path("inside-atomic/", views.inside_atomic),
     path("waiting/", views.waiting),
     path("short-wait/", views.short_wait),
     path("fields/", views.fields),

@@ -7,6 +7,7 @@ import json
 import threading
 from typing import Any
 
+from django.db import transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.utils.decorators import method_decorator
 from django.views import View
@@ -70,6 +71,12 @@ def optional(request: HttpRequest) -> HttpResponse:
 @idempotent(mode="atomic")
 def atomic(request: HttpRequest) -> HttpResponse:
     return _effect(request, "atomic")
+
+
+@transaction.atomic
+@idempotent
+def inside_atomic(request: HttpRequest) -> HttpResponse:
+    return _effect(request, "inside_atomic")
 
 
 @idempotent(in_flight="wait", wait_seconds=20)
