@@ -44,7 +44,9 @@ def register() -> None:
     checks.register(check_settings, "idempotency_django")
 
 
-def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_settings(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
     user = getattr(settings, "IDEMPOTENCY", {})
     if not isinstance(user, dict):
         return [

@@ -53,7 +53,9 @@ def resolve_callable(value: Any, name: str) -> Callable[..., Any]:
         try:
             value = import_string(value)
         except ImportError as exc:
-            raise ImproperlyConfigured(f"IDEMPOTENCY {name}: cannot import {value!r}: {exc}") from exc
+            raise ImproperlyConfigured(
+                f"IDEMPOTENCY {name}: cannot import {value!r}: {exc}"
+            ) from exc
     if not callable(value):
         raise ImproperlyConfigured(f"IDEMPOTENCY {name}: {value!r} is not callable")
     return value  # type: ignore[no-any-return]

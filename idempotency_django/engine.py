@@ -96,7 +96,9 @@ def begin(scope: Scope, fingerprint: str, options: Options) -> Claim | StoredRes
                 raise InFlight(retry_after=options.retry_after)
             continue
         expired = record.expires_at <= now
-        lapsed = record.state == State.IN_PROGRESS and record.lease_expires_at <= now
+        lapsed = record.state == State.IN_PROGRESS and (
+            record.lease_expires_at is None or record.lease_expires_at <= now
+        )
         if expired or (lapsed and record.fingerprint == fingerprint):
             claim = _take_over(record, scope, fingerprint, token, now, options)
             if claim is not None:
@@ -106,9 +108,7 @@ def begin(scope: Scope, fingerprint: str, options: Options) -> Claim | StoredRes
             continue
         if record.fingerprint != fingerprint:
             signals.mismatch.send(IdempotencyRecord, **scope.lookup())
-            raise KeyMismatch(
-                "This Idempotency-Key was already used with a different request."
-            )
+            raise KeyMismatch("This Idempotency-Key was already used with a different request.")
         if record.state == State.COMPLETED:
             return _stored(record, scope)
         if not reported_in_flight:
@@ -183,8 +183,8 @@ def _insert(scope: Scope, fingerprint: str, token: str, now: Any, options: Optio
             return False
         return True
     meta = IdempotencyRecord._meta
-    fields = [meta.get_field(name) for name in values]
-    columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)
+    fields = [field for field in meta.concrete_fields if field.name in values]
+    columns = ", ".join(connection.ops.quote_name(str(field.column)) for field in fields)
     placeholders = ", ".join(["%s"] * len(fields))
     params = [field.get_db_prep_save(values[field.name], connection) for field in fields]
     table = connection.ops.quote_name(meta.db_table)

@@ -120,4 +120,5 @@ class Heartbeat:
                 logger.exception("Idempotency heartbeat could not renew leases; will retry.")
                 connections.close_all()
 
+
 heartbeat = Heartbeat()

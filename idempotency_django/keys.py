@@ -45,7 +45,7 @@ def _parse_sf_string(value: str) -> str:
         if char == "\\":
             index += 1
             if index == len(value) or value[index] not in '"\\':
-                raise KeyMalformed("Only \\\" and \\\\ may be escaped in a quoted key.")
+                raise KeyMalformed('Only \\" and \\\\ may be escaped in a quoted key.')
             chars.append(value[index])
         elif char == '"':
             if index != len(value) - 1:

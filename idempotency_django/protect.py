@@ -17,7 +17,6 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 from idempotency_django import engine, keys, signals
 from idempotency_django.conf import (
-    ANONYMOUS_POLICIES,
     IN_FLIGHT_POLICIES,
     MODES,
     STORE_ERROR_POLICIES,
@@ -151,9 +150,7 @@ def _prepare(request: HttpRequest, options: ViewOptions) -> tuple[engine.Scope, 
             body=resolve_callable(body, "fingerprint") if body is not None else None,
         )
     except RequestDataTooBig as exc:
-        raise BodyTooLarge(
-            "The request body is larger than DATA_UPLOAD_MAX_MEMORY_SIZE."
-        ) from exc
+        raise BodyTooLarge("The request body is larger than DATA_UPLOAD_MAX_MEMORY_SIZE.") from exc
     scope = engine.Scope(
         account=keys.fit(str(account), ACCOUNT_MAX_LENGTH),
         endpoint=keys.fit(endpoint, ENDPOINT_MAX_LENGTH),
@@ -271,15 +268,19 @@ def _finish(
     if not store_statuses(response.status_code):
         _release_quietly(claim)
         return True
-    storable = isinstance(response, HttpResponse) and len(response.content) <= conf.MAX_RESPONSE_BYTES
+    storable = (
+        isinstance(response, HttpResponse) and len(response.content) <= conf.MAX_RESPONSE_BYTES
+    )
     if not storable:
         logger.warning(
             "Idempotency response not stored (streaming or over MAX_RESPONSE_BYTES); "
             "a retry will be told the request was processed.",
             extra={"idempotency_key": claim.scope.key},
         )
-    outcome = capture(response) if isinstance(response, HttpResponse) and storable else (
-        StoredResponse(response.status_code, b"")
+    outcome = (
+        capture(response)
+        if isinstance(response, HttpResponse) and storable
+        else (StoredResponse(response.status_code, b""))
     )
     try:
         return engine.complete(claim, outcome, body_stored=storable)

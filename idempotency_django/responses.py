@@ -39,8 +39,12 @@ def stored_header_names() -> list[str]:
 
 def capture(response: HttpResponse) -> StoredResponse:
     """The parts of a response that a replay needs: status, body bytes, allow-listed headers."""
-    headers = [(name, response[name]) for name in stored_header_names() if response.has_header(name)]
-    return StoredResponse(status=response.status_code, body=bytes(response.content), headers=headers)
+    headers = [
+        (name, response[name]) for name in stored_header_names() if response.has_header(name)
+    ]
+    return StoredResponse(
+        status=response.status_code, body=bytes(response.content), headers=headers
+    )
 
 
 def replay(stored: StoredResponse) -> HttpResponse:

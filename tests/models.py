@@ -8,3 +8,6 @@ class SideEffect(models.Model):
 
     label = models.CharField(max_length=100)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.label} #{self.pk}"

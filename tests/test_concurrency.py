@@ -17,7 +17,7 @@ from django.test import Client
 
 from idempotency_django import signals
 from idempotency_django.models import IdempotencyRecord
-from tests.conftest import Post, effects
+from tests.conftest import effects
 from tests.views import gate
 
 pytestmark = [pytest.mark.concurrency, pytest.mark.django_db(transaction=True)]
@@ -37,7 +37,9 @@ def send(path: str, body: dict[str, Any], key: str = "k1") -> Any:
         connections.close_all()
 
 
-def run_together(path: str, body: dict[str, Any], count: int = THREADS) -> tuple[queue.Queue[Any], list[threading.Thread]]:
+def run_together(
+    path: str, body: dict[str, Any], count: int = THREADS
+) -> tuple[queue.Queue[Any], list[threading.Thread]]:
     barrier = threading.Barrier(count)
     results: queue.Queue[Any] = queue.Queue()
 
@@ -169,11 +171,15 @@ def test_atomic_mode_duplicates_block_on_the_unique_index_then_replay(alice: Use
 def test_atomic_mode_rollback_lets_a_waiting_duplicate_run(alice: User) -> None:
     """The first attempt fails after its side effect: both roll back, and a waiter runs."""
     first: queue.Queue[Any] = queue.Queue()
-    thread = threading.Thread(target=lambda: first.put(send("/atomic/", {"gate": True, "status": 503})))
+    thread = threading.Thread(
+        target=lambda: first.put(send("/atomic/", {"gate": True, "status": 503}))
+    )
     thread.start()
     assert gate.entered.wait(20)
     second: queue.Queue[Any] = queue.Queue()
-    waiter = threading.Thread(target=lambda: second.put(send("/atomic/", {"gate": True, "status": 503})))
+    waiter = threading.Thread(
+        target=lambda: second.put(send("/atomic/", {"gate": True, "status": 503}))
+    )
     waiter.start()
     assert wait_until(lambda: lock_waiters() >= 1)
     finish([thread, waiter])
@@ -184,7 +190,9 @@ def test_atomic_mode_rollback_lets_a_waiting_duplicate_run(alice: User) -> None:
     assert not IdempotencyRecord.objects.exists()
 
 
-def test_atomic_requests_keeps_claim_commit_work(alice: User, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_atomic_requests_keeps_claim_commit_work(
+    alice: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Under ATOMIC_REQUESTS the claim still commits first: a duplicate sees it at once."""
     monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
     first: queue.Queue[Any] = queue.Queue()
@@ -236,7 +244,9 @@ def test_atomic_requests_view_that_lost_its_claim_rolls_back(
     assert gate.entered.wait(20)
     record = IdempotencyRecord.objects.get()
     IdempotencyRecord.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    options = engine.Options("default", lease=30, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1)
+    options = engine.Options(
+        "default", lease=30, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1
+    )
     scope = engine.Scope(record.account, record.endpoint, record.key)
     assert isinstance(engine.begin(scope, record.fingerprint, options), engine.Claim)
     finish([thread])

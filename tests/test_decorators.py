@@ -1,4 +1,4 @@
-"""The decision table of DESIGN.md §2–§3, through ``@idempotent`` views and the test client.
+"""The decision table of DESIGN.md §2-§3, through ``@idempotent`` views and the test client.
 
 These tests commit for real (``transaction=True``): the default mode claims in a
 transaction of its own, which a test wrapped in a transaction would hide.
@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import timedelta
-
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
@@ -66,7 +65,9 @@ def test_stored_headers_setting_adds_headers_to_replays(alice: User, post: Post,
     assert retry["X-Request-Id"] == first["X-Request-Id"]
 
 
-def test_json_key_order_and_whitespace_are_the_same_request(alice: User, post: Post, client) -> None:  # type: ignore[no-untyped-def]
+def test_json_key_order_and_whitespace_are_the_same_request(
+    alice: User, post: Post, client
+) -> None:  # type: ignore[no-untyped-def]
     post("/effect/", {"a": 1, "b": 2})
     retry = client.post(
         "/effect/",
@@ -378,7 +379,9 @@ def test_ttl_setting_sets_expiry(alice: User, post: Post, settings) -> None:  # 
     post("/effect/", {})
     record = IdempotencyRecord.objects.get()
 
-    assert before + timedelta(seconds=3590) < record.expires_at <= timezone.now() + timedelta(hours=1)
+    assert (
+        before + timedelta(seconds=3590) < record.expires_at <= timezone.now() + timedelta(hours=1)
+    )
 
 
 def test_fingerprint_fields_ignore_other_fields(alice: User, post: Post) -> None:
@@ -418,7 +421,9 @@ def test_disabled_switch_turns_protection_off(alice: User, post: Post, settings)
     assert not IdempotencyRecord.objects.exists()
 
 
-def test_streaming_response_is_delivered_and_a_retry_is_told_it_ran(alice: User, post: Post) -> None:
+def test_streaming_response_is_delivered_and_a_retry_is_told_it_ran(
+    alice: User, post: Post
+) -> None:
     first = post("/stream/", {})
     retry = post("/stream/", {})
 
@@ -432,7 +437,9 @@ def test_streaming_response_is_delivered_and_a_retry_is_told_it_ran(alice: User,
     assert effects("stream") == 1
 
 
-def test_response_over_the_limit_is_delivered_but_not_stored(alice: User, post: Post, settings) -> None:  # type: ignore[no-untyped-def]
+def test_response_over_the_limit_is_delivered_but_not_stored(
+    alice: User, post: Post, settings
+) -> None:  # type: ignore[no-untyped-def]
     settings.IDEMPOTENCY = {"MAX_RESPONSE_BYTES": 10}
     first = post("/effect/", {"amount": 1})
     retry = post("/effect/", {"amount": 1})
@@ -493,14 +500,18 @@ def test_store_down_fails_closed_with_503(alice: User, post: Post, store_down: l
     assert effects() == 0
 
 
-def test_store_down_in_atomic_mode_fails_closed(alice: User, post: Post, store_down: list[str]) -> None:
+def test_store_down_in_atomic_mode_fails_closed(
+    alice: User, post: Post, store_down: list[str]
+) -> None:
     response = post("/atomic/", {})
 
     assert response.status_code == 503
     assert effects() == 0
 
 
-def test_store_down_fails_open_when_configured(alice: User, post: Post, settings, store_down) -> None:  # type: ignore[no-untyped-def]
+def test_store_down_fails_open_when_configured(
+    alice: User, post: Post, settings, store_down
+) -> None:  # type: ignore[no-untyped-def]
     settings.IDEMPOTENCY = {"ON_STORE_ERROR": "open"}
     response = post("/effect/", {})
 
@@ -516,7 +527,10 @@ def test_completion_failure_still_sends_the_response_and_keeps_the_claim(
             raise OperationalError("server closed the connection unexpectedly")
         return execute(sql, params, many, context)
 
-    with caplog.at_level(logging.ERROR, logger="idempotency_django"), connection.execute_wrapper(fail_updates):
+    with (
+        caplog.at_level(logging.ERROR, logger="idempotency_django"),
+        connection.execute_wrapper(fail_updates),
+    ):
         response = post("/effect/", {})
 
     assert response.status_code == 201
@@ -534,7 +548,9 @@ def test_claim_lost_completion_does_not_overwrite_the_new_owner(
     from idempotency_django import engine
 
     scope = engine.Scope(str(alice.pk), "POST /effect/", "k1")
-    options = engine.Options("default", lease=10, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1)
+    options = engine.Options(
+        "default", lease=10, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1
+    )
     first = engine.begin(scope, "f" * 64, options)
     assert isinstance(first, engine.Claim)
     IdempotencyRecord.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
@@ -558,5 +574,7 @@ def _fingerprint_of(post: Post, body: object) -> str:
 
     from idempotency_django.keys import default_fingerprint
 
-    request = RequestFactory().post("/effect/", data=json.dumps(body), content_type="application/json")
+    request = RequestFactory().post(
+        "/effect/", data=json.dumps(body), content_type="application/json"
+    )
     return default_fingerprint(request, "POST /effect/")

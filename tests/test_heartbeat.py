@@ -13,7 +13,9 @@ from idempotency_django.models import IdempotencyRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-OPTIONS = engine.Options("default", lease=5, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1)
+OPTIONS = engine.Options(
+    "default", lease=5, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1
+)
 
 
 def claim(key: str) -> engine.Claim:

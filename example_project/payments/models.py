@@ -14,6 +14,9 @@ class Charge(models.Model):
     card = models.CharField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    def __str__(self) -> str:
+        return self.public_id
+
     @property
     def public_id(self) -> str:
         return f"ch_{self.pk}"

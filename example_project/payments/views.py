@@ -4,6 +4,7 @@ import json
 import re
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
@@ -23,8 +24,10 @@ CARDS = ("tok_visa", "tok_declined", "tok_timeout")
 @idempotent
 def charges(request: HttpRequest) -> HttpResponse:
     """``GET``: the account's charges. ``POST``: charge a card, once per Idempotency-Key."""
+    account = request.user
+    assert isinstance(account, User)  # basic_auth_required answered 401 otherwise
     if request.method == "GET":
-        results = [c.as_json() for c in Charge.objects.filter(account=request.user).order_by("pk")]
+        results = [c.as_json() for c in Charge.objects.filter(account=account).order_by("pk")]
         return JsonResponse({"count": len(results), "results": results})
     data, errors = _validate(request.body)
     if errors:
@@ -35,7 +38,7 @@ def charges(request: HttpRequest) -> HttpResponse:
         return problem(402, "card-declined", "Your card was declined")
     except provider.ProviderTimeout:
         return problem(504, "provider-timeout", "The card provider did not answer in time")
-    charge = Charge.objects.create(account=request.user, **data)
+    charge = Charge.objects.create(account=account, **data)
     response = JsonResponse(charge.as_json(), status=201)
     response["Location"] = f"/charges/{charge.public_id}"
     return response
@@ -57,6 +60,6 @@ def _validate(body: bytes) -> tuple[dict[str, Any], dict[str, str]]:
         errors["currency"] = "must be 3 letters"
     if data.get("card") not in CARDS:
         errors["card"] = f"must be one of {', '.join(CARDS)}"
-    if errors:
+    if errors or not isinstance(currency, str):
         return {}, errors
     return {"amount": amount, "currency": currency.upper(), "card": data["card"]}, {}

@@ -4,34 +4,48 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='IdempotencyRecord',
+            name="IdempotencyRecord",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('account', models.CharField(max_length=128)),
-                ('endpoint', models.CharField(max_length=255)),
-                ('key', models.CharField(max_length=255)),
-                ('fingerprint', models.CharField(max_length=64)),
-                ('state', models.CharField(choices=[('in_progress', 'in progress'), ('completed', 'completed')], default='in_progress', max_length=16)),
-                ('token', models.CharField(max_length=32)),
-                ('lease_expires_at', models.DateTimeField(blank=True, null=True)),
-                ('response_status', models.PositiveSmallIntegerField(blank=True, null=True)),
-                ('response_headers', models.JSONField(blank=True, default=list)),
-                ('response_body', models.BinaryField(blank=True, null=True)),
-                ('created_at', models.DateTimeField()),
-                ('completed_at', models.DateTimeField(blank=True, null=True)),
-                ('expires_at', models.DateTimeField(db_index=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("account", models.CharField(max_length=128)),
+                ("endpoint", models.CharField(max_length=255)),
+                ("key", models.CharField(max_length=255)),
+                ("fingerprint", models.CharField(max_length=64)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[("in_progress", "in progress"), ("completed", "completed")],
+                        default="in_progress",
+                        max_length=16,
+                    ),
+                ),
+                ("token", models.CharField(max_length=32)),
+                ("lease_expires_at", models.DateTimeField(blank=True, null=True)),
+                ("response_status", models.PositiveSmallIntegerField(blank=True, null=True)),
+                ("response_headers", models.JSONField(blank=True, default=list)),
+                ("response_body", models.BinaryField(blank=True, null=True)),
+                ("created_at", models.DateTimeField()),
+                ("completed_at", models.DateTimeField(blank=True, null=True)),
+                ("expires_at", models.DateTimeField(db_index=True)),
             ],
             options={
-                'verbose_name': 'idempotency record',
-                'constraints': [models.UniqueConstraint(fields=('account', 'endpoint', 'key'), name='idempotency_record_unique_key')],
+                "verbose_name": "idempotency record",
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("account", "endpoint", "key"), name="idempotency_record_unique_key"
+                    )
+                ],
             },
         ),
     ]
