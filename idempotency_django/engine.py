@@ -32,9 +32,10 @@ logger = logging.getLogger("idempotency_django")
 
 State = IdempotencyRecord.State
 
-# How often a claim is retried when the row it lost to vanishes before it can be read
-# (the winner released it in between). Past this, the caller is told to retry later.
-MAX_VANISHED_ROWS = 5
+# How often one request retries when the row it lost to changes under it (released, or
+# taken over by another request, between its read and its write). Past this, the
+# caller is told to retry later rather than spin.
+MAX_RACES = 5
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def begin(scope: Scope, fingerprint: str, options: Options) -> Claim | StoredRes
     """
     deadline = time.monotonic() + (options.wait_seconds if options.in_flight == "wait" else 0)
     delay = 0.05
-    vanished = 0
+    races = 0
     reported_in_flight = False
     while True:
         now = timezone.now()
@@ -91,9 +92,7 @@ def begin(scope: Scope, fingerprint: str, options: Options) -> Claim | StoredRes
             return Claim(scope, token, options.alias)
         record = _read(scope, options.alias)
         if record is None:
-            vanished += 1
-            if vanished > MAX_VANISHED_ROWS:
-                raise InFlight(retry_after=options.retry_after)
+            races = _count_race(races, options)
             continue
         expired = record.expires_at <= now
         lapsed = record.state == State.IN_PROGRESS and (
@@ -105,6 +104,7 @@ def begin(scope: Scope, fingerprint: str, options: Options) -> Claim | StoredRes
                 signal = signals.claimed if expired else signals.lease_taken_over
                 signal.send(IdempotencyRecord, **scope.lookup())
                 return claim
+            races = _count_race(races, options)
             continue
         if record.fingerprint != fingerprint:
             signals.mismatch.send(IdempotencyRecord, **scope.lookup())
@@ -122,6 +122,15 @@ def begin(scope: Scope, fingerprint: str, options: Options) -> Claim | StoredRes
             )
         time.sleep(min(delay, remaining))
         delay = min(delay * 2, 0.5)
+
+
+def _count_race(races: int, options: Options) -> int:
+    if races >= MAX_RACES:
+        raise InFlight(
+            "The record for this Idempotency-Key is changing under heavy contention.",
+            retry_after=options.retry_after,
+        )
+    return races + 1
 
 
 def complete(claim: Claim, outcome: StoredResponse, *, body_stored: bool = True) -> bool:
@@ -214,7 +223,11 @@ def _take_over(
     The conditions are re-checked in the ``UPDATE`` itself: a heartbeat that renewed the
     lease, or another request that took the row over, makes it match nothing.
     """
-    still_takeable = Q(expires_at__lte=now) | Q(state=State.IN_PROGRESS, lease_expires_at__lte=now)
+    still_takeable = (
+        Q(expires_at__lte=now)
+        | Q(state=State.IN_PROGRESS, lease_expires_at__lte=now)
+        | Q(state=State.IN_PROGRESS, lease_expires_at__isnull=True)
+    )
     updated = (
         _records(options.alias)
         .filter(still_takeable, pk=record.pk, token=record.token)

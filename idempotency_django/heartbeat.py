@@ -41,6 +41,7 @@ class Heartbeat:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid: int | None = None
+        self._stopping = False
 
     def register(self, claim: Claim, lease: float, max_run: float) -> None:
         with self._lock:
@@ -53,6 +54,22 @@ class Heartbeat:
     def unregister(self, claim: Claim) -> None:
         with self._lock:
             self._entries.pop(claim.token, None)
+            idle = not self._entries
+        if idle:
+            self._wake.set()  # let the thread drop its database connection now
+
+    def stop(self) -> None:
+        """Forget every claim and end the thread (tests, and process shutdown hooks)."""
+        with self._lock:
+            self._entries.clear()
+            self._stopping = True
+            thread = self._thread
+        self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+        with self._lock:
+            self._stopping = False
+            self._thread = None
 
     def renew_once(self) -> int:
         """Renew every live claim once; returns how many records were renewed."""
@@ -97,7 +114,7 @@ class Heartbeat:
 
     def _run(self) -> None:
         due: float | None = None
-        while True:
+        while not self._stopping:
             interval = self._interval()
             if interval is None:
                 # Idle: hold no database connection, so tests and restarts can drop it.
@@ -119,6 +136,7 @@ class Heartbeat:
             except DatabaseError:
                 logger.exception("Idempotency heartbeat could not renew leases; will retry.")
                 connections.close_all()
+        connections.close_all()
 
 
 heartbeat = Heartbeat()

@@ -10,6 +10,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 
+from idempotency_django.heartbeat import heartbeat
 from tests.factories import UserFactory
 from tests.models import SideEffect
 from tests.views import gate
@@ -23,6 +24,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "concurrency" in item.keywords or "e2e" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_heartbeat() -> Iterator[None]:
+    """Close the heartbeat thread's connection before the test databases are dropped."""
+    yield
+    heartbeat.stop()
 
 
 @pytest.fixture

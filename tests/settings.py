@@ -15,7 +15,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 DATABASES = {
     "default": dj_database_url.parse(
-        os.environ.get("DATABASE_URL", "sqlite:///tests.sqlite3"),
+        os.environ.get("DATABASE_URL") or "sqlite:///tests.sqlite3",
         conn_max_age=0,
     ),
 }

@@ -578,3 +578,27 @@ def _fingerprint_of(post: Post, body: object) -> str:
         "/effect/", data=json.dumps(body), content_type="application/json"
     )
     return default_fingerprint(request, "POST /effect/")
+
+
+def test_in_progress_record_without_a_lease_counts_as_lapsed(alice: User, post: Post) -> None:
+    post("/effect/", {"amount": 1})
+    IdempotencyRecord.objects.update(state=State.IN_PROGRESS, lease_expires_at=None)
+
+    response = post("/effect/", {"amount": 1})
+
+    assert response.status_code == 201
+    assert "Idempotent-Replayed" not in response
+    assert effects() == 2
+
+
+def test_a_row_that_keeps_changing_under_a_request_ends_in_409_not_a_spin(
+    alice: User, post: Post, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from idempotency_django import engine
+
+    monkeypatch.setattr(engine, "_read", lambda scope, alias: None)
+    post("/effect/", {"amount": 1})
+    response = post("/effect/", {"amount": 1})
+
+    assert response.status_code == 409
+    assert effects() == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -28,10 +30,16 @@ def lease_of(key: str) -> object:
     return IdempotencyRecord.objects.get(key=key).lease_expires_at
 
 
+@pytest.fixture
+def beat() -> Iterator[Heartbeat]:
+    heartbeat = Heartbeat()
+    yield heartbeat
+    heartbeat.stop()
+
+
 def test_a_beat_renews_every_registered_claim_in_one_statement(
-    django_assert_num_queries: object,
+    beat: Heartbeat, django_assert_num_queries: object
 ) -> None:
-    beat = Heartbeat()
     claims = [claim("a"), claim("b"), claim("c")]
     IdempotencyRecord.objects.update(lease_expires_at=timezone.now() + timedelta(seconds=1))
     for each in claims:
@@ -44,8 +52,7 @@ def test_a_beat_renews_every_registered_claim_in_one_statement(
         assert lease_of(key) > timezone.now() + timedelta(seconds=25)  # type: ignore[operator]
 
 
-def test_unregistered_claims_are_not_renewed() -> None:
-    beat = Heartbeat()
+def test_unregistered_claims_are_not_renewed(beat: Heartbeat) -> None:
     done = claim("done")
     beat.register(done, lease=30, max_run=60)
     beat.unregister(done)
@@ -55,8 +62,7 @@ def test_unregistered_claims_are_not_renewed() -> None:
     assert lease_of("done") == before
 
 
-def test_a_claim_past_max_run_is_no_longer_renewed() -> None:
-    beat = Heartbeat()
+def test_a_claim_past_max_run_is_no_longer_renewed(beat: Heartbeat) -> None:
     wedged = claim("wedged")
     beat.register(wedged, lease=30, max_run=0)
     before = lease_of("wedged")
@@ -66,8 +72,7 @@ def test_a_claim_past_max_run_is_no_longer_renewed() -> None:
     assert beat.renew_once() == 0  # and it was dropped, not retried
 
 
-def test_a_beat_never_renews_a_claim_that_was_taken_over() -> None:
-    beat = Heartbeat()
+def test_a_beat_never_renews_a_claim_that_was_taken_over(beat: Heartbeat) -> None:
     lost = claim("k")
     beat.register(lost, lease=30, max_run=60)
     IdempotencyRecord.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
@@ -79,10 +84,9 @@ def test_a_beat_never_renews_a_claim_that_was_taken_over() -> None:
     assert lease_of("k") == winner_lease
 
 
-def test_a_beat_never_renews_a_completed_record() -> None:
+def test_a_beat_never_renews_a_completed_record(beat: Heartbeat) -> None:
     from idempotency_django.responses import StoredResponse
 
-    beat = Heartbeat()
     finished = claim("k")
     beat.register(finished, lease=30, max_run=60)
     assert engine.complete(finished, StoredResponse(201, b"{}"))
@@ -91,20 +95,24 @@ def test_a_beat_never_renews_a_completed_record() -> None:
     assert IdempotencyRecord.objects.get().lease_expires_at is None
 
 
-def test_the_heartbeat_thread_renews_leases_by_itself() -> None:
+def test_the_heartbeat_thread_renews_leases_by_itself(beat: Heartbeat) -> None:
     """The real thread, with a lease of 1 s: within a few beats the lease has moved."""
-    beat = Heartbeat()
     live = claim("live")
     IdempotencyRecord.objects.update(lease_expires_at=timezone.now())
     beat.register(live, lease=1, max_run=60)
-    try:
-        deadline = timezone.now() + timedelta(seconds=10)
-        while timezone.now() < deadline:
-            if lease_of("live") > timezone.now():  # type: ignore[operator]
-                break
-            import time
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and lease_of("live") <= timezone.now():  # type: ignore[operator]
+        time.sleep(0.05)
+    assert lease_of("live") > timezone.now()  # type: ignore[operator]
 
-            time.sleep(0.05)
-        assert lease_of("live") > timezone.now()  # type: ignore[operator]
-    finally:
-        beat.unregister(live)
+
+def test_stop_ends_the_thread(beat: Heartbeat) -> None:
+    beat.register(claim("k"), lease=30, max_run=60)
+    thread = beat._thread
+    assert thread is not None
+    assert thread.is_alive()
+
+    beat.stop()
+
+    assert not thread.is_alive()
+    assert beat.renew_once() == 0
