@@ -6,11 +6,13 @@ import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar, overload
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.http import HttpRequest, HttpResponseBase
 
 from idempotency_django import engine
-from idempotency_django.protect import _UNSET, ViewOptions, protect
+from idempotency_django.protect import _UNSET, ViewOptions, aprotect, protect
 
 View = TypeVar("View", bound=Callable[..., Any])
 
@@ -23,8 +25,9 @@ class _StoreAliasIfCommitMode:
     ``protect`` re-opens a transaction around the view and its completion itself.
     """
 
-    def __init__(self, options: ViewOptions) -> None:
+    def __init__(self, options: ViewOptions, *, is_async: bool) -> None:
         self._options = options
+        self._is_async = is_async  # async views always run in commit mode
         self._added: set[str] = set()
 
     def add(self, alias: str) -> None:  # what @transaction.non_atomic_requests calls
@@ -33,7 +36,8 @@ class _StoreAliasIfCommitMode:
     def __contains__(self, alias: object) -> bool:
         if alias in self._added:
             return True
-        return self._options.mode_for() == "commit" and alias == engine.store_alias()
+        commit = self._is_async or self._options.mode_for() == "commit"
+        return commit and alias == engine.store_alias()
 
     def __iter__(self) -> Iterator[str]:
         aliases = set(self._added)
@@ -66,21 +70,48 @@ def idempotent(
 
 
 def idempotent(view: Any = None, **kwargs: Any) -> Any:
-    """Decorate a function view (or, with ``method_decorator``, a class-based view's
-    ``dispatch``). Keyword arguments override the ``IDEMPOTENCY`` setting for this view."""
+    """Decorate a function view, sync or async (or, with ``method_decorator``, a class-based
+    view's ``dispatch``). Keyword arguments override the ``IDEMPOTENCY`` setting for this
+    view."""
     options = ViewOptions(**{name: value for name, value in kwargs.items() if value is not _UNSET})
 
     def decorator(view_func: View) -> View:
-        @functools.wraps(view_func)
-        def wrapper(request: HttpRequest, *args: Any, **kw: Any) -> HttpResponseBase:
-            def call_view() -> HttpResponseBase:
-                return view_func(request, *args, **kw)  # type: ignore[no-any-return]
+        wrapper: Callable[..., Any]
+        if iscoroutinefunction(view_func):
+            if kwargs.get("mode") == "atomic":
+                raise ImproperlyConfigured(
+                    f"@idempotent(mode='atomic') on async view {view_func.__qualname__}: "
+                    "Django has no async transactions; async views run in 'commit' mode."
+                )
 
-            if not options.protects(request.method):
-                return call_view()
-            return protect(request, call_view, options)
+            @functools.wraps(view_func)
+            async def async_wrapper(
+                request: HttpRequest, *args: Any, **kw: Any
+            ) -> HttpResponseBase:
+                async def call_view() -> HttpResponseBase:
+                    return await view_func(request, *args, **kw)  # type: ignore[no-any-return]
 
-        wrapper._non_atomic_requests = _StoreAliasIfCommitMode(options)  # type: ignore[attr-defined]
+                if not options.protects(request.method):
+                    return await call_view()
+                return await aprotect(request, call_view, options)
+
+            markcoroutinefunction(async_wrapper)
+            wrapper = async_wrapper
+        else:
+
+            @functools.wraps(view_func)
+            def sync_wrapper(request: HttpRequest, *args: Any, **kw: Any) -> HttpResponseBase:
+                def call_view() -> HttpResponseBase:
+                    return view_func(request, *args, **kw)  # type: ignore[no-any-return]
+
+                if not options.protects(request.method):
+                    return call_view()
+                return protect(request, call_view, options)
+
+            wrapper = sync_wrapper
+        wrapper.__dict__["_non_atomic_requests"] = _StoreAliasIfCommitMode(
+            options, is_async=iscoroutinefunction(view_func)
+        )
         return wrapper  # type: ignore[return-value]
 
     if view is not None:

@@ -6,11 +6,13 @@ key and run the view, storing or releasing its outcome according to the transact
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
 from django.db import DatabaseError, connections, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
@@ -39,6 +41,7 @@ from idempotency_django.responses import StoredResponse, capture, problem_respon
 logger = logging.getLogger("idempotency_django")
 
 ViewCall = Callable[[], HttpResponseBase]
+AsyncViewCall = Callable[[], Awaitable[HttpResponseBase]]
 
 _UNSET: Any = object()
 
@@ -61,6 +64,7 @@ class ViewOptions:
     fingerprint: Callable[[HttpRequest], str | bytes] | str | None = None
     store_statuses: Callable[[int], bool] | Iterable[int] | str = _UNSET
     on_store_error: str = _UNSET
+    key: Callable[[HttpRequest], str | None] | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in (
@@ -87,178 +91,251 @@ class ViewOptions:
         return conf.ENABLED and (method or "").upper() in {m.upper() for m in methods}
 
     def mode_for(self) -> str:
-        mode = self.pick("mode", "MODE")
-        return str(mode)
+        return str(self.pick("mode", "MODE"))
+
+    def raw_key(self, request: HttpRequest) -> str | None:
+        """The unparsed key: the ``HEADER`` header, or what the ``key`` callable returns."""
+        if self.key is not None:
+            return self.key(request)
+        return request.headers.get(conf.HEADER)
 
 
-def protect(request: HttpRequest, call_view: ViewCall, options: ViewOptions) -> HttpResponseBase:
-    """Run ``call_view`` at most once per key, or answer without running it."""
+ErrorResponse = Callable[[IdempotencyError], HttpResponseBase]
+
+
+def protect(
+    request: HttpRequest,
+    call_view: ViewCall,
+    options: ViewOptions,
+    error_response: ErrorResponse = problem_response,
+) -> HttpResponseBase:
+    """Run ``call_view`` at most once per key, or answer without running it.
+
+    ``error_response`` turns the app's own errors (400, 409, 422, 503 …) into responses;
+    adapters pass their framework's error handling here.
+    """
     try:
-        prepared = _prepare(request, options)
+        guard = Guard.for_request(request, options, error_response)
     except IdempotencyError as error:
-        return problem_response(error)
-    if prepared is None:
+        return error_response(error)
+    if guard is None:
         return call_view()
-    scope, fingerprint = prepared
-    alias = engine.store_alias()
-    engine_options = engine.Options(
-        alias=alias,
-        lease=float(options.pick("lease_seconds", "LEASE_SECONDS")),
-        ttl=float(options.pick("ttl_seconds", "TTL_SECONDS")),
-        in_flight=str(options.pick("in_flight", "IN_FLIGHT")),
-        wait_seconds=float(options.pick("wait_seconds", "WAIT_SECONDS")),
-        retry_after=conf.RETRY_AFTER_SECONDS,
-    )
-    connection = connections[alias]
-    mode = options.mode_for()
-    if mode == "commit" and connection.in_atomic_block:
-        # The claim cannot commit on its own inside somebody else's transaction. The unique
-        # index still serialises duplicates (they wait for this transaction), so single-flight
-        # holds, but with the semantics of atomic mode: say so rather than pretend.
-        logger.warning(
-            "Idempotency MODE 'commit' inside an open transaction on %r: running in atomic "
-            "mode for this request. Use @transaction.non_atomic_requests or MODE 'atomic'.",
-            alias,
-        )
-        mode = "atomic"
-    store_statuses = status_predicate(options.pick("store_statuses", "STORE_STATUSES"))
-    if mode == "atomic":
-        return _run_atomic(scope, fingerprint, engine_options, call_view, store_statuses, options)
-    return _run_commit(scope, fingerprint, engine_options, call_view, store_statuses, options)
+    if guard.mode() == "atomic":
+        return guard.run_atomic(call_view)
+    return guard.run_commit(call_view)
 
 
-def _prepare(request: HttpRequest, options: ViewOptions) -> tuple[engine.Scope, str] | None:
-    raw = request.headers.get(conf.HEADER)
-    if raw is None:
-        if options.pick("required", "REQUIRED"):
-            raise KeyMissing(f"This endpoint requires an {conf.HEADER} header.")
-        return None
-    key = keys.parse_key(raw)
-    account = resolve_callable(options.pick("account", "ACCOUNT"), "ACCOUNT")(request)
-    if account is None:
-        if conf.ANONYMOUS == "bypass":
-            return None
-        raise AnonymousNotAllowed("Authenticate to use an Idempotency-Key on this endpoint.")
-    endpoint = resolve_callable(options.pick("endpoint", "ENDPOINT"), "ENDPOINT")(request)
-    fingerprint_callable = resolve_callable(conf.get("FINGERPRINT"), "FINGERPRINT")
-    body = options.fingerprint
+async def aprotect(
+    request: HttpRequest,
+    call_view: AsyncViewCall,
+    options: ViewOptions,
+    error_response: ErrorResponse = problem_response,
+) -> HttpResponseBase:
+    """``protect`` for async views: every database call runs off the event loop.
+
+    Always ``commit`` mode: Django has no async transactions to run a view inside.
+    """
     try:
-        fingerprint = fingerprint_callable(
-            request,
-            endpoint,
-            fields=options.fingerprint_fields,
-            body=resolve_callable(body, "fingerprint") if body is not None else None,
-        )
-    except RequestDataTooBig as exc:
-        raise BodyTooLarge("The request body is larger than DATA_UPLOAD_MAX_MEMORY_SIZE.") from exc
-    scope = engine.Scope(
-        account=keys.fit(str(account), ACCOUNT_MAX_LENGTH),
-        endpoint=keys.fit(endpoint, ENDPOINT_MAX_LENGTH),
-        key=key,
-    )
-    return scope, fingerprint
+        guard = await sync_to_async(Guard.for_request)(request, options, error_response)
+    except IdempotencyError as error:
+        return error_response(error)
+    if guard is None:
+        return await call_view()
+    return await guard.arun_commit(call_view)
 
 
 class _StoreFailed(Exception):
     """The store raised while claiming; carried out of any transaction before it is handled."""
 
 
-def _begin(
-    scope: engine.Scope, fingerprint: str, options: engine.Options
-) -> engine.Claim | HttpResponseBase:
-    """``engine.begin`` as a claim or a response to send instead of running the view."""
-    try:
-        began = engine.begin(scope, fingerprint, options)
-    except IdempotencyError as error:
-        return problem_response(error)
-    except DatabaseError as error:
-        raise _StoreFailed from error
-    if isinstance(began, StoredResponse):
-        return replay(began)
-    return began
+@dataclass(frozen=True)
+class Guard:
+    """One protected request: its scope and fingerprint, and how to run it."""
 
+    scope: engine.Scope
+    fingerprint: str
+    engine_options: engine.Options
+    store_statuses: Callable[[int], bool]
+    options: ViewOptions
+    error_response: ErrorResponse
 
-def _store_failed(view_options: ViewOptions, call_view: ViewCall) -> HttpResponseBase:
-    policy = view_options.pick("on_store_error", "ON_STORE_ERROR")
-    logger.exception("Idempotency store unavailable while claiming a key (fail %s).", policy)
-    if policy == "open":
-        return call_view()
-    return problem_response(
-        StoreUnavailable(
-            "The request was not processed; retry it with the same Idempotency-Key.",
-            retry_after=conf.RETRY_AFTER_SECONDS,
+    @classmethod
+    def for_request(
+        cls, request: HttpRequest, options: ViewOptions, error_response: ErrorResponse
+    ) -> Guard | None:
+        """Parse, scope and fingerprint ``request``; ``None`` when it runs unprotected."""
+        raw = options.raw_key(request)
+        if raw is None:
+            if options.pick("required", "REQUIRED"):
+                raise KeyMissing(f"This endpoint requires an {conf.HEADER} header.")
+            return None
+        key = keys.parse_key(raw)
+        account = resolve_callable(options.pick("account", "ACCOUNT"), "ACCOUNT")(request)
+        if account is None:
+            if conf.ANONYMOUS == "bypass":
+                return None
+            raise AnonymousNotAllowed("Authenticate to use an Idempotency-Key on this endpoint.")
+        endpoint = resolve_callable(options.pick("endpoint", "ENDPOINT"), "ENDPOINT")(request)
+        body = options.fingerprint
+        try:
+            fingerprint = resolve_callable(conf.get("FINGERPRINT"), "FINGERPRINT")(
+                request,
+                endpoint,
+                fields=options.fingerprint_fields,
+                body=resolve_callable(body, "fingerprint") if body is not None else None,
+            )
+        except RequestDataTooBig as exc:
+            raise BodyTooLarge(
+                "The request body is larger than DATA_UPLOAD_MAX_MEMORY_SIZE."
+            ) from exc
+        return cls(
+            scope=engine.Scope(
+                account=keys.fit(str(account), ACCOUNT_MAX_LENGTH),
+                endpoint=keys.fit(endpoint, ENDPOINT_MAX_LENGTH),
+                key=key,
+            ),
+            fingerprint=fingerprint,
+            engine_options=engine.Options(
+                alias=engine.store_alias(),
+                lease=float(options.pick("lease_seconds", "LEASE_SECONDS")),
+                ttl=float(options.pick("ttl_seconds", "TTL_SECONDS")),
+                in_flight=str(options.pick("in_flight", "IN_FLIGHT")),
+                wait_seconds=float(options.pick("wait_seconds", "WAIT_SECONDS")),
+                retry_after=conf.RETRY_AFTER_SECONDS,
+            ),
+            store_statuses=status_predicate(options.pick("store_statuses", "STORE_STATUSES")),
+            options=options,
+            error_response=error_response,
         )
-    )
 
+    @property
+    def alias(self) -> str:
+        return self.engine_options.alias
 
-def _run_commit(
-    scope: engine.Scope,
-    fingerprint: str,
-    options: engine.Options,
-    call_view: ViewCall,
-    store_statuses: Callable[[int], bool],
-    view_options: ViewOptions,
-) -> HttpResponseBase:
-    """Claim, commit, work: the claim and the completion are short transactions of their own."""
-    try:
-        began = _begin(scope, fingerprint, options)
-    except _StoreFailed:
-        return _store_failed(view_options, call_view)
-    if isinstance(began, HttpResponseBase):
+    def mode(self) -> str:
+        mode = self.options.mode_for()
+        if mode == "commit" and connections[self.alias].in_atomic_block:
+            # The claim cannot commit on its own inside somebody else's transaction. The
+            # unique index still serialises duplicates (they wait for that transaction), so
+            # single flight holds, with the semantics of atomic mode: say so, don't pretend.
+            logger.warning(
+                "Idempotency MODE 'commit' inside an open transaction on %r: running in "
+                "atomic mode for this request. Use @transaction.non_atomic_requests or "
+                "MODE 'atomic'.",
+                self.alias,
+            )
+            return "atomic"
+        return mode
+
+    def begin(self) -> engine.Claim | HttpResponseBase:
+        """``engine.begin`` as a claim or a response to send instead of running the view."""
+        try:
+            began = engine.begin(self.scope, self.fingerprint, self.engine_options)
+        except IdempotencyError as error:
+            return self.error_response(error)
+        except DatabaseError as error:
+            raise _StoreFailed from error
+        if isinstance(began, StoredResponse):
+            return replay(began)
         return began
-    claim = began
-    heartbeat.register(claim, options.lease, conf.MAX_RUN_SECONDS)
-    try:
-        if connections[options.alias].settings_dict.get("ATOMIC_REQUESTS"):
-            # The decorator opted this view out of ATOMIC_REQUESTS for the store's database
-            # so that the claim could commit first; give the view its transaction back, and
-            # commit the completion together with the view's work, or neither.
-            with transaction.atomic(using=options.alias):
-                response = call_view()
-                if not _finish(claim, response, store_statuses):
-                    transaction.set_rollback(True, using=options.alias)
-                    return problem_response(
-                        InFlight(
-                            "This request lost its claim to a retry and was rolled back.",
-                            retry_after=options.retry_after,
-                        )
-                    )
-                return response
-        response = call_view()
-    except BaseException:
-        _release_quietly(claim)
-        raise
-    finally:
-        heartbeat.unregister(claim)
-    _finish(claim, response, store_statuses)
-    return response
 
+    def store_failed(self) -> HttpResponseBase | None:
+        """The answer when the store failed during the claim; ``None``: run unprotected."""
+        policy = self.options.pick("on_store_error", "ON_STORE_ERROR")
+        logger.exception("Idempotency store unavailable while claiming a key (fail %s).", policy)
+        if policy == "open":
+            return None
+        return self.error_response(
+            StoreUnavailable(
+                "The request was not processed; retry it with the same Idempotency-Key.",
+                retry_after=conf.RETRY_AFTER_SECONDS,
+            )
+        )
 
-def _run_atomic(
-    scope: engine.Scope,
-    fingerprint: str,
-    options: engine.Options,
-    call_view: ViewCall,
-    store_statuses: Callable[[int], bool],
-    view_options: ViewOptions,
-) -> HttpResponseBase:
-    """Claim, view and completion in one transaction: a duplicate waits on the unique index
-    until this one commits (then replays) or rolls back (then runs)."""
-    try:
-        with transaction.atomic(using=options.alias):
-            began = _begin(scope, fingerprint, options)
-            if isinstance(began, HttpResponseBase):
-                return began
+    def run_commit(self, call_view: ViewCall) -> HttpResponseBase:
+        """Claim, commit, work: claim and completion are short transactions of their own."""
+        try:
+            began = self.begin()
+        except _StoreFailed:
+            return self.store_failed() or call_view()
+        if isinstance(began, HttpResponseBase):
+            return began
+        claim = began
+        heartbeat.register(claim, self.engine_options.lease, conf.MAX_RUN_SECONDS)
+        try:
+            if connections[self.alias].settings_dict.get("ATOMIC_REQUESTS"):
+                return self._run_in_request_transaction(claim, call_view)
             response = call_view()
-            if store_statuses(response.status_code):
-                _finish(began, response, store_statuses)
-            else:
-                # A failed outcome rolls back with its work, so that a retry starts clean.
-                transaction.set_rollback(True, using=options.alias)
-                signals.released.send(IdempotencyRecord, **scope.lookup())
-            return response
-    except _StoreFailed:
-        return _store_failed(view_options, call_view)
+        except BaseException:
+            _release_quietly(claim)
+            raise
+        finally:
+            heartbeat.unregister(claim)
+        self.finish(claim, response)
+        return response
+
+    def _run_in_request_transaction(
+        self, claim: engine.Claim, call_view: ViewCall
+    ) -> HttpResponseBase:
+        # The decorator opted this view out of ATOMIC_REQUESTS for the store's database so
+        # that the claim could commit first; give the view its transaction back, and commit
+        # the completion together with the view's work, or neither.
+        with transaction.atomic(using=self.alias):
+            response = call_view()
+            if self.finish(claim, response):
+                return response
+            transaction.set_rollback(True, using=self.alias)
+            return self.error_response(
+                InFlight(
+                    "This request lost its claim to a retry and was rolled back.",
+                    retry_after=self.engine_options.retry_after,
+                )
+            )
+
+    def run_atomic(self, call_view: ViewCall) -> HttpResponseBase:
+        """Claim, view and completion in one transaction: a duplicate waits on the unique
+        index until this one commits (then replays) or rolls back (then runs)."""
+        try:
+            with transaction.atomic(using=self.alias):
+                began = self.begin()
+                if isinstance(began, HttpResponseBase):
+                    return began
+                response = call_view()
+                if self.store_statuses(response.status_code):
+                    self.finish(began, response)
+                else:
+                    # A failed outcome rolls back with its work, so that a retry starts clean.
+                    transaction.set_rollback(True, using=self.alias)
+                    signals.released.send(IdempotencyRecord, **self.scope.lookup())
+                return response
+        except _StoreFailed:
+            return self.store_failed() or call_view()
+
+    async def arun_commit(self, call_view: AsyncViewCall) -> HttpResponseBase:
+        try:
+            began = await sync_to_async(self.begin)()
+        except _StoreFailed:
+            failed = await sync_to_async(self.store_failed)()
+            return failed if failed is not None else await call_view()
+        if isinstance(began, HttpResponseBase):
+            return began
+        claim = began
+        heartbeat.register(claim, self.engine_options.lease, conf.MAX_RUN_SECONDS)
+        try:
+            response = await call_view()
+        except BaseException:
+            # Includes CancelledError: the client went away mid-flight. Shielded, so the
+            # release completes even if this task is cancelled again.
+            await asyncio.shield(sync_to_async(_release_quietly)(claim))
+            raise
+        finally:
+            heartbeat.unregister(claim)
+        await sync_to_async(self.finish)(claim, response)
+        return response
+
+    def finish(self, claim: engine.Claim, response: HttpResponseBase) -> bool:
+        """Store a definitive outcome or release the claim. False when the claim was lost."""
+        return _finish(claim, response, self.store_statuses)
 
 
 def _finish(

@@ -18,4 +18,5 @@ urlpatterns = [
     path("with-put/", views.with_put),
     path("stream/", views.stream),
     path("class-based/", views.EffectView.as_view()),
+    path("async/", views.async_effect),
 ]

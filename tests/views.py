@@ -3,6 +3,7 @@ so tests count executions the way a user counts charges."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from typing import Any
@@ -123,3 +124,24 @@ def stream(request: HttpRequest) -> StreamingHttpResponse:
 class EffectView(View):
     def post(self, request: HttpRequest) -> HttpResponse:
         return _effect(request, "class_based")
+
+
+class AsyncHold:
+    """Parks an async view until its task is cancelled, as when a client disconnects."""
+
+    entered: asyncio.Event | None = None
+
+
+async_hold = AsyncHold()
+
+
+@idempotent
+async def async_effect(request: HttpRequest) -> HttpResponse:
+    data = _body(request)
+    if data.get("hold") and async_hold.entered is not None:
+        async_hold.entered.set()
+        await asyncio.Event().wait()  # until cancelled
+    effect = await SideEffect.objects.acreate(label="async")
+    if data.get("raise"):
+        raise RuntimeError("the view failed")
+    return JsonResponse({"effect": effect.pk, "echo": data}, status=int(data.get("status", 201)))

@@ -1,0 +1,122 @@
+"""``@idempotent`` on ``async def`` views: the same contract, with the database off the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync, iscoroutinefunction
+from django.contrib.auth.models import User
+from django.core.exceptions import ImproperlyConfigured
+from django.test import AsyncClient, AsyncRequestFactory
+
+from idempotency_django.decorators import idempotent
+from idempotency_django.models import IdempotencyRecord
+from tests import views
+from tests.conftest import effects
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def apost(body: dict[str, Any], key: str | None = "k1", user: str | None = "alice") -> Any:
+    headers = {}
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    if user is not None:
+        headers["X-User"] = user
+
+    async def send() -> Any:
+        return await AsyncClient().post(
+            "/async/", data=json.dumps(body), content_type="application/json", headers=headers
+        )
+
+    return async_to_sync(send)()
+
+
+def test_the_decorated_view_is_still_a_coroutine_function() -> None:
+    assert iscoroutinefunction(views.async_effect)
+
+
+def test_first_request_runs_and_a_retry_replays(alice: User) -> None:
+    first = apost({"amount": 1})
+    retry = apost({"amount": 1})
+
+    assert first.status_code == retry.status_code == 201
+    assert retry.content == first.content
+    assert retry["Idempotent-Replayed"] == "true"
+    assert effects("async") == 1
+
+
+def test_mismatch_missing_and_malformed_keys(alice: User) -> None:
+    apost({"amount": 1})
+
+    assert apost({"amount": 2}).status_code == 422
+    assert apost({"amount": 1}, key=None).status_code == 400
+    assert apost({"amount": 1}, key="").status_code == 400
+    assert apost({"amount": 1}, user=None).status_code == 403
+    assert effects("async") == 1
+
+
+def test_an_exception_releases_the_key(alice: User) -> None:
+    with pytest.raises(RuntimeError):
+        apost({"raise": True})
+
+    assert not IdempotencyRecord.objects.exists()
+    with pytest.raises(RuntimeError):
+        apost({"raise": True})
+    assert effects("async") == 2
+
+
+def test_a_5xx_releases_and_a_4xx_is_stored(alice: User) -> None:
+    apost({"status": 503})
+    apost({"status": 503})
+    apost({"status": 402}, key="k2")
+    replay = apost({"status": 402}, key="k2")
+
+    assert replay["Idempotent-Replayed"] == "true"
+    assert effects("async") == 3
+
+
+def test_a_cancelled_request_releases_the_key(alice: User) -> None:
+    """A client that disconnects mid-flight cancels the view's task (Django's ASGI handler
+    does this); the key is released so that the retry runs."""
+    request = AsyncRequestFactory().post(
+        "/async/",
+        data=json.dumps({"hold": True}),
+        content_type="application/json",
+        headers={"Idempotency-Key": "k1"},
+    )
+    request.user = alice
+
+    async def cancel_mid_flight() -> bool:
+        views.async_hold.entered = asyncio.Event()
+        task = asyncio.ensure_future(views.async_effect(request))
+        await asyncio.wait_for(views.async_hold.entered.wait(), timeout=20)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    try:
+        assert async_to_sync(cancel_mid_flight)()
+    finally:
+        views.async_hold.entered = None
+
+    assert not IdempotencyRecord.objects.exists()
+    assert apost({"hold": True}).status_code == 201
+    assert effects("async") == 1
+
+
+def test_atomic_mode_on_an_async_view_is_refused_at_import() -> None:
+    async def view(request: object) -> None: ...
+
+    with pytest.raises(ImproperlyConfigured, match="async"):
+        idempotent(mode="atomic")(view)
+
+
+def test_async_views_opt_out_of_atomic_requests_for_the_store() -> None:
+    assert "default" in views.async_effect._non_atomic_requests  # type: ignore[attr-defined]
