@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from django.http import HttpRequest
+from django.http.request import RawPostDataException
 
 from idempotency_django.exceptions import KeyMalformed
 from idempotency_django.models import KEY_MAX_LENGTH
@@ -80,10 +81,21 @@ def default_endpoint(request: HttpRequest) -> str:
     return f"{request.method} {request.path}"
 
 
+def media_type(request: HttpRequest) -> str:
+    """``application/json`` for ``application/json; charset=utf-8`` (Django's
+    ``content_type`` has no parameters; Django REST framework's ``Request`` keeps them)."""
+    return (request.content_type or "").split(";", 1)[0].strip().lower()
+
+
 def canonical_body(request: HttpRequest, fields: Sequence[str] | None = None) -> bytes:
     """A form of the body in which JSON key order, whitespace and form field order don't count."""
-    body = request.body
-    parsed = _parse_body(request.content_type or "", body)
+    try:
+        body = request.body
+    except RawPostDataException:
+        # A multipart body already parsed into POST and FILES (by middleware, or a DRF
+        # authenticator or permission) can't be read again: fingerprint what was parsed.
+        return _parsed_form(request)
+    parsed = _parse_body(media_type(request), body)
     if parsed is _UNPARSED:
         return body
     if fields is not None and isinstance(parsed, dict):
@@ -111,6 +123,15 @@ def _parse_pairs(encoded: str) -> list[tuple[str, str]]:
     # Latin-1 maps every percent-escaped byte to one character, so two different invalid
     # UTF-8 values never decode to the same replacement character.
     return parse_qsl(encoded, keep_blank_values=True, encoding="latin-1")
+
+
+def _parsed_form(request: HttpRequest) -> bytes:
+    form = {name: request.POST.getlist(name) for name in request.POST}
+    files = {
+        name: [[upload.name, upload.size] for upload in request.FILES.getlist(name)]
+        for name in request.FILES
+    }
+    return json.dumps({"form": form, "files": files}, sort_keys=True).encode()
 
 
 def _pairs_to_dict(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
@@ -150,6 +171,6 @@ def default_fingerprint(
         (request.method or "").encode(),
         endpoint.encode("utf-8", "surrogatepass"),
         json.dumps(query).encode(),
-        (request.content_type or "").encode(),
+        media_type(request).encode(),
         body_bytes,
     )

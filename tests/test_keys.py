@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import AnonymousUser, User
@@ -488,3 +489,40 @@ def test_canonical_body_is_sorted_compact_json(rf: RequestFactory) -> None:
 def test_canonical_body_returns_raw_bytes_for_other_types(rf: RequestFactory) -> None:
     request = rf.generic("POST", "/", data=b'{"b": 1}', content_type="text/plain")
     assert keys.canonical_body(request) == b'{"b": 1}'
+
+
+def test_fingerprint_ignores_media_type_parameters_on_a_drf_style_request(
+    rf: RequestFactory,
+) -> None:
+    class FullContentType:
+        """Like DRF's Request: ``content_type`` keeps the parameters."""
+
+        def __init__(self, request: Any) -> None:
+            self._request = request
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._request, name)
+
+        @property
+        def content_type(self) -> str:
+            return str(self._request.META["CONTENT_TYPE"])
+
+    plain = rf.post("/o/", data=b'{"a": 1, "b": 2}', content_type="application/json")
+    with_charset = FullContentType(
+        rf.post("/o/", data=b'{"b":2,"a":1}', content_type="application/json; charset=utf-8")
+    )
+
+    assert keys.default_fingerprint(plain, "POST /o/") == keys.default_fingerprint(
+        with_charset,  # type: ignore[arg-type]
+        "POST /o/",
+    )
+
+
+def test_fingerprint_of_a_multipart_body_already_parsed(rf: RequestFactory) -> None:
+    def parsed(note: str) -> str:
+        request = rf.post("/o/", data={"note": note, "amount": "1"})
+        assert request.POST["note"] == note  # reads the stream: .body is gone now
+        return keys.default_fingerprint(request, "POST /o/")
+
+    assert parsed("a") == parsed("a")
+    assert parsed("a") != parsed("b")
