@@ -15,7 +15,7 @@ from django.http.request import RawPostDataException
 from idempotency_django.exceptions import KeyMalformed
 from idempotency_django.models import KEY_MAX_LENGTH
 
-Fingerprinter = Callable[[HttpRequest], "str | bytes"]
+Fingerprinter = Callable[[HttpRequest], "str | bytes | None"]
 
 
 def parse_key(raw: str) -> str:
@@ -162,11 +162,11 @@ def default_fingerprint(
     what a view-supplied callable returns.
     """
     query = sorted(_parse_pairs(request.META.get("QUERY_STRING", "")))
-    if body is not None:
-        content = body(request)
-        body_bytes = content.encode() if isinstance(content, str) else content
-    else:
+    content = body(request) if body is not None else None
+    if content is None:
         body_bytes = canonical_body(request, fields)
+    else:
+        body_bytes = content.encode() if isinstance(content, str) else content
     return digest(
         (request.method or "").encode(),
         endpoint.encode("utf-8", "surrogatepass"),

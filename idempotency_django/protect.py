@@ -58,13 +58,14 @@ class ViewOptions:
     wait_seconds: float = _UNSET
     lease_seconds: float = _UNSET
     ttl_seconds: float = _UNSET
-    account: Callable[[HttpRequest], str | None] | str = _UNSET
-    endpoint: Callable[[HttpRequest], str] | str = _UNSET
+    # Callables take the request the adapter has: an HttpRequest, or DRF's Request.
+    account: Callable[[Any], str | None] | str = _UNSET
+    endpoint: Callable[[Any], str] | str = _UNSET
     fingerprint_fields: Sequence[str] | None = None
-    fingerprint: Callable[[HttpRequest], str | bytes] | str | None = None
+    fingerprint: Callable[[Any], str | bytes | None] | str | None = None
     store_statuses: Callable[[int], bool] | Iterable[int] | str = _UNSET
     on_store_error: str = _UNSET
-    key: Callable[[HttpRequest], str | None] | None = None
+    key: Callable[[Any], str | None] | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in (

@@ -24,6 +24,8 @@ DATABASES["default"]["TEST"] = {"NAME": None}
 INSTALLED_APPS = [
     "django.contrib.auth",
     "django.contrib.contenttypes",
+    "rest_framework",
+    "rest_framework.authtoken",
     "idempotency_django",
     "tests",
 ]
@@ -37,4 +39,14 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"null": {"class": "logging.NullHandler"}},
     "loggers": {"idempotency_django": {"handlers": ["null"], "propagate": True}},
+}
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.BasicAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "UNAUTHENTICATED_USER": None,
 }

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from django.urls import path
+from django.urls import include, path
 
 from tests import views
 
@@ -19,4 +19,5 @@ urlpatterns = [
     path("stream/", views.stream),
     path("class-based/", views.EffectView.as_view()),
     path("async/", views.async_effect),
+    path("", include("tests.drf_urls")),
 ]

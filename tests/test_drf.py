@@ -1,0 +1,249 @@
+"""``IdempotentMixin``: the decision table through Django REST framework views."""
+
+from __future__ import annotations
+
+import base64
+import json
+import queue
+import threading
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connections
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from idempotency_django.models import IdempotencyRecord
+from tests.conftest import effects
+from tests.views import gate
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def api(alice: User) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(alice)
+    return client
+
+
+def post(client: APIClient, path: str, body: Any, key: str | None = "k1", **headers: str) -> Any:
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    return client.post(
+        path, data=json.dumps(body), content_type="application/json", headers=headers
+    )
+
+
+def test_create_runs_once_and_replays_the_rendered_response(api: APIClient) -> None:
+    first = post(api, "/api/charges/", {"amount": 5})
+    retry = post(api, "/api/charges/", {"amount": 5})
+
+    assert first.status_code == retry.status_code == 201
+    assert retry.content == first.content
+    assert retry["Content-Type"] == first["Content-Type"] == "application/json"
+    assert retry["Location"] == first["Location"]
+    assert retry["Idempotent-Replayed"] == "true"
+    assert "Idempotent-Replayed" not in first
+    assert effects("drf") == 1
+
+
+def test_the_negotiated_content_type_is_stored(api: APIClient) -> None:
+    first = api.post(
+        "/api/charges/",
+        data=json.dumps({"amount": 6}),
+        content_type="application/json",
+        headers={"Idempotency-Key": "csv", "Accept": "text/csv"},
+    )
+    retry = api.post(
+        "/api/charges/",
+        data=json.dumps({"amount": 6}),
+        content_type="application/json",
+        headers={"Idempotency-Key": "csv", "Accept": "text/csv"},
+    )
+
+    assert first["Content-Type"] == "text/csv; charset=utf-8"
+    assert retry["Content-Type"] == first["Content-Type"]
+    assert retry.content == first.content
+    assert retry["Idempotent-Replayed"] == "true"
+
+
+def test_validation_error_is_a_stored_400(api: APIClient) -> None:
+    first = post(api, "/api/charges/", {"amount": 0})
+    retry = post(api, "/api/charges/", {"amount": 0})
+
+    assert first.status_code == retry.status_code == 400
+    assert retry.content == first.content
+    assert retry["Idempotent-Replayed"] == "true"
+
+
+def test_5xx_api_exception_releases_the_key(api: APIClient) -> None:
+    first = post(api, "/api/charges/", {"amount": 5, "unavailable": True})
+    retry = post(api, "/api/charges/", {"amount": 5, "unavailable": True})
+
+    assert first.status_code == retry.status_code == 503
+    assert "Idempotent-Replayed" not in retry
+    assert effects("drf") == 2
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_unexpected_exception_releases_the_key(api: APIClient) -> None:
+    api.raise_request_exception = False
+    assert post(api, "/api/charges/", {"amount": 5, "crash": True}).status_code == 500
+    assert not IdempotencyRecord.objects.exists()
+    assert post(api, "/api/charges/", {"amount": 5}).status_code == 201
+
+
+def test_errors_are_problem_json_with_the_default_exception_handler(api: APIClient) -> None:
+    post(api, "/api/charges/", {"amount": 5})
+    mismatch = post(api, "/api/charges/", {"amount": 6})
+    missing = post(api, "/api/charges/", {"amount": 6}, key=None)
+    malformed = post(api, "/api/charges/", {"amount": 6}, key="")
+
+    assert mismatch.status_code == 422
+    assert mismatch["Content-Type"] == "application/problem+json"
+    assert json.loads(mismatch.content)["type"] == "urn:idempotency-django:problem:key-mismatch"
+    assert missing.status_code == 400
+    assert json.loads(missing.content)["type"] == "urn:idempotency-django:problem:key-missing"
+    assert malformed.status_code == 400
+    assert effects("drf") == 1
+
+
+def test_errors_go_through_a_custom_exception_handler(api: APIClient, settings: Any) -> None:
+    settings.REST_FRAMEWORK = {
+        **settings.REST_FRAMEWORK,
+        "EXCEPTION_HANDLER": "tests.drf_views.custom_exception_handler",
+    }
+    post(api, "/api/charges/", {"amount": 5})
+    mismatch = post(api, "/api/charges/", {"amount": 6})
+
+    assert mismatch.status_code == 422
+    assert mismatch["Content-Type"] == "application/json"
+    assert json.loads(mismatch.content)["error"]["code"] == "key-mismatch"
+
+
+def test_in_flight_409_keeps_retry_after_through_a_custom_handler(
+    api: APIClient, alice: User, settings: Any
+) -> None:
+    settings.REST_FRAMEWORK = {
+        **settings.REST_FRAMEWORK,
+        "EXCEPTION_HANDLER": "tests.drf_views.custom_exception_handler",
+    }
+    post(api, "/api/charges/", {"amount": 5})
+    IdempotencyRecord.objects.update(state=IdempotencyRecord.State.IN_PROGRESS)
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    IdempotencyRecord.objects.update(lease_expires_at=timezone.now() + timedelta(seconds=30))
+    response = post(api, "/api/charges/", {"amount": 5})
+
+    assert response.status_code == 409
+    assert response["Retry-After"] == "1"
+    assert json.loads(response.content)["error"]["code"] == "in-flight"
+
+
+def test_only_the_configured_actions_are_protected(api: APIClient) -> None:
+    post(api, "/api/charges/refund/", {})
+    refund_retry = post(api, "/api/charges/refund/", {})
+    post(api, "/api/charges/note/", {}, key=None)
+    post(api, "/api/charges/note/", {}, key=None)
+
+    assert refund_retry["Idempotent-Replayed"] == "true"
+    assert effects("drf-refund") == 1
+    assert effects("drf-note") == 2
+
+
+def test_unauthenticated_request_never_claims_a_key(db: None) -> None:
+    response = post(APIClient(), "/api/charges/", {"amount": 5})
+
+    assert response.status_code in (401, 403)
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_throttled_request_never_claims_a_key(api: APIClient) -> None:
+    from django.core.cache import cache
+
+    cache.clear()
+    first = post(api, "/api/throttled/", {}, key="a")
+    throttled = post(api, "/api/throttled/", {}, key="b")
+
+    assert first.status_code == 201
+    assert throttled.status_code == 429
+    assert list(IdempotencyRecord.objects.values_list("key", flat=True)) == ["a"]
+
+
+@pytest.mark.parametrize("scheme", ["token", "basic", "session"])
+def test_the_account_is_the_drf_authenticated_user(
+    alice: User, bob: User, scheme: str, client: Any
+) -> None:
+    def as_user(user: User) -> APIClient:
+        api = APIClient()
+        if scheme == "token":
+            api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+        elif scheme == "basic":
+            user.set_password("pw")
+            user.save()
+            credentials = base64.b64encode(f"{user.username}:pw".encode()).decode()
+            api.credentials(HTTP_AUTHORIZATION=f"Basic {credentials}")
+        else:
+            api.credentials(HTTP_X_USER=user.username)  # the test middleware's "session"
+        return api
+
+    for_alice = post(as_user(alice), "/api/charges/", {"amount": 5})
+    for_bob = post(as_user(bob), "/api/charges/", {"amount": 5})
+
+    assert for_alice.status_code == for_bob.status_code == 201
+    assert "Idempotent-Replayed" not in for_bob
+    assert set(IdempotencyRecord.objects.values_list("account", flat=True)) == {
+        str(alice.pk),
+        str(bob.pk),
+    }
+
+
+def test_a_hook_overrides_one_piece(api: APIClient) -> None:
+    post(api, "/api/tenant/", {}, **{"X-Tenant": "t1"})
+    same_tenant = post(api, "/api/tenant/", {}, **{"X-Tenant": "t1"})
+    other_tenant = post(api, "/api/tenant/", {}, **{"X-Tenant": "t2"})
+
+    assert same_tenant["Idempotent-Replayed"] == "true"
+    assert "Idempotent-Replayed" not in other_tenant
+    assert effects("drf-tenant") == 2
+    assert set(IdempotencyRecord.objects.values_list("account", flat=True)) == {"t1", "t2"}
+
+
+def test_get_is_not_protected(api: APIClient) -> None:
+    response = api.get("/api/charges/", headers={"Idempotency-Key": "k"})
+
+    assert response.status_code == 200
+    assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.concurrency
+def test_concurrent_duplicates_run_the_view_once(alice: User) -> None:
+    token = Token.objects.create(user=alice).key
+    barrier = threading.Barrier(6)
+    results: queue.Queue[Any] = queue.Queue()
+
+    def worker() -> None:
+        api = APIClient()
+        api.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+        barrier.wait(timeout=10)
+        try:
+            results.put(post(api, "/api/charges/", {"amount": 5, "gate": True}))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    losers = [results.get(timeout=20) for _ in range(5)]
+    gate.release.set()
+    for thread in threads:
+        thread.join(timeout=30)
+    winner = results.get(timeout=5)
+
+    assert [r.status_code for r in losers] == [409] * 5
+    assert winner.status_code == 201
+    assert effects("drf") == 1
