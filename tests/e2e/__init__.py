@@ -1,0 +1,1 @@
+"""End-to-end tests: the example payments API under gunicorn, over HTTP, on a real database."""

@@ -1,0 +1,89 @@
+"""Fixtures for the e2e tests: a fresh e2e database and gunicorn servers of the example.
+
+These tests speak HTTP only. They don't use pytest-django's ``db`` fixture: the e2e
+database is created, migrated and dropped here, next to the test database.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.server import (
+    SUPPORTED_VENDORS,
+    Database,
+    Server,
+    create_database,
+    database_vendor,
+    drop_database,
+    e2e_database,
+    migrate,
+    new_key,
+    start_server,
+)
+
+_servers: list[Server] = []
+
+
+@pytest.fixture(scope="session")
+def e2e_db() -> Iterator[Database]:
+    vendor = database_vendor()
+    if vendor not in SUPPORTED_VENDORS:
+        pytest.skip(f"e2e tests need PostgreSQL or MariaDB/MySQL (DATABASE_URL), not {vendor}")
+    database = e2e_database(os.environ["DATABASE_URL"])
+    create_database(database)
+    try:
+        migrate(database)
+        yield database
+    finally:
+        drop_database(database)
+
+
+@pytest.fixture(scope="session")
+def server(e2e_db: Database, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The example under gunicorn with 4 sync workers and its default settings, shared."""
+    log_path = tmp_path_factory.mktemp("gunicorn") / "shared.log"
+    shared = start_server(e2e_db, log_path, warm_up=True)
+    _servers.append(shared)
+    yield shared
+    _servers.remove(shared)
+    shared.stop()
+
+
+@pytest.fixture
+def start_example(e2e_db: Database, tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    """Start a gunicorn of the test's own with ``EXAMPLE_*`` settings; stopped after it."""
+    started: list[Server] = []
+
+    def start(**example_settings: str) -> Server:
+        log_path = tmp_path / f"gunicorn-{len(started)}.log"
+        new = start_server(e2e_db, log_path, example_settings)
+        started.append(new)
+        _servers.append(new)
+        return new
+
+    yield start
+    for own in started:
+        _servers.remove(own)
+        own.stop()
+        print(f"--- gunicorn on port {own.port} ---\n{own.log()}")
+
+
+@pytest.fixture(autouse=True)
+def _show_gunicorn_logs() -> Iterator[None]:
+    """Print what the shared server logged during a test; pytest shows it on failure."""
+    offsets = {id(running): len(running.log()) for running in _servers}
+    yield
+    for running in _servers:
+        logged = running.log()[offsets.get(id(running), 0) :]
+        if logged:
+            print(f"--- gunicorn on port {running.port} ---\n{logged}")
+
+
+@pytest.fixture
+def key() -> str:
+    """A fresh random Idempotency-Key."""
+    return new_key()

@@ -1,0 +1,499 @@
+"""Run the example project under gunicorn against a database of its own, and talk to it.
+
+Nothing here uses Django's database connections: the e2e database is created and dropped
+with the driver (psycopg or MySQLdb) against the server named by ``DATABASE_URL``, the
+example is migrated and served in subprocesses, and the tests only speak HTTP.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import dj_database_url
+import requests
+from requests.structures import CaseInsensitiveDict
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SUPPORTED_VENDORS = ("postgresql", "mysql")
+READY_WITHIN_SECONDS = 30.0
+STOP_WITHIN_SECONDS = 15.0
+HTTP_TIMEOUT_SECONDS = 30.0
+WORKERS = 4
+
+ALICE = ("alice", "alice")
+BOB = ("bob", "bob")
+
+T = TypeVar("T")
+
+
+def database_vendor() -> str:
+    """The vendor of the test settings' database (``DATABASE_URL``), without connecting."""
+    from django.db import connections
+
+    return str(connections["default"].vendor)
+
+
+def new_key() -> str:
+    return f"e2e-{uuid.uuid4()}"
+
+
+def new_amount() -> int:
+    """A random amount, so that a test can find its own charges among the others."""
+    return 100_000 + uuid.uuid4().int % 900_000
+
+
+# --- the e2e database -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Database:
+    vendor: str
+    name: str
+    url: str  # what the example's DATABASE_URL is set to
+    config: Mapping[str, Any]  # dj_database_url's parse of the server's URL
+
+
+def e2e_database(base_url: str) -> Database:
+    """The dedicated e2e database on the server of ``base_url``: its name plus ``_e2e``."""
+    config = dj_database_url.parse(base_url)
+    vendor = {
+        "django.db.backends.postgresql": "postgresql",
+        "django.db.backends.mysql": "mysql",
+    }.get(config["ENGINE"])
+    if vendor is None:
+        raise ValueError(f"e2e tests need PostgreSQL or MariaDB/MySQL, not {config['ENGINE']}")
+    name = f"{config['NAME']}_e2e"
+    if not re.fullmatch(r"[A-Za-z0-9_]+", name):
+        raise ValueError(f"Unexpected database name {name!r}")
+    parts = urlsplit(base_url)
+    url = urlunsplit(parts._replace(path=f"/{name}"))
+    return Database(vendor=vendor, name=name, url=url, config=config)
+
+
+def _server_execute(database: Database, statements: list[str]) -> None:
+    """Run statements on the database server, outside any database of the test run."""
+    config = database.config
+    if database.vendor == "postgresql":
+        import psycopg
+
+        params = {
+            "host": config.get("HOST") or None,
+            "port": config.get("PORT") or None,
+            "user": config.get("USER") or None,
+            "password": config.get("PASSWORD") or None,
+        }
+        conninfo = {k: v for k, v in params.items() if v is not None}
+        with psycopg.connect(dbname="postgres", autocommit=True, **conninfo) as connection:
+            for statement in statements:
+                connection.execute(statement)
+        return
+    import MySQLdb  # type: ignore[import-untyped]
+
+    params = {
+        "host": config.get("HOST") or None,
+        "port": int(config["PORT"]) if config.get("PORT") else None,
+        "user": config.get("USER") or None,
+        "passwd": config.get("PASSWORD") or None,
+    }
+    connection = MySQLdb.connect(**{k: v for k, v in params.items() if v is not None})
+    try:
+        cursor = connection.cursor()
+        for statement in statements:
+            cursor.execute(statement)
+    finally:
+        connection.close()
+
+
+def create_database(database: Database) -> None:
+    quoted = f'"{database.name}"' if database.vendor == "postgresql" else f"`{database.name}`"
+    create = f"CREATE DATABASE {quoted}"
+    if database.vendor == "mysql":
+        create += " CHARACTER SET utf8mb4"
+    drop_database(database)
+    _server_execute(database, [create])
+
+
+def drop_database(database: Database) -> None:
+    if database.vendor == "postgresql":
+        # FORCE: a worker killed by a test may leave a backend behind for a moment.
+        _server_execute(database, [f'DROP DATABASE IF EXISTS "{database.name}" WITH (FORCE)'])
+    else:
+        _server_execute(database, [f"DROP DATABASE IF EXISTS `{database.name}`"])
+
+
+def example_env(database_url: str, **overrides: str) -> dict[str, str]:
+    """The environment of the example project: its settings, its database, ``overrides``."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        # pytest-django exported the test suite's settings module; the example has its own.
+        if name != "DJANGO_SETTINGS_MODULE" and not name.startswith("EXAMPLE_")
+    }
+    env.update(
+        DJANGO_SETTINGS_MODULE="example_project.settings",
+        DATABASE_URL=database_url,
+        PYTHONUNBUFFERED="1",
+        **overrides,
+    )
+    return env
+
+
+def migrate(database: Database) -> None:
+    result = subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+        cwd=REPO_ROOT,
+        env=example_env(database.url),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, f"migrate failed:\n{result.stdout}\n{result.stderr}"
+
+
+# --- gunicorn -------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def child_pids(parent: int) -> list[int]:
+    """Processes whose parent is ``parent``, read from ``/proc/<pid>/stat``."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # the process exited while we looked
+            continue
+        # "pid (comm) state ppid …": comm may hold spaces and parentheses.
+        fields = text[text.rindex(")") + 2 :].split()
+        if int(fields[1]) == parent:
+            children.append(int(stat.parent.name))
+    return children
+
+
+@dataclass
+class Server:
+    """One gunicorn master serving the example project, and an HTTP client for it."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    _log_file: Any = field(repr=False)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    # -- HTTP, the way a client of the payments API sees it
+
+    def post_charge(
+        self,
+        body: Mapping[str, Any] | None,
+        *,
+        key: str | None,
+        auth: tuple[str, str] | None = ALICE,
+    ) -> requests.Response:
+        headers = {} if key is None else {"Idempotency-Key": key}
+        return requests.post(
+            f"{self.base_url}/charges/",
+            json=body,
+            headers=headers,
+            auth=auth,
+            timeout=HTTP_TIMEOUT_SECONDS,
+        )
+
+    def charges(self, auth: tuple[str, str] = ALICE) -> dict[str, Any]:
+        response = requests.get(
+            f"{self.base_url}/charges/", auth=auth, timeout=HTTP_TIMEOUT_SECONDS
+        )
+        assert response.status_code == 200, response.text
+        return response.json()  # type: ignore[no-any-return]
+
+    def charge_count(self, auth: tuple[str, str] = ALICE) -> int:
+        return int(self.charges(auth)["count"])
+
+    def charge_ids(self, auth: tuple[str, str] = ALICE) -> list[str]:
+        return [charge["id"] for charge in self.charges(auth)["results"]]
+
+    # -- the processes
+
+    def worker_pids(self) -> list[int]:
+        return child_pids(self.process.pid)
+
+    def kill_workers(self) -> list[int]:
+        """SIGKILL every worker of this master (the master respawns them)."""
+        pids = self.worker_pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return pids
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_WITHIN_SECONDS
+        last: object = None
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(
+                    f"gunicorn exited with {self.process.returncode}:\n{self.log()}"
+                )
+            try:
+                response = requests.get(f"{self.base_url}/charges/", auth=ALICE, timeout=5)
+            except requests.ConnectionError as exc:
+                last = exc
+            else:
+                if response.status_code == 200:
+                    return
+                last = f"{response.status_code} {response.text[:500]}"
+            time.sleep(0.1)  # polling the server is the readiness check
+        raise AssertionError(
+            f"gunicorn not ready within {READY_WITHIN_SECONDS}s ({last}):\n{self.log()}"
+        )
+
+    def warm_up(self, provider_delay: float, within: float = READY_WITHIN_SECONDS) -> None:
+        """Wait until every worker has booted and served a request.
+
+        gunicorn answers as soon as one worker is up, while the others may still be
+        importing Django; a test of concurrent requests would then see them queued behind
+        one worker. ``WORKERS`` concurrent requests that each hold a worker for the
+        provider's delay (``tok_timeout``: 504, the key released, nothing stored) finish
+        within one delay of each other only if as many workers served them.
+        """
+        deadline = time.monotonic() + within
+        while self._concurrent_timeouts(within) >= 2 * provider_delay:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the {WORKERS} workers never answered together")
+
+    def _concurrent_timeouts(self, within: float) -> float:
+        """Send ``WORKERS`` ``tok_timeout`` charges at once; how long they took in all."""
+        barrier = threading.Barrier(WORKERS + 1, timeout=within)
+        statuses: list[int] = []
+
+        def send() -> None:
+            body = {"amount": 1, "currency": "EUR", "card": "tok_timeout"}
+            barrier.wait()
+            statuses.append(self.post_charge(body, key=new_key()).status_code)
+
+        threads = [threading.Thread(target=send) for _ in range(WORKERS)]
+        for thread in threads:
+            thread.start()
+        barrier.wait()
+        started = time.monotonic()
+        for thread in threads:
+            thread.join(within)
+        elapsed = time.monotonic() - started
+        assert statuses == [504] * WORKERS, statuses
+        return elapsed
+
+    def stop(self) -> None:
+        """Stop the master and its workers; if the master outlives the grace period, kill
+        its whole session (it ran in one of its own)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)  # quick shutdown, no graceful wait
+            try:
+                self.process.wait(STOP_WITHIN_SECONDS)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(STOP_WITHIN_SECONDS)
+        self._log_file.close()
+
+
+def start_server(
+    database: Database,
+    log_path: Path,
+    example_settings: Mapping[str, str] | None = None,
+    *,
+    warm_up: bool = False,
+) -> Server:
+    """Start gunicorn with ``WORKERS`` sync workers on a free port and wait until it answers
+    (with ``warm_up``, until every worker does; that costs a provider delay or more).
+    ``example_settings`` are ``EXAMPLE_*`` environment variables (``EXAMPLE_LEASE_SECONDS``…)."""
+    port = free_port()
+    log_file = log_path.open("wb")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "example_project.wsgi:application",
+            "-w",
+            str(WORKERS),
+            "-k",
+            "sync",
+            "-b",
+            f"127.0.0.1:{port}",
+            # The default control socket is one path in $HOME for every master: keep
+            # concurrent test servers (and anyone else's gunicorn) apart.
+            "--no-control-socket",
+        ],
+        cwd=REPO_ROOT,
+        env=example_env(database.url, **(example_settings or {})),
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    server = Server(process=process, port=port, log_path=log_path, _log_file=log_file)
+    try:
+        server.wait_ready()
+        if warm_up:
+            delay_ms = (example_settings or {}).get("EXAMPLE_PROVIDER_DELAY_MS", "300")
+            server.warm_up(provider_delay=int(delay_ms) / 1000)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+# --- a request that stays in flight ---------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """A response read with ``http.client``, looking enough like a ``requests.Response``."""
+
+    status_code: int
+    headers: CaseInsensitiveDict[str]
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode(errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+class InFlightRequest:
+    """``POST /charges/`` in a thread of its own, so that it can stay in flight while the
+    test goes on. ``sent`` is set once the request is on the wire, ``done`` once it was
+    answered or failed (``finished``, if given, too: one event for several requests)."""
+
+    def __init__(
+        self,
+        server: Server,
+        body: Mapping[str, Any],
+        *,
+        key: str,
+        auth: tuple[str, str] = ALICE,
+        finished: threading.Event | None = None,
+    ) -> None:
+        self.sent = threading.Event()
+        self.done = threading.Event()
+        self.outcome: Outcome | None = None
+        self.error: BaseException | None = None
+        self._finished = finished
+        credentials = base64.b64encode(":".join(auth).encode()).decode()
+        self._request = (
+            json.dumps(body).encode(),
+            {
+                "Content-Type": "application/json",
+                "Idempotency-Key": key,
+                "Authorization": f"Basic {credentials}",
+            },
+        )
+        self._port = server.port
+        self._thread = threading.Thread(target=self._run, name="in-flight-request", daemon=True)
+
+    def start(self) -> InFlightRequest:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        connection = http.client.HTTPConnection(
+            "127.0.0.1", self._port, timeout=HTTP_TIMEOUT_SECONDS
+        )
+        try:
+            body, headers = self._request
+            connection.request("POST", "/charges/", body=body, headers=headers)
+            self.sent.set()
+            response = connection.getresponse()
+            self.outcome = Outcome(
+                response.status, CaseInsensitiveDict(response.getheaders()), response.read()
+            )
+        except BaseException as exc:  # the worker may be killed under it
+            self.error = exc
+        finally:
+            connection.close()
+            self.sent.set()
+            self.done.set()
+            if self._finished is not None:
+                self._finished.set()
+
+    def wait_sent(self, timeout: float = 10.0) -> None:
+        assert self.sent.wait(timeout), "the request was not sent"
+
+    def wait_done(self, timeout: float = HTTP_TIMEOUT_SECONDS) -> None:
+        assert self.done.wait(timeout), "the request did not finish"
+        self._thread.join(timeout)
+
+
+def race_duplicates(
+    server: Server,
+    body: Mapping[str, Any],
+    *,
+    key: str,
+    auth: tuple[str, str] = ALICE,
+    within: float = 10.0,
+) -> tuple[InFlightRequest, InFlightRequest]:
+    """Send the same request twice and return ``(running, refused)`` as soon as one of the
+    two has been answered: for a slow view, the loser of the claim is answered at once.
+
+    Which one wins is not for the client to know: the second may overtake the first on
+    the way to the claim (a worker's first request pays for its database connection and
+    lazy imports), so a test that assumed the first one won would be flaky.
+    """
+    finished = threading.Event()
+    first = InFlightRequest(server, body, key=key, auth=auth, finished=finished).start()
+    first.wait_sent()
+    second = InFlightRequest(server, body, key=key, auth=auth, finished=finished).start()
+    assert finished.wait(within), f"neither duplicate was answered within {within}s"
+    if first.done.is_set():
+        return second, first
+    return first, second
+
+
+def retry_until(
+    attempt: Callable[[], T],
+    until: Callable[[T], bool],
+    *,
+    within: float,
+    every: float,
+) -> tuple[T, list[T]]:
+    """Call ``attempt`` every ``every`` seconds until ``until`` holds for its result, at most
+    ``within`` seconds; returns that result and all the earlier ones. Retrying *is* what the
+    scenarios using this are about, so the pause between attempts is the client's back-off,
+    not a synchronisation."""
+    deadline = time.monotonic() + within
+    earlier: list[T] = []
+    while True:
+        result = attempt()
+        if until(result):
+            return result, earlier
+        earlier.append(result)
+        if time.monotonic() + every > deadline:
+            raise AssertionError(f"gave up after {within}s; last result: {result!r}")
+        time.sleep(every)

@@ -1,0 +1,316 @@
+"""The example payments API under gunicorn (sync workers), over HTTP, on a real database.
+
+Every test uses a fresh Idempotency-Key and counts charges the way a client would, with
+``GET /charges/`` (the servers share one database, so counts are compared before/after).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import requests
+
+from tests.e2e.server import (
+    BOB,
+    SUPPORTED_VENDORS,
+    WORKERS,
+    Outcome,
+    Server,
+    database_vendor,
+    new_amount,
+    race_duplicates,
+    retry_until,
+)
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        database_vendor() not in SUPPORTED_VENDORS,
+        reason="e2e tests run on PostgreSQL or MariaDB/MySQL (set DATABASE_URL)",
+    ),
+]
+
+REPLAYED = "Idempotent-Replayed"
+PROBLEM_JSON = "application/problem+json"
+CLIENTS = 16
+
+
+def charge_body(card: str = "tok_visa", amount: int | None = None) -> dict[str, Any]:
+    return {"amount": amount or new_amount(), "currency": "EUR", "card": card}
+
+
+def assert_problem(
+    response: requests.Response | Outcome, status: int, slug: str | None = None
+) -> dict[str, Any]:
+    """``response`` is an RFC 9457 problem of ``status`` (and of the package's ``slug``)."""
+    assert response.status_code == status, (response.status_code, response.headers, response.text)
+    assert response.headers["Content-Type"] == PROBLEM_JSON, response.headers
+    problem: dict[str, Any] = response.json()
+    assert problem["status"] == status, problem
+    if slug is not None:
+        assert problem["type"] == f"urn:idempotency-django:problem:{slug}", problem
+    return problem
+
+
+def assert_in_flight(response: requests.Response | Outcome) -> None:
+    """A 409 telling the client that the key's first request is still running."""
+    assert_problem(response, 409, "in-flight")
+    assert response.headers["Retry-After"].isdigit(), response.headers
+    assert REPLAYED not in response.headers
+
+
+def assert_replay_of(response: requests.Response, status: int, charge_id: str) -> None:
+    assert response.status_code == status, (response.status_code, response.text)
+    assert response.headers.get(REPLAYED) == "true", response.headers
+    assert response.json()["id"] == charge_id
+
+
+# --- 1. concurrent duplicates -----------------------------------------------------------------
+
+
+def test_concurrent_duplicates_make_one_charge(server: Server, key: str) -> None:
+    body = charge_body()
+    before = server.charge_count()
+    barrier = threading.Barrier(CLIENTS, timeout=30)
+    results: list[requests.Response | BaseException | None] = [None] * CLIENTS
+
+    def client(index: int) -> None:
+        try:
+            barrier.wait()
+            results[index] = server.post_charge(body, key=key)
+        except BaseException as exc:
+            results[index] = exc
+
+    threads = [threading.Thread(target=client, args=(index,)) for index in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads)
+
+    responses = [result for result in results if isinstance(result, requests.Response)]
+    assert len(responses) == CLIENTS, results
+    statuses = sorted(response.status_code for response in responses)
+    assert set(statuses) <= {201, 409}, statuses
+    created = [response for response in responses if response.status_code == 201]
+    # Exactly one request ran the view; a 201 that came later is a replay of it.
+    ran = [response for response in created if REPLAYED not in response.headers]
+    assert len(ran) == 1, statuses
+    charge_id = ran[0].json()["id"]
+    for response in created:
+        assert response.json()["id"] == charge_id
+        if response is not ran[0]:
+            assert_replay_of(response, 201, charge_id)
+    for response in responses:
+        if response.status_code == 409:
+            assert_in_flight(response)
+
+    assert server.charge_count() == before + 1
+    assert server.charge_ids().count(charge_id) == 1
+    retry = server.post_charge(body, key=key)
+    assert_replay_of(retry, 201, charge_id)
+    assert retry.content == ran[0].content
+    assert retry.headers["Location"] == ran[0].headers["Location"] == f"/charges/{charge_id}"
+
+
+# --- 2. a worker dies mid-flight --------------------------------------------------------------
+
+
+def test_killed_worker_lease_lapses_and_one_retry_takes_over(
+    start_example: Callable[..., Server], key: str
+) -> None:
+    # The lease must outlast the workers' respawn, or no retry can be answered while the
+    # dead worker's claim is still valid. With every worker killed, the replacements import
+    # Django at once: 2-4 s on 2 cores, so a 1 s lease lapses before anyone can ask.
+    lease = 8.0
+    delay = 4.0
+    server = start_example(
+        EXAMPLE_LEASE_SECONDS=str(lease), EXAMPLE_PROVIDER_DELAY_MS=str(int(delay * 1000))
+    )
+    body = charge_body()
+    before = server.charge_count()
+
+    # Two duplicates: one claims the key and waits on the provider, the other is told 409.
+    running, refused = race_duplicates(server, body, key=key)
+    assert refused.outcome is not None, refused.error
+    assert_in_flight(refused.outcome)
+
+    killed = server.kill_workers()
+    killed_at = time.monotonic()
+    assert len(killed) == WORKERS, killed
+    running.wait_done()
+    assert running.outcome is None, "the request was answered although its worker died"
+
+    def attempt() -> tuple[float, requests.Response]:
+        response = server.post_charge(body, key=key)
+        return time.monotonic() - killed_at, response
+
+    (answered_at, taken), waited = retry_until(
+        attempt, lambda result: result[1].status_code != 409, within=30, every=0.5
+    )
+    # The dead worker's claim is honoured until its lease lapses…
+    assert waited, "the first retry after the kill took over a claim whose lease was valid"
+    for _, response in waited:
+        assert_in_flight(response)
+    # …and then it is not wedged: a retry takes the key over and runs the charge.
+    assert taken.status_code == 201, (taken.status_code, taken.text)
+    assert REPLAYED not in taken.headers
+    # The heartbeat renewed the lease every lease/3 until the kill, so it lapsed no sooner
+    # than 2/3 of a lease after it; the takeover ran the provider's delay after that.
+    # (1 s of slack for a late heartbeat.)
+    assert answered_at >= 2 * lease / 3 + delay - 1, (answered_at, waited)
+    assert answered_at < lease + delay + 10, "the key stayed locked long after its lease"
+    charge_id = taken.json()["id"]
+
+    assert server.charge_count() == before + 1
+    assert server.charge_ids().count(charge_id) == 1
+    assert_replay_of(server.post_charge(body, key=key), 201, charge_id)
+    # The master replaced the killed workers.
+    assert not set(killed) & set(server.worker_pids())
+
+
+# --- 3. a view that runs longer than its lease ------------------------------------------------
+
+
+def test_heartbeat_keeps_a_long_request_the_owner_of_its_key(
+    start_example: Callable[..., Server], key: str
+) -> None:
+    lease = 2.0
+    server = start_example(EXAMPLE_LEASE_SECONDS=str(lease), EXAMPLE_PROVIDER_DELAY_MS="6000")
+    body = charge_body()
+    before = server.charge_count()
+
+    started = time.monotonic()
+    running, refused = race_duplicates(server, body, key=key)
+    assert refused.outcome is not None, refused.error
+    assert_in_flight(refused.outcome)
+    retries: list[tuple[float, requests.Response]] = []
+    while True:
+        assert time.monotonic() - started < 30, "the running request never finished"
+        retries.append((time.monotonic() - started, server.post_charge(body, key=key)))
+        if running.done.wait(1.0):  # a retry every second until the running one answers
+            break
+    running.wait_done()
+
+    assert running.error is None, running.error
+    assert running.outcome is not None
+    assert running.outcome.status_code == 201, running.outcome
+    assert REPLAYED not in running.outcome.headers
+    charge_id = running.outcome.json()["id"]
+    for _, response in retries:
+        if response.status_code == 409:
+            assert_in_flight(response)
+        else:
+            # Only a retry that reached the server after the running one completed may see
+            # its outcome, and then as a replay: no retry ran the view.
+            assert_replay_of(response, 201, charge_id)
+    conflicts = [at for at, response in retries if response.status_code == 409]
+    assert len(conflicts) >= 4, retries
+    # Refused well after the first lease would have lapsed: the heartbeat renewed it.
+    assert max(conflicts) > 2 * lease, conflicts
+
+    assert server.charge_count() == before + 1
+    assert server.charge_ids().count(charge_id) == 1
+    assert_replay_of(server.post_charge(body, key=key), 201, charge_id)
+
+
+# --- 4. the HTTP contract ----------------------------------------------------------------------
+
+
+def test_declined_card_is_stored_and_replayed_without_a_charge(server: Server, key: str) -> None:
+    body = charge_body("tok_declined")
+    before = server.charge_count()
+
+    first = server.post_charge(body, key=key)
+    assert_problem(first, 402)
+    assert REPLAYED not in first.headers
+    retry = server.post_charge(body, key=key)
+    assert_problem(retry, 402)
+    assert retry.headers.get(REPLAYED) == "true"
+    assert retry.content == first.content
+    assert server.charge_count() == before
+
+
+def test_provider_timeout_releases_the_key_and_the_retry_runs_again(
+    server: Server, key: str
+) -> None:
+    body = charge_body("tok_timeout")
+    before = server.charge_count()
+
+    first = server.post_charge(body, key=key)
+    assert_problem(first, 504)
+    assert REPLAYED not in first.headers
+    retry = server.post_charge(body, key=key)
+    assert_problem(retry, 504)
+    assert REPLAYED not in retry.headers
+    # It ran again: it waited for the (fake) provider's 300 ms.
+    assert retry.elapsed >= timedelta(milliseconds=300)
+    assert server.charge_count() == before
+
+
+def test_same_key_with_another_amount_is_422_without_a_charge(server: Server, key: str) -> None:
+    body = charge_body()
+    first = server.post_charge(body, key=key)
+    assert first.status_code == 201, first.text
+    after_first = server.charge_count()
+
+    other = server.post_charge({**body, "amount": body["amount"] + 1}, key=key)
+    assert_problem(other, 422, "key-mismatch")
+    assert REPLAYED not in other.headers
+    assert server.charge_count() == after_first
+
+
+def test_another_account_using_the_same_key_gets_its_own_charge(server: Server, key: str) -> None:
+    body = charge_body()
+    alice = server.post_charge(body, key=key)
+    assert alice.status_code == 201, alice.text
+    alice_id = alice.json()["id"]
+    alice_count = server.charge_count()
+    bob_count = server.charge_count(BOB)
+
+    bob = server.post_charge(body, key=key, auth=BOB)
+    assert bob.status_code == 201, bob.text
+    assert REPLAYED not in bob.headers
+    bob_id = bob.json()["id"]
+    assert bob_id != alice_id
+    assert server.charge_count(BOB) == bob_count + 1
+    assert bob_id in server.charge_ids(BOB)
+    assert alice_id not in server.charge_ids(BOB)
+    assert server.charge_count() == alice_count
+    assert_replay_of(server.post_charge(body, key=key, auth=BOB), 201, bob_id)
+
+
+def test_anonymous_request_with_a_used_key_gets_401_not_the_stored_charge(
+    server: Server, key: str
+) -> None:
+    body = charge_body()
+    alice = server.post_charge(body, key=key)
+    assert alice.status_code == 201, alice.text
+    alice_id = alice.json()["id"]
+    count = server.charge_count()
+
+    anonymous = server.post_charge(body, key=key, auth=None)
+    assert anonymous.status_code == 401, anonymous.text
+    assert "WWW-Authenticate" in anonymous.headers
+    assert REPLAYED not in anonymous.headers
+    assert alice_id not in anonymous.text
+    assert server.charge_count() == count
+
+
+def test_missing_key_is_400_without_a_charge(server: Server) -> None:
+    before = server.charge_count()
+    response = server.post_charge(charge_body(), key=None)
+    assert_problem(response, 400, "key-missing")
+    assert server.charge_count() == before
+
+
+def test_malformed_key_is_400_without_a_charge(server: Server) -> None:
+    before = server.charge_count()
+    response = server.post_charge(charge_body(), key="k" * 256)
+    assert_problem(response, 400, "key-malformed")
+    assert server.charge_count() == before
