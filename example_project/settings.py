@@ -31,6 +31,7 @@ DATABASES = {
 INSTALLED_APPS = [
     "django.contrib.auth",
     "django.contrib.contenttypes",
+    "rest_framework",
     "idempotency_django",
     "example_project.payments",
 ]

@@ -1,9 +1,15 @@
 from __future__ import annotations
 
 from django.urls import path
+from rest_framework.routers import SimpleRouter
 
-from example_project.payments import views
+from example_project.payments import api, views
+
+router = SimpleRouter()
+router.register("api/charges", api.ChargeViewSet, basename="api-charges")
 
 urlpatterns = [
     path("charges/", views.charges, name="charges"),
+    path("async/charges/", views.async_charges, name="async-charges"),
+    *router.urls,
 ]
