@@ -6,7 +6,7 @@ import base64
 import binascii
 import functools
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from django.contrib.auth import aauthenticate, authenticate
@@ -49,8 +49,8 @@ def basic_auth_required(view: Callable[..., HttpResponseBase]) -> Callable[..., 
 
 
 def abasic_auth_required(
-    view: Callable[..., Awaitable[HttpResponseBase]],
-) -> Callable[..., Awaitable[HttpResponseBase]]:
+    view: Callable[..., Coroutine[Any, Any, HttpResponseBase]],
+) -> Callable[..., Coroutine[Any, Any, HttpResponseBase]]:
     @functools.wraps(view)
     async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         credentials = _credentials(request)
