@@ -11,14 +11,24 @@ one statement to claim and one to complete, and a replay, conflict or mismatch c
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
-from django.db import IntegrityError, connections, router, transaction
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    connections,
+    router,
+    transaction,
+)
 from django.db.models import Q
 from django.utils import timezone
 
@@ -63,6 +73,29 @@ class Claim:
     scope: Scope
     token: str
     alias: str
+
+
+T = TypeVar("T")
+
+
+def reconnecting(alias: str, operation: Callable[[], T]) -> T:
+    """Run a store operation, and once more on a fresh connection if the first one broke.
+
+    A connection lost between requests (the server restarted, a pooler or an operator
+    dropped it) costs one reconnect instead of a 503 or an unstored outcome. Every store
+    operation can run twice: the claim is an insert-if-absent, the others are fenced by the
+    claim's token. Inside a transaction nothing can be retried: the error propagates.
+    """
+    try:
+        return operation()
+    except (OperationalError, InterfaceError):
+        connection = connections[alias]
+        if connection.in_atomic_block:
+            raise
+        logger.warning("Idempotency store connection failed; retrying once on a new one.")
+        with contextlib.suppress(DatabaseError):
+            connection.close()
+        return operation()
 
 
 def store_alias() -> str:

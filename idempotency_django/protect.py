@@ -231,7 +231,9 @@ class Guard:
     def begin(self) -> engine.Claim | HttpResponseBase:
         """``engine.begin`` as a claim or a response to send instead of running the view."""
         try:
-            began = engine.begin(self.scope, self.fingerprint, self.engine_options)
+            began = engine.reconnecting(
+                self.alias, lambda: engine.begin(self.scope, self.fingerprint, self.engine_options)
+            )
         except IdempotencyError as error:
             return self.error_response(error)
         except DatabaseError as error:
@@ -297,6 +299,12 @@ class Guard:
         """Claim, view and completion in one transaction: a duplicate waits on the unique
         index until this one commits (then replays) or rolls back (then runs)."""
         try:
+            try:
+                # Connect first, so that a store that is down is told apart from a view
+                # that fails inside the transaction.
+                engine.reconnecting(self.alias, connections[self.alias].ensure_connection)
+            except DatabaseError as error:
+                raise _StoreFailed from error
             with transaction.atomic(using=self.alias):
                 began = self.begin()
                 if isinstance(began, HttpResponseBase):
@@ -361,7 +369,9 @@ def _finish(
         else (StoredResponse(response.status_code, b""))
     )
     try:
-        return engine.complete(claim, outcome, body_stored=storable)
+        return engine.reconnecting(
+            claim.alias, lambda: engine.complete(claim, outcome, body_stored=storable)
+        )
     except DatabaseError:
         logger.exception(
             "Idempotency store unavailable while completing a key: the view ran and its "
@@ -373,7 +383,7 @@ def _finish(
 
 def _release_quietly(claim: engine.Claim) -> None:
     try:
-        engine.release(claim)
+        engine.reconnecting(claim.alias, lambda: engine.release(claim))
     except DatabaseError:
         logger.exception(
             "Idempotency store unavailable while releasing a key; it frees itself when its "

@@ -19,5 +19,6 @@ urlpatterns = [
     path("stream/", views.stream),
     path("class-based/", views.EffectView.as_view()),
     path("async/", views.async_effect),
+    path("loses-its-connection/", views.loses_its_connection),
     path("", include("tests.drf_urls")),
 ]

@@ -145,3 +145,29 @@ async def async_effect(request: HttpRequest) -> HttpResponse:
     if data.get("raise"):
         raise RuntimeError("the view failed")
     return JsonResponse({"effect": effect.pk, "echo": data}, status=int(data.get("status", 201)))
+
+
+def terminate_backend(alias: str = "default") -> None:
+    """Kill this thread's database connection from another one, as an operator (or a
+    failover) would: the server really closes it."""
+    from django.db import connections
+
+    own = connections[alias]
+    own.ensure_connection()
+    other = connections.create_connection(alias)
+    try:
+        with other.cursor() as cursor:
+            if own.vendor == "postgresql":
+                cursor.execute("SELECT pg_terminate_backend(%s)", [own.connection.info.backend_pid])
+            else:
+                cursor.execute(f"KILL {int(own.connection.thread_id())}")
+    finally:
+        other.close()
+
+
+@idempotent
+def loses_its_connection(request: HttpRequest) -> HttpResponse:
+    """Does its work, then loses the store's connection before the completion."""
+    effect = SideEffect.objects.create(label="loses_its_connection")
+    terminate_backend()
+    return JsonResponse({"effect": effect.pk}, status=201)

@@ -1,0 +1,91 @@
+"""A store that really goes away: connections killed by the server, a server that refuses
+connections. PostgreSQL and MariaDB; no mocks."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test import RequestFactory
+
+from idempotency_django.models import IdempotencyRecord
+from tests import views
+from tests.conftest import Post, effects
+
+pytestmark = [pytest.mark.concurrency, pytest.mark.django_db(transaction=True)]
+
+
+def keyed_request(user: User, body: dict[str, Any], key: str = "k1") -> Any:
+    request = RequestFactory().post(
+        "/effect/",
+        data=json.dumps(body),
+        content_type="application/json",
+        headers={"Idempotency-Key": key},
+    )
+    request.user = user
+    return request
+
+
+def test_connection_killed_before_the_claim_costs_one_reconnect(
+    alice: User, caplog: pytest.LogCaptureFixture
+) -> None:
+    views.terminate_backend()  # the connection the claim is about to use is dead
+
+    with caplog.at_level(logging.WARNING, logger="idempotency_django"):
+        response = views.effect(keyed_request(alice, {"amount": 1}))
+
+    assert response.status_code == 201
+    assert "retrying once" in caplog.text
+    assert effects() == 1
+    assert IdempotencyRecord.objects.get().state == IdempotencyRecord.State.COMPLETED
+
+
+def test_connection_killed_before_the_completion_still_stores_the_outcome(
+    alice: User, post: Post, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="idempotency_django"):
+        first = post("/loses-its-connection/", {})
+    retry = post("/loses-its-connection/", {})
+
+    assert first.status_code == 201
+    assert "retrying once" in caplog.text
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    assert effects("loses_its_connection") == 1
+
+
+@pytest.fixture
+def refused_connections() -> Iterator[None]:
+    """Point the default database at a port where nothing listens, for real."""
+    settings = connection.settings_dict
+    saved = settings["HOST"], settings["PORT"]
+    connection.close()
+    settings["HOST"], settings["PORT"] = "127.0.0.1", "9"
+    try:
+        yield
+    finally:
+        connection.close()
+        settings["HOST"], settings["PORT"] = saved
+
+
+def test_store_unreachable_fails_closed_and_the_view_does_not_run(
+    alice: User, refused_connections: None
+) -> None:
+    response = views.effect(keyed_request(alice, {"amount": 1}))
+
+    # Had the view run, its own INSERT would have raised: a 503 means it never started.
+    assert response.status_code == 503
+    assert response["Retry-After"] == "1"
+    assert response["Content-Type"] == "application/problem+json"
+    assert json.loads(response.content)["type"].endswith("store-unavailable")
+
+
+def test_store_unreachable_fails_closed_in_atomic_mode(
+    alice: User, refused_connections: None
+) -> None:
+    assert views.atomic(keyed_request(alice, {"amount": 1})).status_code == 503
