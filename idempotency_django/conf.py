@@ -17,6 +17,7 @@ MODES = ("commit", "atomic")
 IN_FLIGHT_POLICIES = ("conflict", "wait")
 ANONYMOUS_POLICIES = ("reject", "bypass")
 STORE_ERROR_POLICIES = ("closed", "open")
+LOG_KEY_FORMATS = ("plain", "hash")
 
 # Headers that describe one exchange or carry credentials: never stored, never replayed.
 FORBIDDEN_STORED_HEADERS = frozenset({"set-cookie", "authorization", "cookie", "www-authenticate"})
@@ -43,6 +44,7 @@ DEFAULTS: dict[str, Any] = {
     "DATABASE": None,
     "ON_STORE_ERROR": "closed",
     "REPLAY_HEADER": "Idempotent-Replayed",
+    "LOG_KEYS": "plain",
     "PROBLEM_TYPE_BASE": "urn:idempotency-django:problem:",
 }
 
@@ -163,6 +165,10 @@ class Settings:
     @property
     def ON_STORE_ERROR(self) -> str:
         return str(self.get("ON_STORE_ERROR"))
+
+    @property
+    def LOG_KEYS(self) -> str:
+        return str(self.get("LOG_KEYS"))
 
     @property
     def REPLAY_HEADER(self) -> str:

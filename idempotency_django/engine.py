@@ -37,6 +37,7 @@ from idempotency_django.conf import conf
 from idempotency_django.exceptions import InFlight, KeyMismatch, ResponseNotStored
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse
+from idempotency_django.signals import emit
 
 logger = logging.getLogger("idempotency_django")
 
@@ -121,7 +122,7 @@ def begin(scope: Scope, fingerprint: str, options: Options) -> Claim | StoredRes
         now = timezone.now()
         token = uuid.uuid4().hex
         if _insert(scope, fingerprint, token, now, options):
-            signals.claimed.send(IdempotencyRecord, **scope.lookup())
+            emit(signals.claimed, logging.DEBUG, "Idempotency key claimed.", **scope.lookup())
             return Claim(scope, token, options.alias)
         record = _read(scope, options.alias)
         if record is None:
@@ -134,18 +135,35 @@ def begin(scope: Scope, fingerprint: str, options: Options) -> Claim | StoredRes
         if expired or (lapsed and record.fingerprint == fingerprint):
             claim = _take_over(record, scope, fingerprint, token, now, options)
             if claim is not None:
-                signal = signals.claimed if expired else signals.lease_taken_over
-                signal.send(IdempotencyRecord, **scope.lookup())
+                if expired:
+                    emit(signals.claimed, logging.DEBUG, "Expired key claimed.", **scope.lookup())
+                else:
+                    emit(
+                        signals.lease_taken_over,
+                        logging.WARNING,
+                        "Idempotency lease lapsed; the key was taken over by a retry.",
+                        **scope.lookup(),
+                    )
                 return claim
             races = _count_race(races, options)
             continue
         if record.fingerprint != fingerprint:
-            signals.mismatch.send(IdempotencyRecord, **scope.lookup())
+            emit(
+                signals.mismatch,
+                logging.INFO,
+                "Idempotency key reused with a different request.",
+                **scope.lookup(),
+            )
             raise KeyMismatch("This Idempotency-Key was already used with a different request.")
         if record.state == State.COMPLETED:
             return _stored(record, scope)
         if not reported_in_flight:
-            signals.in_flight.send(IdempotencyRecord, **scope.lookup())
+            emit(
+                signals.in_flight,
+                logging.INFO,
+                "Duplicate of a request still in flight.",
+                **scope.lookup(),
+            )
             reported_in_flight = True
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -186,19 +204,21 @@ def complete(claim: Claim, outcome: StoredResponse, *, body_stored: bool = True)
     )
     if updated:
         return True
-    logger.error(
+    emit(
+        signals.completion_lost,
+        logging.ERROR,
         "Idempotency claim lost before completion: the view ran, but its lease lapsed and "
         "another request took the key over; the outcome was not stored.",
-        extra=_log_extra(claim.scope, status=outcome.status),
+        status=outcome.status,
+        **claim.scope.lookup(),
     )
-    signals.completion_lost.send(IdempotencyRecord, **claim.scope.lookup())
     return False
 
 
 def release(claim: Claim) -> None:
     """Delete the claim's record so that the next retry runs the view."""
     _records(claim.alias).filter(token=claim.token, **claim.scope.lookup()).delete()
-    signals.released.send(IdempotencyRecord, **claim.scope.lookup())
+    emit(signals.released, logging.INFO, "Idempotency key released.", **claim.scope.lookup())
 
 
 def _insert(scope: Scope, fingerprint: str, token: str, now: Any, options: Options) -> bool:
@@ -279,11 +299,6 @@ def _take_over(
     )
     if not updated:
         return None
-    if record.state == State.IN_PROGRESS:
-        logger.warning(
-            "Idempotency lease lapsed; the key was taken over by a retry.",
-            extra=_log_extra(scope),
-        )
     return Claim(scope, token, options.alias)
 
 
@@ -295,18 +310,15 @@ def _stored(record: IdempotencyRecord, scope: Scope) -> StoredResponse:
             f"{record.response_status}, but its response was not stored "
             "(it was streamed or larger than MAX_RESPONSE_BYTES)."
         )
-    signals.replayed.send(IdempotencyRecord, status=record.response_status, **scope.lookup())
+    emit(
+        signals.replayed,
+        logging.DEBUG,
+        "Idempotency key replayed.",
+        status=record.response_status,
+        **scope.lookup(),
+    )
     return StoredResponse(
         status=record.response_status,
         body=bytes(record.response_body),
         headers=[(str(name), str(value)) for name, value in record.response_headers],
     )
-
-
-def _log_extra(scope: Scope, **extra: Any) -> dict[str, Any]:
-    return {
-        "idempotency_account": scope.account,
-        "idempotency_endpoint": scope.endpoint,
-        "idempotency_key": scope.key,
-        **extra,
-    }

@@ -246,6 +246,7 @@ class Guard:
         """The answer when the store failed during the claim; ``None``: run unprotected."""
         policy = self.options.pick("on_store_error", "ON_STORE_ERROR")
         logger.exception("Idempotency store unavailable while claiming a key (fail %s).", policy)
+        signals.store_unavailable.send(IdempotencyRecord, policy=policy, **self.scope.lookup())
         if policy == "open":
             return None
         return self.error_response(
@@ -315,7 +316,12 @@ class Guard:
                 else:
                     # A failed outcome rolls back with its work, so that a retry starts clean.
                     transaction.set_rollback(True, using=self.alias)
-                    signals.released.send(IdempotencyRecord, **self.scope.lookup())
+                    signals.emit(
+                        signals.released,
+                        logging.INFO,
+                        "Idempotency key released (rolled back).",
+                        **self.scope.lookup(),
+                    )
                 return response
         except _StoreFailed:
             return self.store_failed() or call_view()
