@@ -76,7 +76,11 @@ def check_settings(
                     id="idempotency_django.E002",
                 )
             )
-    bad_numbers = [name for name in NUMBERS if not _is_duration(values[name])]
+    bad_numbers = [
+        name
+        for name in NUMBERS
+        if not _is_duration(values[name]) and not (name == "TTL_SECONDS" and values[name] is None)
+    ]
     for name in bad_numbers:
         errors.append(
             checks.Error(
@@ -146,12 +150,31 @@ def _check_durations(values: dict[str, Any]) -> list[checks.CheckMessage]:
                 id="idempotency_django.E004",
             )
         )
-    if values["TTL_SECONDS"] < values["LEASE_SECONDS"]:
+    ttl = values["TTL_SECONDS"]
+    if ttl is None:
+        errors.append(
+            checks.Warning(
+                "IDEMPOTENCY['TTL_SECONDS'] is None: records are kept forever, and "
+                "purge_idempotency_keys will never find one to delete.",
+                hint="Set a TTL (Stripe keeps keys 24 hours) so the table stays bounded.",
+                id="idempotency_django.W003",
+            )
+        )
+    elif ttl < values["LEASE_SECONDS"]:
         errors.append(
             checks.Error(
                 "IDEMPOTENCY['TTL_SECONDS'] is shorter than LEASE_SECONDS.",
                 hint="A key must be kept at least as long as a claim on it can last.",
                 id="idempotency_django.E005",
+            )
+        )
+    elif ttl < 60:
+        errors.append(
+            checks.Warning(
+                f"IDEMPOTENCY['TTL_SECONDS'] is {ttl}, under a minute.",
+                hint="Clients retry after timeouts of 30-60 s and more; a key forgotten "
+                "before its retry arrives runs the view again.",
+                id="idempotency_django.W002",
             )
         )
     if values["MAX_RUN_SECONDS"] < values["LEASE_SECONDS"]:

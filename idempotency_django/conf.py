@@ -126,8 +126,9 @@ class Settings:
         return float(self.get("MAX_RUN_SECONDS"))
 
     @property
-    def TTL_SECONDS(self) -> float:
-        return float(self.get("TTL_SECONDS"))
+    def TTL_SECONDS(self) -> float | None:
+        value = self.get("TTL_SECONDS")
+        return None if value is None else float(value)
 
     @property
     def ACCOUNT(self) -> Callable[..., Any]:

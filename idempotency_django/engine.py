@@ -17,7 +17,8 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from typing import Any, TypeVar
 
 from django.db import (
@@ -63,7 +64,7 @@ class Scope:
 class Options:
     alias: str
     lease: float
-    ttl: float
+    ttl: float | None  # None: keep records forever
     in_flight: str
     wait_seconds: float
     retry_after: int
@@ -97,6 +98,14 @@ def reconnecting(alias: str, operation: Callable[[], T]) -> T:
         with contextlib.suppress(DatabaseError):
             connection.close()
         return operation()
+
+
+# The expiry of records kept forever (TTL_SECONDS = None): a date every backend can store.
+NEVER = datetime(9999, 12, 31, tzinfo=dt_timezone.utc)
+
+
+def expiry(now: datetime, ttl: float | None) -> datetime:
+    return NEVER if ttl is None else now + timedelta(seconds=ttl)
 
 
 def store_alias() -> str:
@@ -230,7 +239,7 @@ def _insert(scope: Scope, fingerprint: str, token: str, now: Any, options: Optio
         "lease_expires_at": now + timedelta(seconds=options.lease),
         "response_headers": [],
         "created_at": now,
-        "expires_at": now + timedelta(seconds=options.ttl),
+        "expires_at": expiry(now, options.ttl),
     }
     connection = connections[options.alias]
     if connection.vendor == "mysql":
@@ -294,7 +303,7 @@ def _take_over(
             response_body=None,
             created_at=now,
             completed_at=None,
-            expires_at=now + timedelta(seconds=options.ttl),
+            expires_at=expiry(now, options.ttl),
         )
     )
     if not updated:

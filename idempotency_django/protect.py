@@ -199,7 +199,7 @@ class Guard:
             engine_options=engine.Options(
                 alias=engine.store_alias(),
                 lease=float(options.pick("lease_seconds", "LEASE_SECONDS")),
-                ttl=float(options.pick("ttl_seconds", "TTL_SECONDS")),
+                ttl=_seconds_or_none(options.pick("ttl_seconds", "TTL_SECONDS")),
                 in_flight=str(options.pick("in_flight", "IN_FLIGHT")),
                 wait_seconds=float(options.pick("wait_seconds", "WAIT_SECONDS")),
                 retry_after=conf.RETRY_AFTER_SECONDS,
@@ -396,3 +396,7 @@ def _release_quietly(claim: engine.Claim) -> None:
             "lease lapses.",
             extra={"idempotency_key": claim.scope.key},
         )
+
+
+def _seconds_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)

@@ -40,7 +40,7 @@ def test_a_valid_full_setting_produces_no_messages(settings: Settings) -> None:
         "ON_STORE_ERROR": "open",
         "WAIT_SECONDS": 0,
         "LEASE_SECONDS": 1,
-        "TTL_SECONDS": 1,
+        "TTL_SECONDS": 60,
         "MAX_RUN_SECONDS": 1.5,
         "ACCOUNT": "idempotency_django.keys.default_account",
         "STORE_STATUSES": [200, 201],
@@ -105,6 +105,8 @@ def test_e002_unknown_choice(settings: Settings, name: str, value: object) -> No
 )
 @pytest.mark.parametrize("value", [-1, "10", True, None])
 def test_e003_not_a_number_of_zero_or_more(settings: Settings, name: str, value: object) -> None:
+    if name == "TTL_SECONDS" and value is None:
+        pytest.skip("TTL_SECONDS = None means 'keep forever' (W003)")
     ids = ids_for(settings, {name: value})
     assert ids == ["idempotency_django.E003"]
 
@@ -232,3 +234,11 @@ def test_check_is_registered_under_its_tag() -> None:
     registered: list[object] = list(checks.registry.registry.get_checks())
     assert check_settings in registered
     assert checks.registry.registry.tag_exists("idempotency_django")
+
+
+def test_w002_ttl_under_a_minute(settings: Settings) -> None:
+    assert ids_for(settings, {"TTL_SECONDS": 30, "LEASE_SECONDS": 1}) == ["idempotency_django.W002"]
+
+
+def test_w003_no_ttl_means_purge_finds_nothing(settings: Settings) -> None:
+    assert ids_for(settings, {"TTL_SECONDS": None}) == ["idempotency_django.W003"]

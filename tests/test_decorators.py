@@ -602,3 +602,14 @@ def test_a_row_that_keeps_changing_under_a_request_ends_in_409_not_a_spin(
 
     assert response.status_code == 409
     assert effects() == 1
+
+
+def test_no_ttl_keeps_the_key_forever(alice: User, post: Post, settings) -> None:  # type: ignore[no-untyped-def]
+    from idempotency_django.engine import NEVER
+
+    settings.IDEMPOTENCY = {"TTL_SECONDS": None}
+    post("/effect/", {"amount": 1})
+    retry = post("/effect/", {"amount": 1})
+
+    assert retry["Idempotent-Replayed"] == "true"
+    assert IdempotencyRecord.objects.get().expires_at == NEVER
