@@ -12,3 +12,8 @@ class IdempotencyConfig(AppConfig):
         from idempotency_django import checks
 
         checks.register()
+        try:
+            import drf_spectacular  # noqa: F401
+        except ImportError:
+            return
+        from idempotency_django import openapi  # noqa: F401  (registers the extension)
