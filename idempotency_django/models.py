@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
 
 # Column widths are chosen so the unique index fits MariaDB/MySQL's 3072-byte
@@ -11,14 +13,31 @@ ENDPOINT_MAX_LENGTH = 255
 KEY_MAX_LENGTH = 255
 
 
+class ExactCharField(models.CharField):  # type: ignore[type-arg]
+    """A ``CharField`` compared byte for byte on every backend.
+
+    MariaDB/MySQL's default collations ignore case and trailing spaces, which would make
+    ``abc``, ``ABC`` and ``"abc "`` one key there: another client's operation replayed.
+    PostgreSQL and SQLite compare exactly already.
+    """
+
+    def db_parameters(self, connection: Any) -> dict[str, Any]:
+        parameters = super().db_parameters(connection)
+        if connection.vendor == "mysql":
+            parameters["collation"] = (
+                "utf8mb4_nopad_bin" if connection.mysql_is_mariadb else "utf8mb4_0900_bin"
+            )
+        return parameters
+
+
 class IdempotencyRecord(models.Model):
     class State(models.TextChoices):
         IN_PROGRESS = "in_progress", "in progress"
         COMPLETED = "completed", "completed"
 
-    account = models.CharField(max_length=ACCOUNT_MAX_LENGTH)
-    endpoint = models.CharField(max_length=ENDPOINT_MAX_LENGTH)
-    key = models.CharField(max_length=KEY_MAX_LENGTH)
+    account = ExactCharField(max_length=ACCOUNT_MAX_LENGTH)
+    endpoint = ExactCharField(max_length=ENDPOINT_MAX_LENGTH)
+    key = ExactCharField(max_length=KEY_MAX_LENGTH)
     fingerprint = models.CharField(max_length=64)
     state = models.CharField(max_length=16, choices=State.choices, default=State.IN_PROGRESS)
     # A new random token per claim: completion, renewal and release only touch the

@@ -613,3 +613,14 @@ def test_no_ttl_keeps_the_key_forever(alice: User, post: Post, settings) -> None
 
     assert retry["Idempotent-Replayed"] == "true"
     assert IdempotencyRecord.objects.get().expires_at == NEVER
+
+
+@pytest.mark.parametrize("other", ["ABC", '"abc "', "abC"])
+def test_keys_compare_exactly_on_every_database(alice: User, post: Post, other: str) -> None:
+    """MariaDB's default collation would make these one key (case, trailing spaces)."""
+    post("/effect/", {}, key="abc")
+    response = post("/effect/", {}, key=other)
+
+    assert response.status_code == 201
+    assert "Idempotent-Replayed" not in response
+    assert effects() == 2

@@ -2,6 +2,8 @@
 
 from django.db import migrations, models
 
+import idempotency_django.models
+
 
 class Migration(migrations.Migration):
     initial = True
@@ -18,9 +20,9 @@ class Migration(migrations.Migration):
                         auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
                     ),
                 ),
-                ("account", models.CharField(max_length=128)),
-                ("endpoint", models.CharField(max_length=255)),
-                ("key", models.CharField(max_length=255)),
+                ("account", idempotency_django.models.ExactCharField(max_length=128)),
+                ("endpoint", idempotency_django.models.ExactCharField(max_length=255)),
+                ("key", idempotency_django.models.ExactCharField(max_length=255)),
                 ("fingerprint", models.CharField(max_length=64)),
                 (
                     "state",
