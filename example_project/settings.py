@@ -18,6 +18,7 @@ SECRET_KEY = os.environ.get("EXAMPLE_SECRET_KEY", "example-project-demo-secret-k
 DEBUG = os.environ.get("EXAMPLE_DEBUG", "") == "1"
 ALLOWED_HOSTS = ["localhost", "127.0.0.1", "[::1]", "testserver"]
 USE_TZ = True
+TIME_ZONE = "UTC"
 ROOT_URLCONF = "example_project.urls"
 WSGI_APPLICATION = "example_project.wsgi.application"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -29,17 +30,45 @@ DATABASES = {
 }
 
 INSTALLED_APPS = [
+    "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
     "rest_framework",
     "idempotency_django",
     "example_project.payments",
 ]
 
+# Sessions, CSRF and messages serve the admin (/admin/). The payments API does not use them:
+# its view is csrf_exempt and authenticates every request with HTTP Basic.
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
 ]
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# The admin's CSS and JavaScript: served by runserver with EXAMPLE_DEBUG=1 (under gunicorn,
+# collect them with collectstatic and serve STATIC_ROOT, or go without styles).
+STATIC_URL = "static/"
 
 # The demo users have demo passwords and every API request checks one (HTTP Basic), so the
 # example hashes with few iterations. Keep Django's default hashers in a real project.
