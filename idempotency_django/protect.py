@@ -16,6 +16,7 @@ from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
 from django.db import DatabaseError, connections, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.template.response import SimpleTemplateResponse
 
 from idempotency_django import engine, keys, signals
 from idempotency_django.conf import (
@@ -121,6 +122,7 @@ def protect(
         return error_response(error)
     if guard is None:
         return call_view()
+    request.idempotency_scope = guard.scope  # type: ignore[attr-defined]
     if guard.mode() == "atomic":
         return guard.run_atomic(call_view)
     return guard.run_commit(call_view)
@@ -142,6 +144,7 @@ async def aprotect(
         return error_response(error)
     if guard is None:
         return await call_view()
+    request.idempotency_scope = guard.scope  # type: ignore[attr-defined]
     return await guard.arun_commit(call_view)
 
 
@@ -269,7 +272,7 @@ class Guard:
         try:
             if connections[self.alias].settings_dict.get("ATOMIC_REQUESTS"):
                 return self._run_in_request_transaction(claim, call_view)
-            response = call_view()
+            response = _rendered(call_view())
         except BaseException:
             _release_quietly(claim)
             raise
@@ -285,7 +288,7 @@ class Guard:
         # that the claim could commit first; give the view its transaction back, and commit
         # the completion together with the view's work, or neither.
         with transaction.atomic(using=self.alias):
-            response = call_view()
+            response = _rendered(call_view())
             if self.finish(claim, response):
                 return response
             transaction.set_rollback(True, using=self.alias)
@@ -310,7 +313,7 @@ class Guard:
                 began = self.begin()
                 if isinstance(began, HttpResponseBase):
                     return began
-                response = call_view()
+                response = _rendered(call_view())
                 if self.store_statuses(response.status_code):
                     self.finish(began, response)
                 else:
@@ -338,6 +341,8 @@ class Guard:
         heartbeat.register(claim, self.engine_options.lease, conf.MAX_RUN_SECONDS)
         try:
             response = await call_view()
+            if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
+                await sync_to_async(response.render)()
         except BaseException:
             # Includes CancelledError: the client went away mid-flight. Shielded, so the
             # release completes even if this task is cancelled again.
@@ -400,3 +405,11 @@ def _release_quietly(claim: engine.Claim) -> None:
 
 def _seconds_or_none(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+def _rendered(response: HttpResponseBase) -> HttpResponseBase:
+    """Render a template response now: its bytes are what gets stored (and a rendering
+    error is the view's failure, which releases the key)."""
+    if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
+        response.render()
+    return response

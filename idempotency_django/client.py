@@ -1,0 +1,492 @@
+"""The client half of idempotency: send one operation until its outcome is known.
+
+Most double charges are made by callers, not servers: a key generated inside the retry
+loop makes every attempt a new operation. ``IdempotentClient`` takes the key from the
+caller (created once, where the intent is created: derived from an order id, or a UUID
+stored with the job), builds the request once, and sends the same key and the same body
+bytes on every attempt. It retries only what leaves the outcome unknown or is explicitly
+retryable, waits with capped exponential backoff and full jitter (or the server's
+``Retry-After``), within an attempt count and an overall deadline, and says on the result
+whether the answer was a replay and how many attempts it took.
+
+Needs ``httpx`` (``pip install "idempotency-django[client]"``); the rest of the package
+does not. ``downstream_key`` lives in ``idempotency_django.downstream`` and is re-exported
+here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import httpx
+
+from idempotency_django.downstream import downstream_key, downstream_key_for
+
+__all__ = [
+    "AsyncIdempotentClient",
+    "IdempotentClient",
+    "IdempotentResult",
+    "RetriesExhausted",
+    "RetryPolicy",
+    "downstream_key",
+    "downstream_key_for",
+]
+
+logger = logging.getLogger("idempotency_django.client")
+
+KEY_MAX_LENGTH = 255
+
+#: Transport failures after which the request may or may not have been processed (or was
+#: never sent): retrying them with the same key is what the key is for. ``LocalProtocolError``
+#: and ``UnsupportedProtocol`` are the caller's bugs and are not retried.
+RETRYABLE_ERRORS: tuple[type[Exception], ...] = (
+    httpx.TimeoutException,
+    httpx.NetworkError,
+    httpx.RemoteProtocolError,
+    httpx.ProxyError,
+)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """When to try again and how long to wait.
+
+    Attempt ``n`` (from 1) that failed retryably is followed, after a pause of
+    ``uniform(0, min(max_delay, base_delay * 2 ** (n - 1)))`` ("full jitter"), by attempt
+    ``n + 1``; a ``Retry-After`` on the response replaces the pause. No attempt starts
+    after ``deadline`` seconds from the first, and there are at most ``max_attempts``.
+    """
+
+    max_attempts: int = 5
+    deadline: float = 30.0
+    base_delay: float = 0.2
+    max_delay: float = 5.0
+    #: Statuses retried as they are (409 is decided by ``retryable_conflict``).
+    retry_statuses: frozenset[int] = frozenset({429, 502, 503, 504})
+    #: A ``Retry-After`` longer than this is not waited for: the response is returned.
+    max_retry_after: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("RetryPolicy.max_attempts must be at least 1")
+        if self.deadline <= 0 or self.base_delay < 0 or self.max_delay < 0:
+            raise ValueError("RetryPolicy durations must be positive")
+
+    def backoff(self, attempt: int, jitter: float) -> float:
+        """The pause after failed attempt ``attempt`` (1-based), ``jitter`` in [0, 1)."""
+        ceiling = min(self.max_delay, self.base_delay * 2.0 ** (attempt - 1))
+        return ceiling * jitter
+
+
+@dataclass(frozen=True)
+class IdempotentResult:
+    """The final response of an operation and how it was reached."""
+
+    response: httpx.Response
+    key: str
+    #: How many requests were sent (1 when the first answer was final).
+    attempts: int
+    #: The server answered with a stored response (``Idempotent-Replayed: true``): the
+    #: operation had already run, on an earlier attempt or an earlier call with this key.
+    replayed: bool
+    #: The answer is itself a retryable one (a 409 in flight, 429, 502, 503, 504) and the
+    #: attempts or the deadline ran out: the outcome is still unknown; retry later with the
+    #: same key.
+    gave_up: bool = False
+    #: The retryable failures of the earlier attempts, oldest first.
+    history: tuple[httpx.Response | Exception, ...] = field(default=(), repr=False)
+
+    @property
+    def status_code(self) -> int:
+        return self.response.status_code
+
+    def json(self) -> Any:
+        return self.response.json()
+
+
+class RetriesExhausted(Exception):
+    """Every attempt failed before an answer (connection errors, timeouts): the outcome is
+    unknown. The operation may have run; retry it later **with the same key**. The last
+    transport error is ``__cause__``."""
+
+    def __init__(
+        self, key: str, attempts: int, history: tuple[httpx.Response | Exception, ...]
+    ) -> None:
+        super().__init__(
+            f"No answer after {attempts} attempt(s) with Idempotency-Key {key!r}; the outcome "
+            "is unknown: retry later with the same key."
+        )
+        self.key = key
+        self.attempts = attempts
+        self.history = history
+
+
+def check_key(key: str) -> str:
+    """A key the server accepts as a bare token: 1-255 visible ASCII characters."""
+    if not isinstance(key, str) or not key:
+        raise ValueError("An Idempotency-Key is a non-empty string made once per operation")
+    if len(key) > KEY_MAX_LENGTH:
+        raise ValueError(f"An Idempotency-Key is at most {KEY_MAX_LENGTH} characters")
+    if any(not 0x21 <= ord(char) <= 0x7E for char in key):
+        raise ValueError("An Idempotency-Key is visible ASCII characters (no spaces)")
+    return key
+
+
+def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header: delta-seconds or an HTTP-date."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - (now or datetime.now(timezone.utc))).total_seconds())
+
+
+def is_in_flight_conflict(response: httpx.Response) -> bool:
+    """A 409 that says "the first request with this key is still running".
+
+    That is a problem whose ``type`` ends in ``in-flight`` (idempotency_django's
+    ``…:in-flight``), or any 409 with ``Retry-After`` (Stripe-style servers). A 409 without
+    either, such as ``…:response-not-stored`` or an application's own conflict, is final.
+    """
+    if response.status_code != 409:
+        return False
+    if "Retry-After" in response.headers:
+        return True
+    if "json" not in response.headers.get("Content-Type", ""):
+        return False
+    try:
+        problem = json.loads(response.content)
+    except ValueError:
+        return False
+    kind = problem.get("type") if isinstance(problem, dict) else None
+    return isinstance(kind, str) and kind.endswith("in-flight")
+
+
+@dataclass
+class _Attempts:
+    """The retry loop's bookkeeping, shared by the sync and async clients."""
+
+    key: str
+    policy: RetryPolicy
+    clock: Callable[[], float]
+    jitter: Callable[[], float]
+    replay_header: str
+    should_retry: Callable[[httpx.Response], bool]
+    started: float = 0.0
+    count: int = 0
+    history: list[httpx.Response | Exception] = field(default_factory=list)
+
+    def begin(self) -> None:
+        self.started = self.clock()
+
+    def timeout_for(self, timeout: httpx.Timeout) -> httpx.Timeout:
+        """The configured per-attempt timeout, each phase capped by the time that is left."""
+        left = max(0.001, self.policy.deadline - (self.clock() - self.started))
+
+        def cap(value: float | None) -> float:
+            return left if value is None else min(value, left)
+
+        return httpx.Timeout(
+            connect=cap(timeout.connect),
+            read=cap(timeout.read),
+            write=cap(timeout.write),
+            pool=cap(timeout.pool),
+        )
+
+    def after_error(self, error: Exception) -> float | None:
+        """The pause before the next attempt, or None to give up."""
+        if not isinstance(error, RETRYABLE_ERRORS):
+            return None
+        self.history.append(error)
+        return self._pause(None, repr(error))
+
+    def after_response(self, response: httpx.Response) -> float | None:
+        if not self.should_retry(response):
+            return None
+        self.history.append(response)
+        retry_after = parse_retry_after(response.headers.get("Retry-After"))
+        if retry_after is not None and retry_after > self.policy.max_retry_after:
+            return None
+        return self._pause(retry_after, f"status {response.status_code}")
+
+    def _pause(self, retry_after: float | None, why: str) -> float | None:
+        if self.count >= self.policy.max_attempts:
+            return None
+        pause = (
+            retry_after
+            if retry_after is not None
+            else self.policy.backoff(self.count, self.jitter())
+        )
+        if self.clock() - self.started + pause >= self.policy.deadline:
+            return None
+        logger.info(
+            "Retrying Idempotency-Key %r after attempt %d (%s) in %.2f s",
+            self.key,
+            self.count,
+            why,
+            pause,
+        )
+        return pause
+
+    def result(self, response: httpx.Response) -> IdempotentResult:
+        gave_up = bool(self.history) and self.history[-1] is response
+        return IdempotentResult(
+            response=response,
+            key=self.key,
+            attempts=self.count,
+            replayed=response.headers.get(self.replay_header, "").lower() == "true",
+            gave_up=gave_up,
+            history=tuple(self.history[:-1] if gave_up else self.history),
+        )
+
+    def exhausted(self) -> RetriesExhausted:
+        return RetriesExhausted(self.key, self.count, tuple(self.history))
+
+
+def _auth(auth: httpx.Auth | tuple[str, str] | None) -> Any:
+    return httpx.USE_CLIENT_DEFAULT if auth is None else auth
+
+
+class _Base:
+    def __init__(
+        self,
+        policy: RetryPolicy | None,
+        header: str,
+        replay_header: str,
+        clock: Callable[[], float],
+        jitter: Callable[[], float],
+    ) -> None:
+        self.policy = policy or RetryPolicy()
+        self.header = header
+        self.replay_header = replay_header
+        self._clock = clock
+        self._jitter = jitter
+
+    def should_retry(self, response: httpx.Response) -> bool:
+        """Whether ``response`` leaves the outcome unknown or asks to be retried.
+
+        Override to widen or narrow it; a definitive 4xx (400, 402, 404, 422 …) is final
+        and must stay so, or a declined card would be retried until it is accepted.
+        """
+        if response.status_code == 409:
+            return is_in_flight_conflict(response)
+        return response.status_code in self.policy.retry_statuses
+
+    def _attempts(self, key: str) -> _Attempts:
+        return _Attempts(
+            key=check_key(key),
+            policy=self.policy,
+            clock=self._clock,
+            jitter=self._jitter,
+            replay_header=self.replay_header,
+            should_retry=self.should_retry,
+        )
+
+    def _headers(self, key: str, headers: Mapping[str, str] | None) -> dict[str, str]:
+        merged = dict(headers or {})
+        for name in list(merged):
+            if name.lower() == self.header.lower():
+                raise ValueError(f"Pass the key as key=, not as a {self.header} header")
+        merged[self.header] = key
+        return merged
+
+
+class IdempotentClient(_Base):
+    """Send POST/PATCH (or any method) with an ``Idempotency-Key`` until the outcome is known.
+
+    Wraps an ``httpx.Client`` (its ``base_url``, auth, headers and transport apply), or
+    makes one that it closes on ``close()``::
+
+        with IdempotentClient(httpx.Client(base_url="https://pay.example", auth=auth)) as pay:
+            result = pay.post("/charges/", key=order.payment_key, json={"amount": 1000})
+            if result.status_code == 201: ...
+
+    ``sleep``, ``clock`` and ``jitter`` (a ``[0, 1)`` random source) are for tests.
+    """
+
+    def __init__(
+        self,
+        http: httpx.Client | None = None,
+        *,
+        policy: RetryPolicy | None = None,
+        timeout: httpx.Timeout | float | None = None,
+        header: str = "Idempotency-Key",
+        replay_header: str = "Idempotent-Replayed",
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        super().__init__(policy, header, replay_header, clock, jitter)
+        self._owned = http is None
+        self.http = http if http is not None else httpx.Client()
+        self.timeout = self.http.timeout if timeout is None else httpx.Timeout(timeout)
+        self._sleep = sleep
+
+    def __enter__(self) -> IdempotentClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._owned:
+            self.http.close()
+
+    def request(
+        self,
+        method: str,
+        url: httpx.URL | str,
+        *,
+        key: str,
+        json: Any = None,
+        content: bytes | str | None = None,
+        data: Mapping[str, Any] | None = None,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        auth: httpx.Auth | tuple[str, str] | None = None,
+    ) -> IdempotentResult:
+        """Send the request until a final answer, the attempts or the deadline run out.
+
+        Returns the final response (a definitive one, or the last retryable one with
+        ``gave_up``). Raises ``RetriesExhausted`` when no attempt got an answer, and
+        non-retryable transport errors as they are.
+        """
+        attempts = self._attempts(key)
+        request = self.http.build_request(
+            method,
+            url,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=self._headers(attempts.key, headers),
+        )
+        request.read()  # a streamed body becomes bytes: every attempt sends the same ones
+        attempts.begin()
+        while True:
+            attempts.count += 1
+            request.extensions["timeout"] = attempts.timeout_for(self.timeout).as_dict()
+            try:
+                response = self.http.send(request, auth=_auth(auth))
+            except Exception as error:
+                pause = attempts.after_error(error)
+                if pause is None:
+                    if isinstance(error, RETRYABLE_ERRORS):
+                        raise attempts.exhausted() from error
+                    raise
+            else:
+                pause = attempts.after_response(response)
+                if pause is None:
+                    return attempts.result(response)
+                response.close()
+            self._sleep(pause)
+
+    def post(self, url: httpx.URL | str, *, key: str, **kwargs: Any) -> IdempotentResult:
+        return self.request("POST", url, key=key, **kwargs)
+
+    def patch(self, url: httpx.URL | str, *, key: str, **kwargs: Any) -> IdempotentResult:
+        return self.request("PATCH", url, key=key, **kwargs)
+
+    def put(self, url: httpx.URL | str, *, key: str, **kwargs: Any) -> IdempotentResult:
+        return self.request("PUT", url, key=key, **kwargs)
+
+
+class AsyncIdempotentClient(_Base):
+    """``IdempotentClient`` over an ``httpx.AsyncClient``; the same rules, awaited."""
+
+    def __init__(
+        self,
+        http: httpx.AsyncClient | None = None,
+        *,
+        policy: RetryPolicy | None = None,
+        timeout: httpx.Timeout | float | None = None,
+        header: str = "Idempotency-Key",
+        replay_header: str = "Idempotent-Replayed",
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        super().__init__(policy, header, replay_header, clock, jitter)
+        self._owned = http is None
+        self.http = http if http is not None else httpx.AsyncClient()
+        self.timeout = self.http.timeout if timeout is None else httpx.Timeout(timeout)
+        self._sleep = sleep
+
+    async def __aenter__(self) -> AsyncIdempotentClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._owned:
+            await self.http.aclose()
+
+    async def request(
+        self,
+        method: str,
+        url: httpx.URL | str,
+        *,
+        key: str,
+        json: Any = None,
+        content: bytes | str | None = None,
+        data: Mapping[str, Any] | None = None,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        auth: httpx.Auth | tuple[str, str] | None = None,
+    ) -> IdempotentResult:
+        """See ``IdempotentClient.request``."""
+        attempts = self._attempts(key)
+        request = self.http.build_request(
+            method,
+            url,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=self._headers(attempts.key, headers),
+        )
+        await request.aread()
+        attempts.begin()
+        while True:
+            attempts.count += 1
+            request.extensions["timeout"] = attempts.timeout_for(self.timeout).as_dict()
+            try:
+                response = await self.http.send(request, auth=_auth(auth))
+            except Exception as error:
+                pause = attempts.after_error(error)
+                if pause is None:
+                    if isinstance(error, RETRYABLE_ERRORS):
+                        raise attempts.exhausted() from error
+                    raise
+            else:
+                pause = attempts.after_response(response)
+                if pause is None:
+                    return attempts.result(response)
+                await response.aclose()
+            await self._sleep(pause)
+
+    async def post(self, url: httpx.URL | str, *, key: str, **kwargs: Any) -> IdempotentResult:
+        return await self.request("POST", url, key=key, **kwargs)
+
+    async def patch(self, url: httpx.URL | str, *, key: str, **kwargs: Any) -> IdempotentResult:
+        return await self.request("PATCH", url, key=key, **kwargs)
+
+    async def put(self, url: httpx.URL | str, *, key: str, **kwargs: Any) -> IdempotentResult:
+        return await self.request("PUT", url, key=key, **kwargs)

@@ -1,0 +1,97 @@
+"""Keys for the calls a protected view makes downstream (a card provider, another service).
+
+A view that charges a card at a provider must pass the provider an idempotency key of its
+own, and a retry of the incoming request must pass the *same* one: otherwise a retry that
+runs the view again (after a 5xx released the key, or after a lapsed lease) charges twice
+at the provider. The key is derived, not stored: a SHA-256 over the incoming key, its scope
+(account and endpoint) and a purpose naming the call, so it is stable across retries,
+processes and deploys, and two accounts that use the same incoming key never share one
+downstream. ``downstream_key`` needs no Django set-up (a worker script may use it).
+
+The derivation is part of the package's compatibility promise: changing it would give
+in-flight retries new downstream keys during a deploy, which is a double charge. A pinned
+test vector holds it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+from django.http import HttpRequest
+
+from idempotency_django.conf import conf
+from idempotency_django.exceptions import KeyMissing
+
+_NAMESPACE = b"idempotency-django/downstream-key/v1"
+
+
+def downstream_key(
+    key: str, purpose: str, account: str | None = None, *, endpoint: str | None = None
+) -> str:
+    """A deterministic key for one downstream call made on behalf of ``key``.
+
+    ``purpose`` names the call (``"stripe-charge"``; ``"stripe-refund:line-3"`` when one
+    request makes several calls of a kind). Give the ``account`` (and ``endpoint``) that
+    scope ``key`` upstream, so that two accounts using the same key get different
+    downstream keys; ``downstream_key_for`` fills them in from a request.
+
+    The result is a UUID-formatted string (36 characters, version 8: RFC 9562's
+    name-based SHA-256 layout), accepted by providers that want a UUID and well within
+    every provider's length limit (Stripe 255, PayPal 108, Square 45).
+    """
+    if not key:
+        raise ValueError("downstream_key needs the incoming Idempotency-Key, not an empty one")
+    if not purpose:
+        raise ValueError("downstream_key needs a purpose naming the downstream call")
+    hasher = hashlib.sha256()
+    for part in (_NAMESPACE, *(_part(value) for value in (purpose, account, endpoint, key))):
+        hasher.update(len(part).to_bytes(8, "big"))
+        hasher.update(part)
+    value = int.from_bytes(hasher.digest()[:16], "big")
+    value &= ~(0xF000 << 64)  # version 8 ...
+    value |= 0x8000 << 64
+    value &= ~(0xC000 << 48)  # ... and the RFC 9562 variant
+    value |= 0x8000 << 48
+    return str(uuid.UUID(int=value))
+
+
+def _part(value: str | None) -> bytes:
+    # None and "" must not collide: an account-less key is not the key of account "".
+    return b"\x00" if value is None else b"\x01" + value.encode("utf-8", "surrogatepass")
+
+
+def downstream_key_for(
+    request: HttpRequest,
+    purpose: str,
+    *,
+    account: str | None = None,
+    endpoint: str | None = None,
+) -> str:
+    """``downstream_key`` for the ``Idempotency-Key`` of an incoming ``request``.
+
+    Inside a protected view the scope is the one the view's claim used (its per-view
+    ``account``/``endpoint`` overrides included); elsewhere it comes from the ``ACCOUNT`` and
+    ``ENDPOINT`` settings. Raises ``KeyMissing`` (a ``BadRequest``: a 400 if uncaught) when
+    the request has no key, ``KeyMalformed`` when its key is not a valid one.
+    """
+    from idempotency_django import keys  # imports the models: not at import time
+
+    scope = getattr(request, "idempotency_scope", None)  # set by @idempotent and the mixin
+    if scope is not None:
+        return downstream_key(
+            scope.key,
+            purpose,
+            scope.account if account is None else account,
+            endpoint=scope.endpoint if endpoint is None else endpoint,
+        )
+    raw = request.headers.get(conf.HEADER)
+    if raw is None:
+        raise KeyMissing(f"This request has no {conf.HEADER} to derive a downstream key from.")
+    key = keys.parse_key(raw)
+    if account is None:
+        found = conf.ACCOUNT(request)
+        account = None if found is None else str(found)
+    if endpoint is None:
+        endpoint = str(conf.ENDPOINT(request))
+    return downstream_key(key, purpose, account, endpoint=endpoint)
