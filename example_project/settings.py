@@ -77,6 +77,7 @@ PASSWORD_HASHERS = ["example_project.payments.hashers.DemoPBKDF2PasswordHasher"]
 IDEMPOTENCY = {
     "LEASE_SECONDS": float(os.environ.get("EXAMPLE_LEASE_SECONDS", "10")),
     "MAX_RUN_SECONDS": float(os.environ.get("EXAMPLE_MAX_RUN_SECONDS", "300")),
+    "ON_DISCONNECT": os.environ.get("EXAMPLE_ON_DISCONNECT", "finish"),
 }
 
 LOGGING = {

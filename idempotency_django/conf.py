@@ -18,6 +18,7 @@ IN_FLIGHT_POLICIES = ("conflict", "wait")
 ANONYMOUS_POLICIES = ("reject", "bypass")
 STORE_ERROR_POLICIES = ("closed", "open")
 LOG_KEY_FORMATS = ("plain", "hash")
+DISCONNECT_POLICIES = ("finish", "release")
 
 # Headers that describe one exchange or carry credentials: never stored, never replayed.
 FORBIDDEN_STORED_HEADERS = frozenset({"set-cookie", "authorization", "cookie", "www-authenticate"})
@@ -43,6 +44,7 @@ DEFAULTS: dict[str, Any] = {
     "MAX_RESPONSE_BYTES": 1024 * 1024,
     "DATABASE": None,
     "ON_STORE_ERROR": "closed",
+    "ON_DISCONNECT": "finish",
     "REPLAY_HEADER": "Idempotent-Replayed",
     "LOG_KEYS": "plain",
     "PROBLEM_TYPE_BASE": "urn:idempotency-django:problem:",
@@ -170,6 +172,10 @@ class Settings:
     @property
     def LOG_KEYS(self) -> str:
         return str(self.get("LOG_KEYS"))
+
+    @property
+    def ON_DISCONNECT(self) -> str:
+        return str(self.get("ON_DISCONNECT"))
 
     @property
     def REPLAY_HEADER(self) -> str:

@@ -66,6 +66,7 @@ def idempotent(
     fingerprint: Callable[[HttpRequest], str | bytes] | str | None = ...,
     store_statuses: Callable[[int], bool] | Iterable[int] | str = ...,
     on_store_error: str = ...,
+    on_disconnect: str = ...,
 ) -> Callable[[View], View]: ...
 
 

@@ -20,6 +20,7 @@ from django.template.response import SimpleTemplateResponse
 
 from idempotency_django import engine, keys, signals
 from idempotency_django.conf import (
+    DISCONNECT_POLICIES,
     IN_FLIGHT_POLICIES,
     MODES,
     STORE_ERROR_POLICIES,
@@ -67,12 +68,14 @@ class ViewOptions:
     store_statuses: Callable[[int], bool] | Iterable[int] | str = _UNSET
     on_store_error: str = _UNSET
     key: Callable[[Any], str | None] | None = None
+    on_disconnect: str = _UNSET
 
     def __post_init__(self) -> None:
         for name, allowed in (
             ("mode", MODES),
             ("in_flight", IN_FLIGHT_POLICIES),
             ("on_store_error", STORE_ERROR_POLICIES),
+            ("on_disconnect", DISCONNECT_POLICIES),
         ):
             value = getattr(self, name)
             if value is not _UNSET and value not in allowed:
@@ -339,18 +342,24 @@ class Guard:
             return began
         claim = began
         heartbeat.register(claim, self.engine_options.lease, conf.MAX_RUN_SECONDS)
+        cancelled: asyncio.CancelledError | None = None
         try:
-            response = await call_view()
+            if self.options.pick("on_disconnect", "ON_DISCONNECT") == "finish":
+                response, cancelled = await _outliving_cancellation(call_view)
+            else:
+                response = await call_view()
             if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
                 await sync_to_async(response.render)()
         except BaseException:
-            # Includes CancelledError: the client went away mid-flight. Shielded, so the
-            # release completes even if this task is cancelled again.
+            # Includes CancelledError under ON_DISCONNECT "release": the client went away
+            # mid-flight. Shielded, so the release completes even if cancelled again.
             await asyncio.shield(sync_to_async(_release_quietly)(claim))
             raise
         finally:
             heartbeat.unregister(claim)
-        await sync_to_async(self.finish)(claim, response)
+        await asyncio.shield(sync_to_async(self.finish)(claim, response))
+        if cancelled is not None:
+            raise cancelled
         return response
 
     def finish(self, claim: engine.Claim, response: HttpResponseBase) -> bool:
@@ -413,3 +422,23 @@ def _rendered(response: HttpResponseBase) -> HttpResponseBase:
     if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
         response.render()
     return response
+
+
+async def _outliving_cancellation(
+    call_view: AsyncViewCall,
+) -> tuple[HttpResponseBase, asyncio.CancelledError | None]:
+    """Run the view to its end even if the request is cancelled (its client went away).
+
+    Cancelling a view cannot call back work it already started, such as a database write
+    running in a thread: releasing the key then would let the retry do it twice. So the view
+    finishes, its outcome is stored, and the retry gets the replay.
+    """
+    task = asyncio.ensure_future(call_view())
+    cancelled: asyncio.CancelledError | None = None
+    while True:
+        try:
+            return await asyncio.shield(task), cancelled
+        except asyncio.CancelledError as error:
+            if task.done():
+                raise  # the view itself was cancelled: it did not finish
+            cancelled = error

@@ -79,35 +79,65 @@ def test_a_5xx_releases_and_a_4xx_is_stored(alice: User) -> None:
     assert effects("async") == 3
 
 
-def test_a_cancelled_request_releases_the_key(alice: User) -> None:
-    """A client that disconnects mid-flight cancels the view's task (Django's ASGI handler
-    does this); the key is released so that the retry runs."""
+def cancel_mid_flight(request: Any, let_the_view_finish: bool) -> bool:
+    """Cancel the view's task while it runs, as Django's ASGI handler does when the client
+    disconnects; True when the task ended cancelled."""
+
+    async def scenario() -> bool:
+        views.async_hold.entered = asyncio.Event()
+        views.async_hold.release = asyncio.Event()
+        task = asyncio.ensure_future(views.async_effect(request))
+        await asyncio.wait_for(views.async_hold.entered.wait(), timeout=20)
+        task.cancel()
+        await asyncio.sleep(0)  # deliver the cancellation while the view is still parked
+        if let_the_view_finish:
+            views.async_hold.release.set()
+        try:
+            await asyncio.wait_for(task, timeout=20)
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    try:
+        return async_to_sync(scenario)()
+    finally:
+        views.async_hold.entered = views.async_hold.release = None
+
+
+def held_request(user: User) -> Any:
     request = AsyncRequestFactory().post(
         "/async/",
         data=json.dumps({"hold": True}),
         content_type="application/json",
         headers={"Idempotency-Key": "k1"},
     )
-    request.user = alice
+    request.user = user
+    return request
 
-    async def cancel_mid_flight() -> bool:
-        views.async_hold.entered = asyncio.Event()
-        task = asyncio.ensure_future(views.async_effect(request))
-        await asyncio.wait_for(views.async_hold.entered.wait(), timeout=20)
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            return True
-        return False
 
-    try:
-        assert async_to_sync(cancel_mid_flight)()
-    finally:
-        views.async_hold.entered = None
+def test_a_disconnected_request_finishes_and_its_retry_gets_the_replay(alice: User) -> None:
+    """Default ON_DISCONNECT "finish": cancelling cannot call back work already started
+    (a database write in a thread), so the view finishes and its outcome is stored."""
+    assert cancel_mid_flight(held_request(alice), let_the_view_finish=True)
+
+    record = IdempotencyRecord.objects.get()
+    assert record.state == IdempotencyRecord.State.COMPLETED
+    retry = apost({"hold": True})
+    assert retry.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert effects("async") == 1
+
+
+def test_on_disconnect_release_cancels_the_view_and_frees_the_key(
+    alice: User, settings: Any
+) -> None:
+    settings.IDEMPOTENCY = {"ON_DISCONNECT": "release"}
+    assert cancel_mid_flight(held_request(alice), let_the_view_finish=False)
 
     assert not IdempotencyRecord.objects.exists()
-    assert apost({"hold": True}).status_code == 201
+    retry = apost({"hold": True})
+    assert retry.status_code == 201
+    assert "Idempotent-Replayed" not in retry
     assert effects("async") == 1
 
 

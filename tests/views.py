@@ -127,9 +127,10 @@ class EffectView(View):
 
 
 class AsyncHold:
-    """Parks an async view until its task is cancelled, as when a client disconnects."""
+    """Parks an async view until the test lets it go (or cancels it)."""
 
     entered: asyncio.Event | None = None
+    release: asyncio.Event | None = None
 
 
 async_hold = AsyncHold()
@@ -138,9 +139,9 @@ async_hold = AsyncHold()
 @idempotent
 async def async_effect(request: HttpRequest) -> HttpResponse:
     data = _body(request)
-    if data.get("hold") and async_hold.entered is not None:
+    if data.get("hold") and async_hold.entered is not None and async_hold.release is not None:
         async_hold.entered.set()
-        await asyncio.Event().wait()  # until cancelled
+        await async_hold.release.wait()
     effect = await SideEffect.objects.acreate(label="async")
     if data.get("raise"):
         raise RuntimeError("the view failed")

@@ -1,12 +1,15 @@
-"""Fixtures for the e2e tests: a fresh e2e database and gunicorn servers of the example.
+"""Fixtures for the e2e tests: a fresh e2e database and gunicorn (and uvicorn) servers of the
+example.
 
-These tests speak HTTP only. They don't use pytest-django's ``db`` fixture: the e2e
-database is created, migrated and dropped here, next to the test database.
+These tests speak HTTP (a few also read the e2e database with the driver). They don't use
+pytest-django's ``db`` fixture: the e2e database is created, migrated and dropped here, next
+to the test database.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from tests.e2e.server import (
     migrate,
     new_key,
     start_server,
+    start_uvicorn,
 )
 
 _servers: list[Server] = []
@@ -72,15 +76,46 @@ def start_example(e2e_db: Database, tmp_path: Path) -> Iterator[Callable[..., Se
         print(f"--- gunicorn on port {own.port} ---\n{own.log()}")
 
 
+@pytest.fixture(scope="session")
+def uvicorn_example(
+    e2e_db: Database, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., Server]]:
+    """``uvicorn_example(workers=1, **example_settings)``: the example's ASGI application
+    under uvicorn with ``workers`` processes and these ``EXAMPLE_*`` settings. Started on
+    first use and shared by the tests asking for the same configuration; stopped at the end
+    of the session."""
+    started: dict[tuple[int, tuple[tuple[str, str], ...]], Server] = {}
+    logs = tmp_path_factory.mktemp("uvicorn")
+
+    def get(workers: int = 1, **example_settings: str) -> Server:
+        configuration = (workers, tuple(sorted(example_settings.items())))
+        if configuration not in started:
+            log_path = logs / f"uvicorn-{len(started)}.log"
+            new = start_uvicorn(e2e_db, log_path, example_settings, workers=workers)
+            started[configuration] = new
+            _servers.append(new)
+        return started[configuration]
+
+    yield get
+    for own in started.values():
+        _servers.remove(own)
+    # Each waits for its graceful shutdown: stop them together.
+    stopping = [threading.Thread(target=own.stop) for own in started.values()]
+    for thread in stopping:
+        thread.start()
+    for thread in stopping:
+        thread.join()
+
+
 @pytest.fixture(autouse=True)
 def _show_gunicorn_logs() -> Iterator[None]:
-    """Print what the shared server logged during a test; pytest shows it on failure."""
+    """Print what the running servers logged during a test; pytest shows it on failure."""
     offsets = {id(running): len(running.log()) for running in _servers}
     yield
     for running in _servers:
         logged = running.log()[offsets.get(id(running), 0) :]
         if logged:
-            print(f"--- gunicorn on port {running.port} ---\n{logged}")
+            print(f"--- {running.name} on port {running.port} ---\n{logged}")
 
 
 @pytest.fixture

@@ -1,8 +1,12 @@
-"""Run the example project under gunicorn against a database of its own, and talk to it.
+"""Run the example project under gunicorn or uvicorn against a database of its own, and
+talk to it.
 
 Nothing here uses Django's database connections: the e2e database is created and dropped
 with the driver (psycopg or MySQLdb) against the server named by ``DATABASE_URL``, the
-example is migrated and served in subprocesses, and the tests only speak HTTP.
+example is migrated and served in subprocesses, and the tests speak HTTP. A few tests also
+look at the e2e database directly, with the driver (``record_states``, ``lock_waits``), or
+hold locks in it to make the servers' statements wait (``charges_locked``,
+``records_locked``).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -87,8 +91,10 @@ def e2e_database(base_url: str) -> Database:
     return Database(vendor=vendor, name=name, url=url, config=config)
 
 
-def _server_execute(database: Database, statements: list[str]) -> None:
-    """Run statements on the database server, outside any database of the test run."""
+@contextlib.contextmanager
+def _connect(database: Database, name: str | None, *, autocommit: bool = True) -> Iterator[Any]:
+    """A DB-API connection to the server of ``database``: to the database ``name``, or to
+    none of the test run's (``None``)."""
     config = database.config
     if database.vendor == "postgresql":
         import psycopg
@@ -100,9 +106,10 @@ def _server_execute(database: Database, statements: list[str]) -> None:
             "password": config.get("PASSWORD") or None,
         }
         conninfo = {k: v for k, v in params.items() if v is not None}
-        with psycopg.connect(dbname="postgres", autocommit=True, **conninfo) as connection:
-            for statement in statements:
-                connection.execute(statement)
+        with psycopg.connect(
+            dbname=name or "postgres", autocommit=autocommit, **conninfo
+        ) as connection:
+            yield connection
         return
     import MySQLdb  # type: ignore[import-untyped]
 
@@ -111,14 +118,23 @@ def _server_execute(database: Database, statements: list[str]) -> None:
         "port": int(config["PORT"]) if config.get("PORT") else None,
         "user": config.get("USER") or None,
         "passwd": config.get("PASSWORD") or None,
+        "db": name,
     }
     connection = MySQLdb.connect(**{k: v for k, v in params.items() if v is not None})
     try:
+        # Autocommit: each query sees what committed before it (no REPEATABLE READ snapshot).
+        connection.autocommit(autocommit)
+        yield connection
+    finally:
+        connection.close()
+
+
+def _server_execute(database: Database, statements: list[str]) -> None:
+    """Run statements on the database server, outside any database of the test run."""
+    with _connect(database, None) as connection:
         cursor = connection.cursor()
         for statement in statements:
             cursor.execute(statement)
-    finally:
-        connection.close()
 
 
 def create_database(database: Database) -> None:
@@ -168,7 +184,117 @@ def migrate(database: Database) -> None:
     assert result.returncode == 0, f"migrate failed:\n{result.stdout}\n{result.stderr}"
 
 
-# --- gunicorn -------------------------------------------------------------------------------
+# --- looking into the e2e database ----------------------------------------------------------
+
+RECORDS_TABLE = "idempotency_django_idempotencyrecord"
+CHARGES_TABLE = "payments_charge"
+IN_PROGRESS = "in_progress"
+COMPLETED = "completed"
+
+
+def _quote(database: Database, identifier: str) -> str:
+    return f'"{identifier}"' if database.vendor == "postgresql" else f"`{identifier}`"
+
+
+def record_states(database: Database, keys: Collection[str]) -> dict[str, str]:
+    """``{key: state}`` of the idempotency records with these keys (any account or endpoint:
+    the tests' keys are random), read from the e2e database; a key without a record is
+    absent."""
+    if not keys:
+        return {}
+    column = _quote(database, "key")  # a reserved word in MariaDB/MySQL
+    placeholders = ", ".join(["%s"] * len(keys))
+    with _connect(database, database.name) as connection:
+        cursor = connection.cursor()
+        cursor.execute(
+            f"SELECT {column}, state FROM {RECORDS_TABLE} WHERE {column} IN ({placeholders})",
+            list(keys),
+        )
+        return {str(key): str(state) for key, state in cursor.fetchall()}
+
+
+class HeldLock:
+    """Locks held by a connection of their own until ``release()`` (or the end of the
+    ``with`` block): what the test process does to make the servers' statements wait."""
+
+    def __init__(self, database: Database, statements: list[tuple[str, list[str]]]) -> None:
+        self._vendor = database.vendor
+        self._connection_manager = _connect(database, database.name, autocommit=False)
+        self._connection = self._connection_manager.__enter__()
+        self._released = False
+        try:
+            cursor = self._connection.cursor()
+            for statement, params in statements:
+                cursor.execute(statement, params or None)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        try:
+            if self._vendor == "mysql":
+                self._connection.cursor().execute("UNLOCK TABLES")
+            self._connection.rollback()
+        finally:
+            self._connection_manager.__exit__(None, None, None)
+
+    def __enter__(self) -> HeldLock:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+def charges_locked(database: Database) -> HeldLock:
+    """Make every ``INSERT`` into the example's charges table wait (reads go on) until the
+    lock is released: a view creating its ``Charge`` waits in the database meanwhile."""
+    if database.vendor == "postgresql":
+        # SHARE conflicts with the ROW EXCLUSIVE lock an INSERT takes, not with reads.
+        return HeldLock(database, [(f"LOCK TABLE {CHARGES_TABLE} IN SHARE MODE", [])])
+    # A READ lock: other sessions may read the table, their writes wait.
+    return HeldLock(database, [(f"LOCK TABLES {CHARGES_TABLE} READ", [])])
+
+
+def records_locked(database: Database, keys: Collection[str]) -> HeldLock:
+    """Lock the idempotency records of ``keys`` (``SELECT … FOR UPDATE``) until released:
+    a completion (``UPDATE``) of one of them waits in the database meanwhile."""
+    column = _quote(database, "key")
+    placeholders = ", ".join(["%s"] * len(keys))
+    select = f"SELECT id FROM {RECORDS_TABLE} WHERE {column} IN ({placeholders}) FOR UPDATE"
+    statements = [(select, list(keys))]
+    if database.vendor == "mysql":
+        # No gap locks, and only the matching rows stay locked.
+        statements.insert(0, ("SET TRANSACTION ISOLATION LEVEL READ COMMITTED", []))
+    return HeldLock(database, statements)
+
+
+def lock_waits(database: Database, statement_like: str) -> int:
+    """How many statements on the e2e database (``LIKE statement_like``) wait for a lock
+    (on MariaDB/MySQL: are running, see below)."""
+    if database.vendor == "postgresql":
+        query = (
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = %s AND wait_event_type = 'Lock' AND query LIKE %s"
+        )
+    else:
+        # Not INNODB_TRX's 'LOCK WAIT': InnoDB refreshes that table only once nobody has
+        # read it for 0.1 s, so polling it (or anyone else's) can keep it stale for good.
+        # A statement as quick as these still running is one that waits.
+        query = (
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST"
+            " WHERE DB = %s AND COMMAND = 'Query' AND INFO LIKE %s"
+        )
+    with _connect(database, database.name) as connection:
+        cursor = connection.cursor()
+        cursor.execute(query, [database.name, statement_like])
+        (count,) = cursor.fetchone()
+        return int(count)
+
+
+# --- gunicorn and uvicorn -------------------------------------------------------------------
 
 
 def free_port() -> int:
@@ -194,12 +320,14 @@ def child_pids(parent: int) -> list[int]:
 
 @dataclass
 class Server:
-    """One gunicorn master serving the example project, and an HTTP client for it."""
+    """One gunicorn master (or uvicorn process) serving the example project, and an HTTP
+    client for it."""
 
     process: subprocess.Popen[bytes]
     port: int
     log_path: Path
     _log_file: Any = field(repr=False)
+    name: str = "gunicorn"
 
     @property
     def base_url(self) -> str:
@@ -207,34 +335,36 @@ class Server:
 
     # -- HTTP, the way a client of the payments API sees it
 
+    # ``path`` is one of the example's front doors to the same charges: "/charges/" (plain
+    # view), "/async/charges/" (async view), "/api/charges/" (DRF viewset).
+
     def post_charge(
         self,
         body: Mapping[str, Any] | None,
         *,
         key: str | None,
         auth: tuple[str, str] | None = ALICE,
+        path: str = "/charges/",
     ) -> requests.Response:
         headers = {} if key is None else {"Idempotency-Key": key}
         return requests.post(
-            f"{self.base_url}/charges/",
+            f"{self.base_url}{path}",
             json=body,
             headers=headers,
             auth=auth,
             timeout=HTTP_TIMEOUT_SECONDS,
         )
 
-    def charges(self, auth: tuple[str, str] = ALICE) -> dict[str, Any]:
-        response = requests.get(
-            f"{self.base_url}/charges/", auth=auth, timeout=HTTP_TIMEOUT_SECONDS
-        )
+    def charges(self, auth: tuple[str, str] = ALICE, path: str = "/charges/") -> dict[str, Any]:
+        response = requests.get(f"{self.base_url}{path}", auth=auth, timeout=HTTP_TIMEOUT_SECONDS)
         assert response.status_code == 200, response.text
         return response.json()  # type: ignore[no-any-return]
 
-    def charge_count(self, auth: tuple[str, str] = ALICE) -> int:
-        return int(self.charges(auth)["count"])
+    def charge_count(self, auth: tuple[str, str] = ALICE, path: str = "/charges/") -> int:
+        return int(self.charges(auth, path)["count"])
 
-    def charge_ids(self, auth: tuple[str, str] = ALICE) -> list[str]:
-        return [charge["id"] for charge in self.charges(auth)["results"]]
+    def charge_ids(self, auth: tuple[str, str] = ALICE, path: str = "/charges/") -> list[str]:
+        return [charge["id"] for charge in self.charges(auth, path)["results"]]
 
     # -- the processes
 
@@ -258,11 +388,13 @@ class Server:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise AssertionError(
-                    f"gunicorn exited with {self.process.returncode}:\n{self.log()}"
+                    f"{self.name} exited with {self.process.returncode}:\n{self.log()}"
                 )
             try:
                 response = requests.get(f"{self.base_url}/charges/", auth=ALICE, timeout=5)
-            except requests.ConnectionError as exc:
+            except (requests.ConnectionError, requests.Timeout) as exc:
+                # A timeout too: the listening socket may accept before a worker that is
+                # still importing Django (on a loaded machine, for more than 5 s) answers.
                 last = exc
             else:
                 if response.status_code == 200:
@@ -270,8 +402,16 @@ class Server:
                 last = f"{response.status_code} {response.text[:500]}"
             time.sleep(0.1)  # polling the server is the readiness check
         raise AssertionError(
-            f"gunicorn not ready within {READY_WITHIN_SECONDS}s ({last}):\n{self.log()}"
+            f"{self.name} not ready within {READY_WITHIN_SECONDS}s ({last}):\n{self.log()}"
         )
+
+    def wait_log(self, text: str, count: int, within: float = READY_WITHIN_SECONDS) -> None:
+        """Wait until the server has logged ``text`` ``count`` times (bounded)."""
+        deadline = time.monotonic() + within
+        while self.log().count(text) < count:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"{self.name} never logged {text!r} {count}x:\n{self.log()}")
+            time.sleep(0.1)  # polling the server's log is the readiness check
 
     def warm_up(self, provider_delay: float, within: float = READY_WITHIN_SECONDS) -> None:
         """Wait until every worker has booted and served a request.
@@ -312,7 +452,9 @@ class Server:
         """Stop the master and its workers; if the master outlives the grace period, kill
         its whole session (it ran in one of its own)."""
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)  # quick shutdown, no graceful wait
+            # gunicorn: quick shutdown, no graceful wait. uvicorn: a graceful shutdown,
+            # bounded by --timeout-graceful-shutdown.
+            self.process.send_signal(signal.SIGINT)
             try:
                 self.process.wait(STOP_WITHIN_SECONDS)
             except subprocess.TimeoutExpired:
@@ -368,6 +510,61 @@ def start_server(
     return server
 
 
+UVICORN_GRACE_SECONDS = 2
+
+
+def start_uvicorn(
+    database: Database,
+    log_path: Path,
+    example_settings: Mapping[str, str] | None = None,
+    *,
+    workers: int = 1,
+) -> Server:
+    """Serve the example's ASGI application (``example_project.asgi``) with uvicorn on a free
+    port, ``workers`` processes, and wait until every worker has started and one answers.
+
+    On stop, requests still running get ``UVICORN_GRACE_SECONDS`` before they are cancelled.
+    """
+    port = free_port()
+    log_file = log_path.open("wb")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "example_project.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--lifespan",
+            "off",  # Django's ASGI handler speaks HTTP only
+            "--timeout-graceful-shutdown",
+            str(UVICORN_GRACE_SECONDS),
+        ],
+        cwd=REPO_ROOT,
+        env=example_env(database.url, **(example_settings or {})),
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    server = Server(
+        process=process, port=port, log_path=log_path, _log_file=log_file, name="uvicorn"
+    )
+    try:
+        # Each worker logs this once it has imported the application; with several, the
+        # parent's socket accepts as soon as one of them is up.
+        server.wait_log("Started server process", workers)
+        server.wait_ready()
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
 # --- a request that stays in flight ---------------------------------------------------------
 
 
@@ -388,9 +585,9 @@ class Outcome:
 
 
 class InFlightRequest:
-    """``POST /charges/`` in a thread of its own, so that it can stay in flight while the
-    test goes on. ``sent`` is set once the request is on the wire, ``done`` once it was
-    answered or failed (``finished``, if given, too: one event for several requests)."""
+    """``POST /charges/`` (or ``path``) in a thread of its own, so that it can stay in flight
+    while the test goes on. ``sent`` is set once the request is on the wire, ``done`` once it
+    was answered or failed (``finished``, if given, too: one event for several requests)."""
 
     def __init__(
         self,
@@ -400,6 +597,7 @@ class InFlightRequest:
         key: str,
         auth: tuple[str, str] = ALICE,
         finished: threading.Event | None = None,
+        path: str = "/charges/",
     ) -> None:
         self.sent = threading.Event()
         self.done = threading.Event()
@@ -416,6 +614,7 @@ class InFlightRequest:
             },
         )
         self._port = server.port
+        self._path = path
         self._thread = threading.Thread(target=self._run, name="in-flight-request", daemon=True)
 
     def start(self) -> InFlightRequest:
@@ -428,7 +627,7 @@ class InFlightRequest:
         )
         try:
             body, headers = self._request
-            connection.request("POST", "/charges/", body=body, headers=headers)
+            connection.request("POST", self._path, body=body, headers=headers)
             self.sent.set()
             response = connection.getresponse()
             self.outcome = Outcome(
@@ -497,3 +696,82 @@ def retry_until(
         if time.monotonic() + every > deadline:
             raise AssertionError(f"gave up after {within}s; last result: {result!r}")
         time.sleep(every)
+
+
+def concurrently(count: int, call: Callable[[], T], *, within: float = 60.0) -> list[T]:
+    """Call ``call`` from ``count`` threads at once (released together by a barrier) and
+    return the results in thread order; an exception in any thread fails the caller."""
+    barrier = threading.Barrier(count, timeout=within)
+    results: list[T | BaseException | None] = [None] * count
+
+    def run(index: int) -> None:
+        try:
+            barrier.wait()
+            results[index] = call()
+        except BaseException as exc:
+            results[index] = exc
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(within)
+    assert not any(thread.is_alive() for thread in threads), f"not done within {within}s"
+    errors = [result for result in results if isinstance(result, BaseException)]
+    assert not errors, errors
+    return results  # type: ignore[return-value]
+
+
+# --- what a client of the payments API checks ------------------------------------------------
+
+REPLAYED = "Idempotent-Replayed"
+PROBLEM_JSON = "application/problem+json"
+
+
+def charge_body(card: str = "tok_visa", amount: int | None = None) -> dict[str, Any]:
+    return {"amount": amount or new_amount(), "currency": "EUR", "card": card}
+
+
+def assert_problem(
+    response: requests.Response | Outcome, status: int, slug: str | None = None
+) -> dict[str, Any]:
+    """``response`` is an RFC 9457 problem of ``status`` (and of the package's ``slug``)."""
+    assert response.status_code == status, (response.status_code, response.headers, response.text)
+    assert response.headers["Content-Type"] == PROBLEM_JSON, response.headers
+    problem: dict[str, Any] = response.json()
+    assert problem["status"] == status, problem
+    if slug is not None:
+        assert problem["type"] == f"urn:idempotency-django:problem:{slug}", problem
+    return problem
+
+
+def assert_in_flight(response: requests.Response | Outcome) -> None:
+    """A 409 telling the client that the key's first request is still running."""
+    assert_problem(response, 409, "in-flight")
+    assert response.headers["Retry-After"].isdigit(), response.headers
+    assert REPLAYED not in response.headers
+
+
+def assert_replay(response: requests.Response, first: requests.Response | Outcome) -> None:
+    """``response`` is ``first`` replayed: same status, same bytes, marked as a replay."""
+    assert response.status_code == first.status_code, (response.status_code, response.text)
+    assert response.headers.get(REPLAYED) == "true", response.headers
+    assert REPLAYED not in first.headers, first.headers
+    assert response.content == first.content
+    for name in ("Content-Type", "Location"):
+        assert response.headers.get(name) == first.headers.get(name), name
+
+
+def assert_one_ran(responses: list[requests.Response]) -> requests.Response:
+    """Concurrent duplicates: exactly one of ``responses`` ran the view (a 201); every other
+    one is a 409 in-flight or a replay of that 201. Returns the one that ran."""
+    statuses = sorted(response.status_code for response in responses)
+    assert set(statuses) <= {201, 409}, statuses
+    ran = [r for r in responses if r.status_code == 201 and REPLAYED not in r.headers]
+    assert len(ran) == 1, [(r.status_code, dict(r.headers)) for r in responses]
+    for response in responses:
+        if response.status_code == 409:
+            assert_in_flight(response)
+        elif response is not ran[0]:
+            assert_replay(response, ran[0])
+    return ran[0]
