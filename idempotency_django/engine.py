@@ -116,20 +116,30 @@ def _records(alias: str) -> Any:
     return IdempotencyRecord.objects.using(alias)
 
 
-def begin(scope: Scope, fingerprint: str, options: Options) -> Claim | StoredResponse:
+def new_token() -> str:
+    return uuid.uuid4().hex
+
+
+def begin(
+    scope: Scope, fingerprint: str, options: Options, token: str | None = None
+) -> Claim | StoredResponse:
     """Claim ``scope`` for this request, or return the stored outcome of an earlier one.
 
     Raises ``KeyMismatch`` when the key belongs to a different request, ``InFlight`` when
     its first request is still running (after waiting, under the ``wait`` policy) and
     ``ResponseNotStored`` when it completed without a storable response.
+
+    Give the same ``token`` when calling again for the same request (after a lost
+    connection): a claim whose commit the first call never heard of is then recognised as
+    this request's own, not reported as a duplicate in flight.
     """
+    token = token or new_token()
     deadline = time.monotonic() + (options.wait_seconds if options.in_flight == "wait" else 0)
     delay = 0.05
     races = 0
     reported_in_flight = False
     while True:
         now = timezone.now()
-        token = uuid.uuid4().hex
         if _insert(scope, fingerprint, token, now, options):
             emit(signals.claimed, logging.DEBUG, "Idempotency key claimed.", **scope.lookup())
             return Claim(scope, token, options.alias)
@@ -137,6 +147,8 @@ def begin(scope: Scope, fingerprint: str, options: Options) -> Claim | StoredRes
         if record is None:
             races = _count_race(races, options)
             continue
+        if record.token == token and record.state == State.IN_PROGRESS:
+            return Claim(scope, token, options.alias)  # ours: its commit was not acknowledged
         expired = record.expires_at <= now
         lapsed = record.state == State.IN_PROGRESS and (
             record.lease_expires_at is None or record.lease_expires_at <= now
@@ -213,6 +225,13 @@ def complete(claim: Claim, outcome: StoredResponse, *, body_stored: bool = True)
     )
     if updated:
         return True
+    retried = (
+        _records(claim.alias)
+        .filter(token=claim.token, state=State.COMPLETED, **claim.scope.lookup())
+        .exists()
+    )
+    if retried:
+        return True  # a retried completion whose first attempt committed unacknowledged
     emit(
         signals.completion_lost,
         logging.ERROR,

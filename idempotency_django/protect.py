@@ -14,7 +14,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 
@@ -237,8 +237,10 @@ class Guard:
     def begin(self) -> engine.Claim | HttpResponseBase:
         """``engine.begin`` as a claim or a response to send instead of running the view."""
         try:
+            token = engine.new_token()  # the same on a reconnected retry: see engine.begin
             began = engine.reconnecting(
-                self.alias, lambda: engine.begin(self.scope, self.fingerprint, self.engine_options)
+                self.alias,
+                lambda: engine.begin(self.scope, self.fingerprint, self.engine_options, token),
             )
         except IdempotencyError as error:
             return self.error_response(error)
@@ -276,8 +278,8 @@ class Guard:
             if connections[self.alias].settings_dict.get("ATOMIC_REQUESTS"):
                 return self._run_in_request_transaction(claim, call_view)
             response = _rendered(call_view())
-        except BaseException:
-            _release_quietly(claim)
+        except BaseException as error:
+            _release_after(claim, error)
             raise
         finally:
             heartbeat.unregister(claim)
@@ -350,10 +352,10 @@ class Guard:
                 response = await call_view()
             if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
                 await sync_to_async(response.render)()
-        except BaseException:
+        except BaseException as error:
             # Includes CancelledError under ON_DISCONNECT "release": the client went away
             # mid-flight. Shielded, so the release completes even if cancelled again.
-            await asyncio.shield(sync_to_async(_release_quietly)(claim))
+            await asyncio.shield(sync_to_async(_release_after)(claim, error))
             raise
         finally:
             heartbeat.unregister(claim)
@@ -399,6 +401,23 @@ def _finish(
             extra={"idempotency_key": claim.scope.key},
         )
         return True
+
+
+def _release_after(claim: engine.Claim, error: BaseException) -> None:
+    """Release the key of a view that failed, unless its outcome is unknown.
+
+    A database connection lost while the view ran (``OperationalError``/``InterfaceError``)
+    may have lost the acknowledgement of a write that committed: releasing would let the
+    retry do it again. That key stays claimed until its lease lapses, as a crashed worker's.
+    """
+    if isinstance(error, (OperationalError, InterfaceError)):
+        logger.error(
+            "Idempotency key kept after a database connection error in the view: its work "
+            "may have committed. A retry runs after the lease lapses.",
+            extra=signals.log_fields(**claim.scope.lookup()),
+        )
+        return
+    _release_quietly(claim)
 
 
 def _release_quietly(claim: engine.Claim) -> None:

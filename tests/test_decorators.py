@@ -624,3 +624,39 @@ def test_keys_compare_exactly_on_every_database(alice: User, post: Post, other: 
     assert response.status_code == 201
     assert "Idempotent-Replayed" not in response
     assert effects() == 2
+
+
+def test_a_retried_claim_recognises_its_own_unacknowledged_row(alice: User) -> None:
+    """A claim that committed while its connection died is this request's, on the retry."""
+    from idempotency_django import engine
+    from idempotency_django.exceptions import InFlight
+
+    scope = engine.Scope(str(alice.pk), "POST /effect/", "k1")
+    options = engine.Options(
+        "default", lease=10, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1
+    )
+    first = engine.begin(scope, "f" * 64, options, token="t" * 32)
+    again = engine.begin(scope, "f" * 64, options, token="t" * 32)
+
+    assert isinstance(again, engine.Claim)
+    assert again.token == first.token == "t" * 32  # type: ignore[union-attr]
+    with pytest.raises(InFlight):
+        engine.begin(scope, "f" * 64, options)
+
+
+def test_a_retried_completion_is_not_reported_lost(
+    alice: User, caplog: pytest.LogCaptureFixture
+) -> None:
+    from idempotency_django import engine
+    from idempotency_django.responses import StoredResponse
+
+    scope = engine.Scope(str(alice.pk), "POST /effect/", "k1")
+    options = engine.Options(
+        "default", lease=10, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1
+    )
+    claim = engine.begin(scope, "f" * 64, options)
+    assert isinstance(claim, engine.Claim)
+    assert engine.complete(claim, StoredResponse(201, b"{}"))
+    with caplog.at_level(logging.ERROR, logger="idempotency_django"):
+        assert engine.complete(claim, StoredResponse(201, b"{}"))
+    assert "claim lost" not in caplog.text

@@ -89,3 +89,21 @@ def test_store_unreachable_fails_closed_in_atomic_mode(
     alice: User, refused_connections: None
 ) -> None:
     assert views.atomic(keyed_request(alice, {"amount": 1})).status_code == 503
+
+
+def test_a_view_whose_connection_died_keeps_its_key(
+    alice: User, post: Post, client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its write may have committed unacknowledged (it did here): releasing the key would
+    let the retry write again. The key stays claimed until its lease lapses."""
+    client.raise_request_exception = False
+    with caplog.at_level(logging.ERROR, logger="idempotency_django"):
+        failed = post("/dies-mid-write/", {})
+    connection.close()  # what a server does with a broken connection when the request ends
+    retry = post("/dies-mid-write/", {})
+
+    assert failed.status_code == 500
+    assert "may have committed" in caplog.text
+    assert retry.status_code == 409
+    assert effects("dies_mid_write") == 1
+    assert IdempotencyRecord.objects.get().state == IdempotencyRecord.State.IN_PROGRESS

@@ -20,5 +20,6 @@ urlpatterns = [
     path("class-based/", views.EffectView.as_view()),
     path("async/", views.async_effect),
     path("loses-its-connection/", views.loses_its_connection),
+    path("dies-mid-write/", views.dies_mid_write),
     path("", include("tests.drf_urls")),
 ]

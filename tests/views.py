@@ -172,3 +172,12 @@ def loses_its_connection(request: HttpRequest) -> HttpResponse:
     effect = SideEffect.objects.create(label="loses_its_connection")
     terminate_backend()
     return JsonResponse({"effect": effect.pk}, status=201)
+
+
+@idempotent
+def dies_mid_write(request: HttpRequest) -> HttpResponse:
+    """Writes, then its connection dies before the view hears back: the outcome is unknown."""
+    SideEffect.objects.create(label="dies_mid_write")
+    terminate_backend()
+    SideEffect.objects.count()  # raises: the server closed the connection
+    return JsonResponse({}, status=201)  # pragma: no cover
