@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.contrib import admin
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
@@ -9,6 +10,7 @@ router = SimpleRouter()
 router.register("api/charges", api.ChargeViewSet, basename="api-charges")
 
 urlpatterns = [
+    path("admin/", admin.site.urls),
     path("charges/", views.charges, name="charges"),
     path("async/charges/", views.async_charges, name="async-charges"),
     *router.urls,

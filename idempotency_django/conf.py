@@ -47,6 +47,8 @@ DEFAULTS: dict[str, Any] = {
     "ON_DISCONNECT": "finish",
     "REPLAY_HEADER": "Idempotent-Replayed",
     "LOG_KEYS": "plain",
+    "PURGE_BATCH_SIZE": 500,
+    "STALE_IN_PROGRESS_SECONDS": 60 * 60,
     "PROBLEM_TYPE_BASE": "urn:idempotency-django:problem:",
 }
 
@@ -176,6 +178,14 @@ class Settings:
     @property
     def ON_DISCONNECT(self) -> str:
         return str(self.get("ON_DISCONNECT"))
+
+    @property
+    def PURGE_BATCH_SIZE(self) -> int:
+        return int(self.get("PURGE_BATCH_SIZE"))
+
+    @property
+    def STALE_IN_PROGRESS_SECONDS(self) -> float:
+        return float(self.get("STALE_IN_PROGRESS_SECONDS"))
 
     @property
     def REPLAY_HEADER(self) -> str:

@@ -53,6 +53,10 @@ class IdempotencyRecord(models.Model):
 
     class Meta:
         verbose_name = "idempotency record"
+        indexes = [
+            # The purge's second pass: in-progress records whose lease died long ago.
+            models.Index(fields=["state", "lease_expires_at"], name="idempotency_record_stale"),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["account", "endpoint", "key"],

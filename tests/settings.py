@@ -9,6 +9,8 @@ import dj_database_url
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
 USE_TZ = True
+# UTC: the admin's date_hierarchy needs MariaDB's time-zone tables for any other zone.
+TIME_ZONE = "UTC"
 ALLOWED_HOSTS = ["testserver", "localhost", "127.0.0.1"]
 ROOT_URLCONF = "tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -22,8 +24,11 @@ DATABASES = {
 DATABASES["default"]["TEST"] = {"NAME": None}
 
 INSTALLED_APPS = [
+    "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
@@ -31,7 +36,26 @@ INSTALLED_APPS = [
     "tests",
 ]
 
-MIDDLEWARE = ["tests.middleware.HeaderUserMiddleware"]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "tests.middleware.HeaderUserMiddleware",  # last: X-User decides request.user
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "static/"
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 

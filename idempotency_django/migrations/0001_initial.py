@@ -43,6 +43,11 @@ class Migration(migrations.Migration):
             ],
             options={
                 "verbose_name": "idempotency record",
+                "indexes": [
+                    models.Index(
+                        fields=["state", "lease_expires_at"], name="idempotency_record_stale"
+                    )
+                ],
                 "constraints": [
                     models.UniqueConstraint(
                         fields=("account", "endpoint", "key"), name="idempotency_record_unique_key"

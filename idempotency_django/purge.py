@@ -1,0 +1,289 @@
+"""Delete expired records, in small batches, while traffic flows.
+
+Records past their TTL already count as absent (the engine takes them over); purging only
+bounds the table. ``purge_records`` is the one implementation behind the
+``purge_idempotency_keys`` command, the admin's "delete expired" action and any scheduled
+task of your own (Celery beat, …).
+
+How it stays out of the way of claims:
+
+- Each batch is two statements in autocommit: a plain (non-locking) read of up to
+  ``batch_size`` primary keys, walking an index in order from where the previous batch
+  stopped (keyset pagination, so every batch costs the same however large the table), then
+  ``DELETE … WHERE pk IN (…)`` that **re-checks** the conditions. Locks are held only for
+  that one short ``DELETE``, on the rows it deletes, and nothing is held between batches.
+- The re-check means a row that changed between the read and the delete is left alone: a
+  key that a retry took over (its ``expires_at`` moved forward) or a lease that was renewed.
+- A record whose view is still running (in progress with a live lease) is never deleted,
+  even past its TTL.
+- In-progress records whose lease has been dead for ``STALE_IN_PROGRESS_SECONDS`` (their
+  worker died and no retry came) are deleted too, and counted apart.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+from django.db.models import Q, QuerySet
+from django.dispatch import Signal
+from django.utils import timezone
+
+from idempotency_django import engine
+from idempotency_django.conf import conf
+from idempotency_django.models import IdempotencyRecord
+
+logger = logging.getLogger("idempotency_django")
+
+State = IdempotencyRecord.State
+
+#: Sent after every purge that was not a dry run, with ``sender=IdempotencyRecord`` and the
+#: keyword arguments ``expired`` and ``stale`` (how many records of each kind were deleted)
+#: and ``using`` (the database alias).
+purged = Signal()
+
+#: ``IDEMPOTENCY["PURGE_BATCH_SIZE"]``: rows per ``DELETE``. Five hundred rows by primary key
+#: hold their row locks for a few milliseconds on PostgreSQL and MariaDB.
+DEFAULT_BATCH_SIZE = 500
+#: ``IDEMPOTENCY["STALE_IN_PROGRESS_SECONDS"]``: how long an in-progress record's lease must
+#: have been dead before the purge deletes it. Leases are renewed every few seconds while a
+#: view runs, so an hour-old lapsed lease belongs to a worker that is gone.
+DEFAULT_STALE_IN_PROGRESS_SECONDS = 60 * 60
+
+# Parameters of the DELETE besides its primary keys: the re-checked conditions.
+_RECHECK_PARAMS = 8
+# MariaDB turns an ``IN`` list of 1000 values or more into a join with a table of values
+# (``in_predicate_conversion_threshold``), which the DELETE then plans as a table scan.
+_MYSQL_MAX_IN_LIST = 999
+
+_UNITS = {"w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1}
+_PART = re.compile(r"(\d+)([wdhms])")
+_DURATION = re.compile(r"(?:\d+[wdhms])+")
+
+
+@dataclass(frozen=True)
+class PurgeResult:
+    """What a purge deleted (or, in a dry run, would delete)."""
+
+    expired: int = 0
+    stale: int = 0
+    batches: int = 0
+    dry_run: bool = False
+    #: True when ``limit`` stopped the purge: more records may be left to purge.
+    limit_reached: bool = False
+
+    @property
+    def total(self) -> int:
+        return self.expired + self.stale
+
+    def as_dict(self) -> dict[str, Any]:
+        """The counts as a plain dict (what a Celery task would return)."""
+        return {**asdict(self), "total": self.total}
+
+
+def batch_size_setting() -> int:
+    value = conf.raw().get("PURGE_BATCH_SIZE", DEFAULT_BATCH_SIZE)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ImproperlyConfigured(
+            f"IDEMPOTENCY PURGE_BATCH_SIZE must be a positive integer, not {value!r}."
+        )
+    return value
+
+
+def stale_after_setting() -> timedelta:
+    value = conf.raw().get("STALE_IN_PROGRESS_SECONDS", DEFAULT_STALE_IN_PROGRESS_SECONDS)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ImproperlyConfigured(
+            f"IDEMPOTENCY STALE_IN_PROGRESS_SECONDS must be a number >= 0, not {value!r}."
+        )
+    return timedelta(seconds=value)
+
+
+def purge_records(
+    *,
+    older_than: timedelta = timedelta(0),
+    stale_after: timedelta | None = None,
+    include_stale: bool = True,
+    batch_size: int | None = None,
+    limit: int | None = None,
+    dry_run: bool = False,
+    using: str | None = None,
+    queryset: QuerySet[IdempotencyRecord] | None = None,
+    progress: Callable[[PurgeResult], None] | None = None,
+) -> PurgeResult:
+    """Delete expired records (and stale in-progress ones) in batches; return the counts.
+
+    - ``older_than``: only records that expired at least this long ago.
+    - ``stale_after``: in-progress records whose lease lapsed at least this long ago are
+      deleted too (default: the ``STALE_IN_PROGRESS_SECONDS`` setting); ``include_stale=False``
+      leaves them alone.
+    - ``batch_size``: rows per ``DELETE`` (default: the ``PURGE_BATCH_SIZE`` setting; at most
+      999 on MariaDB/MySQL and about as many on SQLite, whatever is asked).
+    - ``limit``: stop after this many records in all (expired ones first).
+    - ``dry_run``: count what would be deleted; delete nothing.
+    - ``using``: the database alias (default: the store's).
+    - ``queryset``: only consider these records (the admin passes its selection).
+    - ``progress``: called after every batch with the counts so far.
+    """
+    if older_than < timedelta(0):
+        raise ValueError(f"older_than must not be negative, not {older_than}")
+    if stale_after is None:
+        stale_after = stale_after_setting()
+    if stale_after < timedelta(0):
+        raise ValueError(f"stale_after must not be negative, not {stale_after}")
+    if batch_size is None:
+        batch_size = batch_size_setting()
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, not {batch_size}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be a positive integer, not {limit}")
+    alias = using or engine.store_alias()
+    connection = connections[alias]
+    max_params = connection.features.max_query_params
+    if max_params is not None:  # SQLite: at most 999 parameters in one statement
+        batch_size = min(batch_size, max_params - _RECHECK_PARAMS)
+    if connection.vendor == "mysql":
+        batch_size = min(batch_size, _MYSQL_MAX_IN_LIST)
+    if connection.in_atomic_block and not dry_run:
+        logger.warning(
+            "Idempotency purge inside an open transaction on %r: its batches cannot commit "
+            "one by one, so their row locks are held until that transaction ends.",
+            alias,
+        )
+
+    now = timezone.now()
+    cutoff = now - older_than
+    base = (queryset if queryset is not None else IdempotencyRecord.objects.all()).using(alias)
+    # A view still running under this claim: never deleted, even past its TTL.
+    in_use = Q(state=State.IN_PROGRESS, lease_expires_at__gt=now)
+    expired = Q(expires_at__lt=cutoff) & ~in_use
+    stale = Q(
+        state=State.IN_PROGRESS,
+        lease_expires_at__lt=now - stale_after,
+        # Disjoint from ``expired``, so that a dry run does not count a record twice.
+        expires_at__gte=cutoff,
+    )
+
+    passes = [_Pass("expired", expired, "expires_at")]
+    if include_stale:
+        passes.append(_Pass("stale", stale, "lease_expires_at"))
+    result = PurgeResult(dry_run=dry_run)
+    for index, current in enumerate(passes):
+        cursor: tuple[datetime, int] | None = None
+        while True:
+            room = batch_size if limit is None else min(batch_size, limit - result.total)
+            if room <= 0:
+                more = current.page(base, cursor).exists() or any(
+                    later.page(base, None).exists() for later in passes[index + 1 :]
+                )
+                return _finish(replace(result, limit_reached=more), alias)
+            rows: list[tuple[int, datetime]] = list(current.page(base, cursor)[:room])
+            if not rows:
+                break
+            cursor = (rows[-1][1], rows[-1][0])
+            pks = [pk for pk, _ in rows]
+            deleted = len(pks) if dry_run else _delete(alias, pks, current.condition)
+            result = replace(
+                result,
+                batches=result.batches + 1,
+                **{current.kind: getattr(result, current.kind) + deleted},
+            )
+            if progress is not None:
+                progress(result)
+            if len(rows) < room:
+                break
+    return _finish(result, alias)
+
+
+@dataclass(frozen=True)
+class _Pass:
+    kind: str  # the PurgeResult field that counts it
+    condition: Q
+    order_field: str  # an indexed column, walked in (order_field, pk) order
+
+    def page(
+        self, base: QuerySet[IdempotencyRecord], cursor: tuple[datetime, int] | None
+    ) -> QuerySet[Any]:
+        """The rows to consider after ``cursor`` (keyset pagination), as ``(pk, order)``."""
+        rows = base.filter(self.condition)
+        if cursor is not None:
+            after, pk = cursor
+            # ``>=`` bounds the index scan, so that a page starts where the last one stopped
+            # rather than at the start of the range (over rows a dry run left, or the dead
+            # index entries of the rows already deleted); the ``OR`` breaks the ties.
+            rows = rows.filter(
+                Q(**{f"{self.order_field}__gte": after}),
+                Q(**{f"{self.order_field}__gt": after})
+                | Q(**{self.order_field: after, "pk__gt": pk}),
+            )
+        return rows.order_by(self.order_field, "pk").values_list("pk", self.order_field)
+
+
+def _delete(alias: str, pks: list[int], condition: Q) -> int:
+    """One short ``DELETE`` by primary key that re-checks ``condition`` on every row."""
+    records: QuerySet[IdempotencyRecord] = IdempotencyRecord.objects.using(alias).filter(
+        condition, pk__in=pks
+    )
+    connection = connections[alias]
+    if connection.vendor != "mysql":
+        # ``_raw_delete``: one statement, whatever receivers of Django's delete signals exist.
+        # ``QuerySet.delete()`` would turn into a read and an unconditional delete by pk when
+        # someone listens to pre_delete/post_delete, losing the re-check.
+        return records._raw_delete(alias)
+    # MySQL/MariaDB plan ``id IN (…)`` on a table they think small as a full scan, and in
+    # InnoDB a scanning DELETE waits for every row another transaction holds (a claim's
+    # uncommitted insert) while it holds the rows it already deleted: claims of those keys
+    # then wait for it, or deadlock with it. Pin the primary key.
+    query = records.query
+    where, params = query.get_compiler(alias).compile(query.where)
+    table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE {table} FROM {table} FORCE INDEX (PRIMARY) WHERE {where}", params)
+        return int(cursor.rowcount)
+
+
+def _finish(result: PurgeResult, alias: str) -> PurgeResult:
+    if not result.dry_run:
+        purged.send(IdempotencyRecord, expired=result.expired, stale=result.stale, using=alias)
+        if result.total:
+            logger.info(
+                "Idempotency purge deleted %d expired and %d stale in-progress records.",
+                result.expired,
+                result.stale,
+            )
+    return result
+
+
+def parse_duration(text: str) -> timedelta:
+    """``"7d"``, ``"12h"``, ``"30m"``, ``"45s"``, ``"2w"``, or several at once: ``"1d12h"``."""
+    value = text.strip().lower()
+    if not _DURATION.fullmatch(value):
+        raise ValueError(
+            f"{text!r} is not a duration: give a number and a unit, e.g. 7d, 12h, 30m or 45s "
+            "(units w, d, h, m, s; combined as in 1d12h)"
+        )
+    return timedelta(
+        seconds=sum(int(number) * _UNITS[unit] for number, unit in _PART.findall(value))
+    )
+
+
+def describe(result: PurgeResult) -> str:
+    """One line for people: what was (or would be) deleted."""
+    verb = "Would delete" if result.dry_run else "Deleted"
+    line = (
+        f"{verb} {result.expired} expired record{_s(result.expired)} and "
+        f"{result.stale} stale in-progress record{_s(result.stale)}"
+    )
+    if result.dry_run:
+        line += " (dry run: nothing was deleted)"
+    return line + "."
+
+
+def _s(count: int) -> str:
+    return "" if count == 1 else "s"

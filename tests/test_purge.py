@@ -1,0 +1,817 @@
+"""The purge: ``idempotency_django.purge.purge_records`` and ``manage.py purge_idempotency_keys``.
+
+The first part runs on every database; the concurrency part (purge and claims at once, on
+separate connections) on PostgreSQL and MariaDB.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import CommandError, call_command
+from django.db import DatabaseError, connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from idempotency_django import engine, purge
+from idempotency_django.management.commands.purge_idempotency_keys import Command
+from idempotency_django.models import IdempotencyRecord
+from idempotency_django.purge import PurgeResult, parse_duration, purge_records
+from tests.e2e.server import REPO_ROOT, example_env
+from tests.factories import IdempotencyRecordFactory
+
+State = IdempotencyRecord.State
+HOUR = timedelta(hours=1)
+FINGERPRINT = "0" * 64
+
+
+def expired(ago: timedelta = HOUR, **kwargs: Any) -> IdempotencyRecord:
+    """A completed record whose TTL ran out ``ago``."""
+    now = timezone.now()
+    return IdempotencyRecordFactory.completed(
+        created_at=now - ago - timedelta(days=1), expires_at=now - ago, **kwargs
+    )
+
+
+def live(**kwargs: Any) -> IdempotencyRecord:
+    return IdempotencyRecordFactory.completed(**kwargs)
+
+
+def in_progress(lease_lapsed: timedelta | None = None, **kwargs: Any) -> IdempotencyRecord:
+    """An in-progress record: its lease is live, or lapsed ``lease_lapsed`` ago."""
+    now = timezone.now()
+    lease = now + timedelta(seconds=10) if lease_lapsed is None else now - lease_lapsed
+    return IdempotencyRecordFactory(lease_expires_at=lease, **kwargs)
+
+
+def bulk_expired(count: int, prefix: str = "exp") -> list[IdempotencyRecord]:
+    now = timezone.now()
+    return IdempotencyRecord.objects.bulk_create(
+        IdempotencyRecord(
+            account="1",
+            endpoint="POST /effect/",
+            key=f"{prefix}-{index}",
+            fingerprint=FINGERPRINT,
+            state=State.COMPLETED,
+            token=f"{index:032x}",
+            response_status=201,
+            response_body=b"{}",
+            created_at=now - timedelta(days=2),
+            completed_at=now - timedelta(days=2),
+            # Distinct, ordered expiry times: the purge walks them in this order.
+            expires_at=now - HOUR - timedelta(milliseconds=count - index),
+        )
+        for index in range(count)
+    )
+
+
+def keys() -> set[str]:
+    return set(IdempotencyRecord.objects.values_list("key", flat=True))
+
+
+def deletes(queries: CaptureQueriesContext) -> list[str]:
+    return [q["sql"] for q in queries.captured_queries if q["sql"].upper().startswith("DELETE")]
+
+
+def in_list_size(sql: str) -> int:
+    """How many values the (one) ``IN (…)`` list of ``sql`` holds."""
+    start = sql.index(" IN (") + len(" IN (")
+    return sql[start : sql.index(")", start)].count(",") + 1
+
+
+def claim_options(**kwargs: Any) -> engine.Options:
+    values: dict[str, Any] = {
+        "alias": "default",
+        "lease": 10.0,
+        "ttl": 86400.0,
+        "in_flight": "conflict",
+        "wait_seconds": 0.0,
+        "retry_after": 1,
+        **kwargs,
+    }
+    return engine.Options(**values)
+
+
+def scope_of(record: IdempotencyRecord) -> engine.Scope:
+    return engine.Scope(record.account, record.endpoint, record.key)
+
+
+@pytest.fixture
+def purged_reports() -> Iterator[list[dict[str, Any]]]:
+    reports: list[dict[str, Any]] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        reports.append({"sender": sender, **kwargs})
+
+    purge.purged.connect(receiver)
+    yield reports
+    purge.purged.disconnect(receiver)
+
+
+# --- purge_records ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_deletes_expired_records_and_keeps_live_ones() -> None:
+    old = [expired(key="old-1"), expired(timedelta(days=30), key="old-2")]
+    keep = [live(key="live"), in_progress(key="running")]
+
+    result = purge_records()
+
+    assert result == PurgeResult(expired=2, stale=0, batches=1)
+    assert keys() == {record.key for record in keep}
+    assert not {record.key for record in old} & keys()
+
+
+@pytest.mark.django_db
+def test_a_record_whose_view_still_runs_is_kept_even_past_its_ttl() -> None:
+    now = timezone.now()
+    running = in_progress(key="running", expires_at=now - HOUR)
+    dead = in_progress(timedelta(seconds=5), key="dead", expires_at=now - HOUR)
+
+    result = purge_records()
+
+    assert result.expired == 1
+    assert keys() == {running.key}
+    assert dead.key not in keys()
+
+
+@pytest.mark.django_db
+def test_older_than_keeps_recently_expired_records() -> None:
+    expired(timedelta(hours=2), key="two-hours")
+    expired(timedelta(days=2), key="two-days")
+
+    assert purge_records(older_than=timedelta(days=1)).expired == 1
+    assert keys() == {"two-hours"}
+
+
+@pytest.mark.django_db
+def test_deletes_in_batches_by_primary_key_each_re_checking_the_expiry() -> None:
+    bulk_expired(25)
+    live(key="live")
+    seen: list[PurgeResult] = []
+
+    with CaptureQueriesContext(connection) as queries:
+        result = purge_records(batch_size=10, progress=seen.append)
+
+    assert result.expired == 25
+    assert result.batches == 3
+    assert [report.expired for report in seen] == [10, 20, 25]
+    statements = deletes(queries)
+    assert len(statements) == 3
+    # One bounded statement per batch: by primary key, with the conditions re-checked.
+    assert [in_list_size(sql) for sql in statements] == [10, 10, 5]
+    assert all("expires_at" in sql for sql in statements)
+    assert keys() == {"live"}
+
+
+@pytest.mark.django_db
+def test_each_batch_reads_a_bounded_page_in_index_order() -> None:
+    bulk_expired(7)
+
+    with CaptureQueriesContext(connection) as queries:
+        purge_records(batch_size=3, include_stale=False)
+
+    reads = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT")]
+    assert len(reads) == 3
+    for sql in reads:
+        assert "response_body" not in sql  # reads the pk and the expiry, nothing more
+        assert "ORDER BY" in sql
+        assert sql.endswith("LIMIT 3")
+    # After the first page, each one starts where the previous one stopped (keyset), with
+    # a bound the index scan can start from.
+    assert not re.search(r"expires_at[\"`]? >= ", reads[0])
+    assert all(re.search(r"expires_at[\"`]? >= ", sql) for sql in reads[1:])
+
+
+@pytest.mark.django_db
+def test_dry_run_counts_and_deletes_nothing(purged_reports: list[dict[str, Any]]) -> None:
+    bulk_expired(12)
+    in_progress(timedelta(hours=2), key="stale")
+    live(key="live")
+    before = keys()
+
+    with CaptureQueriesContext(connection) as queries:
+        result = purge_records(dry_run=True, batch_size=5)
+
+    assert result == PurgeResult(expired=12, stale=1, batches=4, dry_run=True)
+    assert keys() == before
+    assert deletes(queries) == []
+    assert purged_reports == []
+
+
+@pytest.mark.django_db
+def test_limit_stops_the_purge_and_says_whether_more_is_left() -> None:
+    bulk_expired(25)
+
+    first = purge_records(batch_size=5, limit=12)
+    assert (first.expired, first.limit_reached) == (12, True)
+    assert len(keys()) == 13
+
+    second = purge_records(batch_size=5, limit=13)
+    assert (second.expired, second.limit_reached) == (13, False)
+    assert keys() == set()
+
+
+@pytest.mark.django_db
+def test_limit_counts_stale_records_after_expired_ones() -> None:
+    bulk_expired(3)
+    in_progress(timedelta(hours=2), key="stale")
+
+    result = purge_records(limit=3)
+
+    assert (result.expired, result.stale, result.limit_reached) == (3, 0, True)
+    assert keys() == {"stale"}
+
+
+@pytest.mark.django_db
+def test_stale_in_progress_records_are_purged_and_counted_apart() -> None:
+    in_progress(timedelta(hours=2), key="abandoned")
+    in_progress(timedelta(minutes=10), key="lapsed-recently")
+    in_progress(key="running")
+    expired(key="expired")
+    live(key="completed")
+
+    result = purge_records()
+
+    assert (result.expired, result.stale) == (1, 1)
+    assert keys() == {"lapsed-recently", "running", "completed"}
+
+
+@pytest.mark.django_db
+def test_stale_age_comes_from_the_setting_or_the_argument(settings: Any) -> None:
+    in_progress(timedelta(minutes=10), key="ten-minutes")
+    in_progress(timedelta(minutes=2), key="two-minutes")
+
+    settings.IDEMPOTENCY = {"STALE_IN_PROGRESS_SECONDS": 5 * 60}
+    assert purge_records().stale == 1
+    assert keys() == {"two-minutes"}
+
+    assert purge_records(stale_after=timedelta(minutes=1)).stale == 1
+    assert keys() == set()
+
+
+@pytest.mark.django_db
+def test_include_stale_false_leaves_in_progress_records_alone() -> None:
+    in_progress(timedelta(hours=2), key="abandoned")
+
+    assert purge_records(include_stale=False).stale == 0
+    assert keys() == {"abandoned"}
+
+
+@pytest.mark.django_db
+def test_a_record_both_expired_and_stale_is_counted_once() -> None:
+    in_progress(timedelta(hours=2), key="both", expires_at=timezone.now() - HOUR)
+
+    assert purge_records(dry_run=True) == PurgeResult(expired=1, batches=1, dry_run=True)
+    assert purge_records() == PurgeResult(expired=1, batches=1)
+
+
+@pytest.mark.django_db
+def test_queryset_restricts_the_purge() -> None:
+    expired(key="mine", account="7")
+    expired(key="theirs", account="8")
+
+    result = purge_records(queryset=IdempotencyRecord.objects.filter(account="7"))
+
+    assert result.expired == 1
+    assert keys() == {"theirs"}
+
+
+@pytest.mark.django_db
+def test_a_key_taken_over_between_read_and_delete_is_not_deleted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The DELETE re-checks: a retry that took an expired key over in between keeps it."""
+    records = bulk_expired(3)
+    target = records[1]
+    delete = purge._delete
+    claims: list[engine.Claim] = []
+
+    def take_over_then_delete(alias: str, pks: list[int], condition: Any) -> int:
+        assert target.pk in pks  # the purge read it as expired
+        claim = engine.begin(scope_of(target), FINGERPRINT, claim_options())
+        assert isinstance(claim, engine.Claim)
+        claims.append(claim)
+        return delete(alias, pks, condition)
+
+    monkeypatch.setattr(purge, "_delete", take_over_then_delete)
+    result = purge_records()
+
+    assert result.expired == 2
+    survivor = IdempotencyRecord.objects.get()
+    assert survivor.key == target.key
+    assert (survivor.state, survivor.token) == (State.IN_PROGRESS, claims[0].token)
+
+
+@pytest.mark.django_db
+def test_a_lease_renewed_between_read_and_delete_is_not_deleted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    record = in_progress(timedelta(seconds=5), key="revived", expires_at=timezone.now() - HOUR)
+    delete = purge._delete
+
+    def renew_then_delete(alias: str, pks: list[int], condition: Any) -> int:
+        IdempotencyRecord.objects.filter(pk=record.pk).update(
+            lease_expires_at=timezone.now() + timedelta(seconds=10)
+        )
+        return delete(alias, pks, condition)
+
+    monkeypatch.setattr(purge, "_delete", renew_then_delete)
+
+    assert purge_records().expired == 0
+    assert keys() == {"revived"}
+
+
+@pytest.mark.django_db
+def test_batches_fit_the_databases_limits() -> None:
+    """SQLite takes at most 999 parameters; MariaDB plans an IN list of 1000 values or more
+    as a join, which a DELETE runs as a table scan."""
+    bulk_expired(1200)
+
+    with CaptureQueriesContext(connection) as queries:
+        result = purge_records(batch_size=5000)
+
+    assert result.expired == 1200
+    sizes = [in_list_size(sql) for sql in deletes(queries)]
+    assert sum(sizes) == 1200
+    if connection.vendor == "postgresql":
+        assert sizes == [1200]
+    else:
+        assert max(sizes) < 1000
+        assert len(sizes) == 2
+
+
+@pytest.mark.django_db
+def test_purged_signal_reports_the_counts(purged_reports: list[dict[str, Any]]) -> None:
+    expired()
+    expired()
+    in_progress(timedelta(hours=2))
+
+    purge_records()
+    purge_records()
+
+    assert [(r["sender"], r["expired"], r["stale"], r["using"]) for r in purged_reports] == [
+        (IdempotencyRecord, 2, 1, "default"),
+        (IdempotencyRecord, 0, 0, "default"),
+    ]
+
+
+@pytest.mark.django_db
+def test_result_as_dict() -> None:
+    expired()
+    assert purge_records().as_dict() == {
+        "expired": 1,
+        "stale": 0,
+        "total": 1,
+        "batches": 1,
+        "dry_run": False,
+        "limit_reached": False,
+    }
+
+
+@pytest.mark.django_db
+def test_inside_a_transaction_the_purge_warns(caplog: pytest.LogCaptureFixture) -> None:
+    # pytest-django's ``db`` runs each test inside a transaction.
+    assert connection.in_atomic_block
+    with caplog.at_level(logging.WARNING, logger="idempotency_django"):
+        purge_records()
+    assert "inside an open transaction" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"older_than": timedelta(seconds=-1)}, "older_than must not be negative"),
+        ({"stale_after": timedelta(seconds=-1)}, "stale_after must not be negative"),
+        ({"batch_size": 0}, "batch_size must be a positive integer"),
+        ({"limit": 0}, "limit must be a positive integer"),
+    ],
+)
+def test_bad_arguments_raise_value_error(arguments: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        purge_records(**arguments)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("PURGE_BATCH_SIZE", 0),
+        ("PURGE_BATCH_SIZE", "1000"),
+        ("PURGE_BATCH_SIZE", True),
+        ("STALE_IN_PROGRESS_SECONDS", -1),
+        ("STALE_IN_PROGRESS_SECONDS", "1h"),
+    ],
+)
+def test_bad_settings_raise_improperly_configured(settings: Any, setting: str, value: Any) -> None:
+    settings.IDEMPOTENCY = {setting: value}
+    with pytest.raises(ImproperlyConfigured, match=setting):
+        purge_records()
+
+
+def test_settings_defaults(settings: Any) -> None:
+    settings.IDEMPOTENCY = {}
+    assert purge.batch_size_setting() == 500
+    assert purge.stale_after_setting() == timedelta(hours=1)
+    settings.IDEMPOTENCY = {"PURGE_BATCH_SIZE": 250, "STALE_IN_PROGRESS_SECONDS": 90.5}
+    assert purge.batch_size_setting() == 250
+    assert purge.stale_after_setting() == timedelta(seconds=90.5)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("7d", timedelta(days=7)),
+        ("12h", timedelta(hours=12)),
+        ("30m", timedelta(minutes=30)),
+        ("45s", timedelta(seconds=45)),
+        ("2w", timedelta(weeks=2)),
+        ("1d12h", timedelta(days=1, hours=12)),
+        (" 0S ", timedelta(0)),
+    ],
+)
+def test_parse_duration(text: str, expected: timedelta) -> None:
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "7", "d", "7x", "-1d", "1.5h", "7 d", "h12"])
+def test_parse_duration_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="is not a duration"):
+        parse_duration(text)
+
+
+# --- the management command ------------------------------------------------------------------
+
+
+def run(*args: str, verbosity: int = 1) -> str:
+    out = StringIO()
+    call_command("purge_idempotency_keys", *args, stdout=out, verbosity=verbosity)
+    return out.getvalue()
+
+
+@pytest.mark.django_db
+def test_command_deletes_and_prints_a_summary() -> None:
+    bulk_expired(3)
+    in_progress(timedelta(hours=2), key="stale")
+    live(key="live")
+
+    output = run()
+
+    assert "Deleted 3 expired records and 1 stale in-progress record." in output
+    assert keys() == {"live"}
+
+
+@pytest.mark.django_db
+def test_command_dry_run() -> None:
+    bulk_expired(1)
+
+    output = run("--dry-run")
+
+    assert "Would delete 1 expired record and 0 stale in-progress records" in output
+    assert "dry run: nothing was deleted" in output
+    assert len(keys()) == 1
+
+
+@pytest.mark.django_db
+def test_command_options_reach_the_purge() -> None:
+    expired(timedelta(hours=2), key="two-hours")
+    expired(timedelta(days=2), key="two-days")
+    in_progress(timedelta(minutes=20), key="twenty-minutes")
+
+    output = run("--older-than", "1d", "--stale-after", "10m")
+
+    assert "Deleted 1 expired record and 1 stale in-progress record." in output
+    assert keys() == {"two-hours"}
+
+
+@pytest.mark.django_db
+def test_command_limit_says_more_is_left() -> None:
+    bulk_expired(5)
+
+    output = run("--limit", "2", "--batch-size", "1")
+
+    assert "Deleted 2 expired records" in output
+    assert "Stopped at --limit 2: more records are left to purge." in output
+    assert len(keys()) == 3
+
+
+@pytest.mark.django_db
+def test_command_prints_progress_per_batch_at_verbosity_2() -> None:
+    bulk_expired(5)
+
+    output = run("--batch-size", "2", verbosity=2)
+
+    progress = [line for line in output.splitlines() if line.startswith("…")]
+    assert len(progress) == 3
+    assert "3 batches, deleted 5 expired and 0 stale in-progress records so far" in progress[-1]
+
+
+@pytest.mark.django_db
+def test_command_prints_progress_on_long_runs_at_verbosity_1(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bulk_expired(4)
+    assert not [line for line in run("--batch-size", "2").splitlines() if line.startswith("…")]
+
+    bulk_expired(4)
+    # A "long run": every batch ends later than the progress interval.
+    monkeypatch.setattr(Command, "progress_interval", 0.0)
+    output = run("--batch-size", "2", "--dry-run")
+    progress = [line for line in output.splitlines() if line.startswith("…")]
+    assert len(progress) == 2
+    assert "2 batches, would delete 4 expired and 0 stale in-progress records" in progress[1]
+
+
+@pytest.mark.django_db
+def test_command_is_silent_at_verbosity_0() -> None:
+    bulk_expired(2)
+    assert run(verbosity=0) == ""
+    assert keys() == set()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--older-than", "7"], "argument --older-than: '7' is not a duration"),
+        (["--stale-after", "soon"], "argument --stale-after: 'soon' is not a duration"),
+        (["--batch-size", "0"], "argument --batch-size: must be a positive integer, not '0'"),
+        (["--limit", "many"], "argument --limit: must be a positive integer, not 'many'"),
+        (["--database", "nope"], "Unknown database 'nope'"),
+    ],
+)
+def test_command_bad_arguments_raise_command_error(args: list[str], message: str) -> None:
+    with pytest.raises(CommandError, match=message):
+        run(*args)
+
+
+def test_command_bad_setting_raises_command_error(settings: Any) -> None:
+    settings.IDEMPOTENCY = {"PURGE_BATCH_SIZE": "lots"}
+    with pytest.raises(CommandError, match="PURGE_BATCH_SIZE must be a positive integer"):
+        run()
+
+
+@pytest.mark.django_db
+def test_command_database_error_fails_and_says_what_was_done(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bulk_expired(5)
+    delete = purge._delete
+    calls = []
+
+    def fail_second_batch(alias: str, pks: list[int], condition: Any) -> int:
+        calls.append(pks)
+        if len(calls) == 2:
+            raise DatabaseError("the database went away")
+        return delete(alias, pks, condition)
+
+    monkeypatch.setattr(purge, "_delete", fail_second_batch)
+
+    with pytest.raises(CommandError) as raised:
+        run("--batch-size", "2")
+
+    message = str(raised.value)
+    assert "Purge stopped after 1 batch: the database went away." in message
+    assert "Deleted 2 expired records" in message
+    assert len(keys()) == 3  # the first batch committed on its own
+
+
+def test_command_exit_status_from_the_command_line(tmp_path: Path) -> None:
+    """A real project runs it: exit status 0 on success, 1 with the message on bad input."""
+    env = example_env(f"sqlite:///{tmp_path / 'example.sqlite3'}")
+
+    def manage(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    migrated = manage("migrate", "-v", "0")
+    assert migrated.returncode == 0, migrated.stderr
+    ok = manage("purge_idempotency_keys")
+    assert ok.returncode == 0, ok.stderr
+    assert "Deleted 0 expired records and 0 stale in-progress records." in ok.stdout
+    usage = manage("purge_idempotency_keys", "--older-than", "7")
+    assert usage.returncode == 2  # argparse's status for a usage error
+    assert "'7' is not a duration" in usage.stderr
+    failed = manage("purge_idempotency_keys", "--database", "nope")
+    assert failed.returncode == 1
+    assert "CommandError: Unknown database 'nope'." in failed.stderr
+
+
+# --- concurrently with claims (PostgreSQL, MariaDB) --------------------------------------------
+
+
+@contextmanager
+def lock_waits_limited(seconds: int) -> Iterator[None]:
+    """Make a lock wait longer than ``seconds`` fail the statement on this connection."""
+    if connection.vendor == "postgresql":
+        setting, value = "lock_timeout", f"'{seconds}s'"
+    else:
+        setting, value = "SESSION innodb_lock_wait_timeout", str(seconds)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET {setting} = {value}")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET {setting} = DEFAULT")
+
+
+def open_write_transaction() -> bool:
+    """Whether this connection is inside a transaction that has written something."""
+    if connection.in_atomic_block or not connection.get_autocommit():
+        return True
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_current_xact_id_if_assigned() IS NOT NULL")
+        else:
+            cursor.execute(
+                "SELECT COUNT(*) > 0 FROM information_schema.innodb_trx "
+                "WHERE trx_mysql_thread_id = CONNECTION_ID()"
+            )
+        return bool(cursor.fetchone()[0])
+
+
+def in_thread(target: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """Run ``target`` in a thread with its own connection; its result or exception lands in
+    the returned list."""
+    outcome: list[Any] = []
+
+    def run_it() -> None:
+        try:
+            outcome.append(target())
+        except BaseException as exc:
+            outcome.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run_it)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.mark.concurrency
+@pytest.mark.django_db(transaction=True)
+def test_between_batches_the_purge_holds_nothing_and_claims_go_through() -> None:
+    """Paused between two batches, the purge has no open transaction: a claim on a key it
+    is about to delete neither waits (a lock wait over 1 s would fail it) nor loses its
+    record when the purge goes on."""
+    records = bulk_expired(30)
+    later = records[25]  # in the last batch
+    pauses: list[bool] = []
+    claims: list[Any] = []
+
+    def between_batches(result: PurgeResult) -> None:
+        if result.batches != 1:
+            return
+        pauses.append(open_write_transaction())
+
+        def claim() -> Any:
+            with lock_waits_limited(1):
+                started = time.monotonic()
+                outcome = engine.begin(scope_of(later), FINGERPRINT, claim_options())
+                return outcome, time.monotonic() - started
+
+        thread, outcome = in_thread(claim)
+        thread.join(30)
+        claims.extend(outcome)
+
+    result = purge_records(batch_size=10, progress=between_batches)
+
+    assert pauses == [False]
+    assert len(claims) == 1
+    claim, seconds = claims[0]
+    assert isinstance(claim, engine.Claim)
+    assert seconds < 2
+    assert result.expired == 29
+    survivor = IdempotencyRecord.objects.get()
+    assert (survivor.key, survivor.token, survivor.state) == (
+        later.key,
+        claim.token,
+        State.IN_PROGRESS,
+    )
+
+
+@pytest.mark.concurrency
+@pytest.mark.django_db(transaction=True)
+def test_claims_during_a_purge_are_not_blocked_and_keep_their_records() -> None:
+    """Claims hammer the keys the purge is deleting, on their own connections, from before
+    its first batch to after its last: none waits on a lock for more than 1 s (the database
+    would fail it) or takes over 2 s, and every claimed record survives the purge."""
+    total = 2000
+    clients = 3
+    started_at = timezone.now()
+    bulk_expired(total)
+    keep = live(key="live")
+    barrier = threading.Barrier(clients + 1, timeout=30)
+    purge_done = threading.Event()
+    claims_started = threading.Semaphore(0)
+
+    def client(index: int) -> list[tuple[str, Any, float]]:
+        with lock_waits_limited(1):
+            return claim_keys(index)
+
+    def claim_keys(index: int) -> list[tuple[str, Any, float]]:
+        barrier.wait()
+        done = []
+        # Each client walks its share of the keys from the last the purge deletes to the
+        # first, so that claims and batches meet on the same rows; then fresh keys, until
+        # the purge is over.
+        for number in range(total - 1 - index, -10 * total, -clients):
+            if purge_done.is_set() and number < 0:
+                return done
+            key = f"exp-{number}" if number >= 0 else f"fresh-{-number}"
+            scope = engine.Scope("1", "POST /effect/", key)
+            started = time.monotonic()
+            outcome = engine.begin(scope, FINGERPRINT, claim_options())
+            done.append((key, outcome, time.monotonic() - started))
+            if len(done) == 5:
+                claims_started.release()
+        return done
+
+    threads = [in_thread(lambda i=i: client(i)) for i in range(clients)]
+
+    def after_each_batch(result: PurgeResult) -> None:
+        if result.batches == 1:  # the claims are under way before the purge goes on
+            for _ in range(clients):
+                assert claims_started.acquire(timeout=30)
+
+    barrier.wait()
+    try:
+        result = purge_records(batch_size=50, progress=after_each_batch)
+    finally:
+        purge_done.set()
+        for thread, _ in threads:
+            thread.join(60)
+
+    outcomes = [outcome for _, outcome in threads]
+    assert all(len(outcome) == 1 and isinstance(outcome[0], list) for outcome in outcomes), [
+        outcome[0] for outcome in outcomes if not isinstance(outcome[0], list)
+    ]
+    claims = [claim for outcome in outcomes for claim in outcome[0]]
+    assert all(isinstance(outcome, engine.Claim) for _, outcome, _ in claims)
+    slowest = max(seconds for _, _, seconds in claims)
+    assert slowest < 2, slowest
+
+    # Every claimed record is there, still owned by its claim; nothing expired is left.
+    tokens = dict(IdempotencyRecord.objects.values_list("key", "token"))
+    claimed_expired = {key for key, _, _ in claims if key.startswith("exp-")}
+    assert claimed_expired  # the claims did meet the purge's keys
+    for key, claim, _ in claims:
+        assert tokens.get(key) == claim.token, key
+    assert tokens[keep.key] == keep.token
+    assert not IdempotencyRecord.objects.filter(expires_at__lt=started_at).exists()
+    # Each expired record was either deleted by the purge or taken over by a claim first.
+    assert result.expired + len(claimed_expired) >= total
+    assert result.expired <= total
+    assert set(tokens) == {keep.key} | {key for key, _, _ in claims}
+
+
+@pytest.mark.concurrency
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_held_open_in_atomic_mode_does_not_block_the_purge() -> None:
+    """An atomic-mode claim keeps its row uncommitted while its view runs. The purge's
+    DELETEs go by primary key, so they never wait for it (a DELETE that scanned the table
+    would, on MariaDB, while holding the rows it had deleted)."""
+    bulk_expired(60)
+    claimed = threading.Event()
+    release = threading.Event()
+
+    def hold_a_claim() -> Any:
+        scope = engine.Scope("1", "POST /effect/", "held")
+        with transaction.atomic():
+            claim = engine.begin(scope, FINGERPRINT, claim_options())
+            claimed.set()
+            release.wait(30)
+        return claim
+
+    thread, outcome = in_thread(hold_a_claim)
+    try:
+        assert claimed.wait(30)
+        with lock_waits_limited(1):
+            result = purge_records(batch_size=50)
+    finally:
+        release.set()
+        thread.join(30)
+
+    assert result.expired == 60
+    assert isinstance(outcome[0], engine.Claim)
+    assert keys() == {"held"}
