@@ -227,10 +227,23 @@ class _Pass:
 
 def _delete(alias: str, pks: list[int], condition: Q) -> int:
     """One short ``DELETE`` by primary key that re-checks ``condition`` on every row."""
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        # The batch's keys as one array parameter: building and parsing ``IN (%s, …)`` with
+        # hundreds of placeholders was most of the purge's time (3-4x slower, measured).
+        matching = IdempotencyRecord.objects.using(alias).filter(condition).query
+        where, params = matching.get_compiler(alias).compile(matching.where)
+        table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
+        pk = connection.ops.quote_name("id")
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"DELETE FROM {table} WHERE {table}.{pk} = ANY(%s::bigint[]) AND ({where})",
+                [pks, *params],
+            )
+            return int(cursor.rowcount)
     records: QuerySet[IdempotencyRecord] = IdempotencyRecord.objects.using(alias).filter(
         condition, pk__in=pks
     )
-    connection = connections[alias]
     if connection.vendor != "mysql":
         # ``_raw_delete``: one statement, whatever receivers of Django's delete signals exist.
         # ``QuerySet.delete()`` would turn into a read and an unconditional delete by pk when

@@ -87,7 +87,11 @@ def deletes(queries: CaptureQueriesContext) -> list[str]:
 
 
 def in_list_size(sql: str) -> int:
-    """How many values the (one) ``IN (…)`` list of ``sql`` holds."""
+    """How many values the (one) ``IN (…)`` list of ``sql`` holds (on PostgreSQL the keys
+    are one array: ``= ANY('{1,2,3}'::bigint[])``)."""
+    if " = ANY('{" in sql:
+        start = sql.index(" = ANY('{") + len(" = ANY('{")
+        return sql[start : sql.index("}", start)].count(",") + 1
     start = sql.index(" IN (") + len(" IN (")
     return sql[start : sql.index(")", start)].count(",") + 1
 

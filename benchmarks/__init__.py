@@ -1,0 +1,1 @@
+"""Benchmarks and the fault-injection soak of idempotency_django (see ``README.md`` here)."""

@@ -1,0 +1,28 @@
+"""Benchmark settings: the example project's, plus a cheap header authentication and the
+benchmark URLs. Only for ``benchmarks/run.py``.
+
+- Every scenario authenticates the same cheap way: ``X-Bench-User`` names a user, resolved
+  once per process (no password hash per request), so that what is measured is our cost.
+- Persistent database connections (``CONN_MAX_AGE``), as a production deployment has: a
+  new connection per request would add the same large constant to every scenario and hide
+  the cost of the app behind it.
+- ``DEBUG`` off (Django would keep every query in memory).
+"""
+
+from __future__ import annotations
+
+from example_project.settings import *  # noqa: F403
+from example_project.settings import DATABASES, MIDDLEWARE
+
+DEBUG = False
+ROOT_URLCONF = "benchmarks.benchproject.urls"
+MIDDLEWARE = [*MIDDLEWARE, "benchmarks.benchproject.auth.BenchUserMiddleware"]
+DATABASES["default"]["CONN_MAX_AGE"] = 600
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"idempotency_django": {"handlers": ["console"], "level": "WARNING"}},
+}

@@ -1,0 +1,90 @@
+"""What the server saw, for the soak: every idempotency signal and warning, one JSON line each.
+
+Each worker process appends to ``$SOAK_EVENTS_DIR/events-<pid>.jsonl`` with ``O_APPEND``
+writes of one line, so a worker killed with SIGKILL loses nothing it had written. Nothing
+here changes what the example does: it only listens.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from functools import partial
+from typing import Any
+
+from django.dispatch import Signal
+
+SIGNALS = (
+    "claimed",
+    "replayed",
+    "in_flight",
+    "mismatch",
+    "released",
+    "lease_taken_over",
+    "completion_lost",
+    "store_unavailable",
+)
+
+_fds: dict[int, int] = {}
+
+
+def write(event: dict[str, Any]) -> None:
+    directory = os.environ.get("SOAK_EVENTS_DIR")
+    if not directory:
+        return
+    pid = os.getpid()
+    fd = _fds.get(pid)
+    if fd is None:
+        path = os.path.join(directory, f"events-{pid}.jsonl")
+        fd = _fds[pid] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    line = json.dumps({"t": time.time(), "pid": pid, **event}, default=str) + "\n"
+    os.write(fd, line.encode())
+
+
+def _on_signal(name: str, sender: Any, **kwargs: Any) -> None:
+    write(
+        {
+            "event": name,
+            "account": kwargs.get("account"),
+            "endpoint": kwargs.get("endpoint"),
+            "key": kwargs.get("key"),
+            "status": kwargs.get("status"),
+        }
+    )
+
+
+def connect() -> None:
+    from idempotency_django import signals
+
+    for name in SIGNALS:
+        signal = getattr(signals, name, None)  # signals added later are picked up too
+        if isinstance(signal, Signal):
+            signal.connect(partial(_on_signal, name), weak=False, dispatch_uid=f"soak-{name}")
+
+
+class EventLogHandler(logging.Handler):
+    """Log records as events: the message, the key if the record names one, the exception."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            error = record.exc_info[1] if record.exc_info else None
+            key = getattr(record, "idempotency_key", None)
+            request = getattr(record, "request", None)  # django.request's records have it
+            headers = getattr(request, "headers", None)
+            if key is None and headers is not None:
+                key = headers.get("Idempotency-Key")
+            write(
+                {
+                    "event": "log",
+                    "logger": record.name,
+                    "level": record.levelname,
+                    "message": record.getMessage(),
+                    "account": getattr(record, "idempotency_account", None),
+                    "key": key,
+                    "error": None if error is None else f"{type(error).__name__}: {error}",
+                }
+            )
+        except Exception:  # a logging handler must never raise
+            self.handleError(record)
