@@ -10,19 +10,20 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 import pytest
 import requests
 
 from tests.e2e.server import (
     BOB,
+    REPLAYED,
     SUPPORTED_VENDORS,
     WORKERS,
-    Outcome,
     Server,
+    assert_in_flight,
+    assert_problem,
+    charge_body,
     database_vendor,
-    new_amount,
     race_duplicates,
     retry_until,
 )
@@ -35,33 +36,7 @@ pytestmark = [
     ),
 ]
 
-REPLAYED = "Idempotent-Replayed"
-PROBLEM_JSON = "application/problem+json"
 CLIENTS = 16
-
-
-def charge_body(card: str = "tok_visa", amount: int | None = None) -> dict[str, Any]:
-    return {"amount": amount or new_amount(), "currency": "EUR", "card": card}
-
-
-def assert_problem(
-    response: requests.Response | Outcome, status: int, slug: str | None = None
-) -> dict[str, Any]:
-    """``response`` is an RFC 9457 problem of ``status`` (and of the package's ``slug``)."""
-    assert response.status_code == status, (response.status_code, response.headers, response.text)
-    assert response.headers["Content-Type"] == PROBLEM_JSON, response.headers
-    problem: dict[str, Any] = response.json()
-    assert problem["status"] == status, problem
-    if slug is not None:
-        assert problem["type"] == f"urn:idempotency-django:problem:{slug}", problem
-    return problem
-
-
-def assert_in_flight(response: requests.Response | Outcome) -> None:
-    """A 409 telling the client that the key's first request is still running."""
-    assert_problem(response, 409, "in-flight")
-    assert response.headers["Retry-After"].isdigit(), response.headers
-    assert REPLAYED not in response.headers
 
 
 def assert_replay_of(response: requests.Response, status: int, charge_id: str) -> None:
