@@ -7,10 +7,38 @@ from dataclasses import dataclass, field
 
 from django.http import HttpResponse, HttpResponseBase
 
-from idempotency_django.conf import FORBIDDEN_STORED_HEADERS, conf
+from idempotency_django.conf import conf
 from idempotency_django.exceptions import IdempotencyError
 
 ALWAYS_STORED_HEADERS = ("Content-Type", "Location")
+
+#: Headers never stored and never replayed, whatever ``STORED_HEADERS`` says (lower case).
+#: A replay goes to whoever holds the key, over another connection, maybe through other
+#: proxies: it must carry neither the first exchange's credentials and challenges nor the
+#: first connection's hop-by-hop headers (RFC 9110 §7.6.1), which would be wrong on the new
+#: connection (a stale ``Transfer-Encoding`` or ``Connection: close`` breaks the framing).
+NEVER_STORED_HEADERS = frozenset(
+    {
+        # Credentials, sessions and authentication exchanges.
+        "set-cookie",
+        "set-cookie2",
+        "cookie",
+        "authorization",
+        "www-authenticate",
+        "authentication-info",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-authentication-info",
+        # Hop-by-hop: they describe one connection, not the response.
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
 TRANSIENT_CLIENT_ERRORS = frozenset({408, 409, 425, 429})
 
 
@@ -33,14 +61,25 @@ class StoredResponse:
 
 
 def stored_header_names() -> list[str]:
+    """The allow-list (``Content-Type``, ``Location`` and ``STORED_HEADERS``), less the
+    ``NEVER_STORED_HEADERS``."""
     names = [*ALWAYS_STORED_HEADERS, *conf.STORED_HEADERS]
-    return [name for name in names if name.lower() not in FORBIDDEN_STORED_HEADERS]
+    return [name for name in names if name.lower() not in NEVER_STORED_HEADERS]
+
+
+def _connection_options(response: HttpResponseBase) -> frozenset[str]:
+    """The headers a response's ``Connection`` header names: hop-by-hop too (RFC 9110)."""
+    value = response.headers.get("Connection", "")
+    return frozenset(option.strip().lower() for option in value.split(",") if option.strip())
 
 
 def capture(response: HttpResponse) -> StoredResponse:
     """The parts of a response that a replay needs: status, body bytes, allow-listed headers."""
+    hop_by_hop = _connection_options(response)
     headers = [
-        (name, response[name]) for name in stored_header_names() if response.has_header(name)
+        (name, response[name])
+        for name in stored_header_names()
+        if response.has_header(name) and name.lower() not in hop_by_hop
     ]
     return StoredResponse(
         status=response.status_code, body=bytes(response.content), headers=headers
@@ -48,13 +87,23 @@ def capture(response: HttpResponse) -> StoredResponse:
 
 
 def replay(stored: StoredResponse) -> HttpResponse:
+    """The stored response, as a new response marked with ``REPLAY_HEADER``.
+
+    The ``NEVER_STORED_HEADERS`` are dropped here as well as at capture: a record stored
+    by an older version, or written by hand, must not replay them either.
+    """
+    headers = [(name, value) for name, value in stored.headers if _replayable(name)]
     response = HttpResponse(stored.body, status=stored.status)
-    if not any(name.lower() == "content-type" for name, _ in stored.headers):
+    if not any(name.lower() == "content-type" for name, _ in headers):
         del response["Content-Type"]
-    for name, value in stored.headers:
+    for name, value in headers:
         response[name] = value
     response[conf.REPLAY_HEADER] = "true"
     return response
+
+
+def _replayable(name: str) -> bool:
+    return name.lower() not in NEVER_STORED_HEADERS
 
 
 def problem_response(error: IdempotencyError) -> HttpResponseBase:

@@ -5,6 +5,7 @@ import json
 from typing import TYPE_CHECKING
 
 import pytest
+from django.contrib.auth.models import User
 from django.core.exceptions import BadRequest
 from django.http import HttpResponse, HttpResponseRedirect, JsonResponse
 
@@ -20,13 +21,17 @@ from idempotency_django.exceptions import (
     ResponseNotStored,
     StoreUnavailable,
 )
+from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import (
+    NEVER_STORED_HEADERS,
     StoredResponse,
     capture,
     is_definitive,
     problem_response,
     replay,
+    stored_header_names,
 )
+from tests.conftest import Post
 
 if TYPE_CHECKING:
     from pytest_django import Settings
@@ -115,6 +120,101 @@ def test_capture_never_keeps_cookies_set_with_set_cookie(settings: Settings) -> 
     stored = capture(response)
     assert stored.headers == [("Content-Type", "text/plain")]
     assert not replay(stored).cookies
+
+
+# Credentials, authentication challenges and hop-by-hop headers (RFC 9110 §7.6.1): never
+# stored and never replayed, whatever STORED_HEADERS says.
+NEVER_REPLAYED = [
+    "Set-Cookie",
+    "Cookie",
+    "Authorization",
+    "WWW-Authenticate",
+    "Proxy-Authenticate",
+    "Authentication-Info",
+    "Proxy-Authorization",
+    "Proxy-Authentication-Info",
+    "Connection",
+    "Keep-Alive",
+    "Proxy-Connection",
+    "Transfer-Encoding",
+    "Upgrade",
+    "TE",
+    "Trailer",
+]
+
+
+@pytest.mark.parametrize("name", [*NEVER_REPLAYED, "proxy-authenticate", "KEEP-ALIVE"])
+def test_capture_never_keeps_per_connection_or_auth_headers(settings: Settings, name: str) -> None:
+    settings.IDEMPOTENCY = {"STORED_HEADERS": (name, "X-Request-Id")}
+    response = HttpResponse(b"ok", content_type="text/plain")
+    response[name] = "first-exchange-only"
+    response["X-Request-Id"] = "r-1"
+
+    stored = capture(response)
+
+    assert stored.headers == [("Content-Type", "text/plain"), ("X-Request-Id", "r-1")]
+    assert name.lower() not in {header.lower() for header in stored_header_names()}
+
+
+def test_never_stored_headers_name_them_all_in_lower_case() -> None:
+    assert {name.lower() for name in NEVER_REPLAYED} <= NEVER_STORED_HEADERS
+    assert all(name == name.lower() for name in NEVER_STORED_HEADERS)
+
+
+def test_capture_drops_headers_the_connection_header_names(settings: Settings) -> None:
+    """``Connection: X-Hop`` makes ``X-Hop`` hop-by-hop for that one response."""
+    settings.IDEMPOTENCY = {"STORED_HEADERS": ("X-Hop", "X-Request-Id")}
+    response = HttpResponse(b"ok", content_type="text/plain")
+    response["Connection"] = "close, X-HOP"
+    response["X-Hop"] = "this connection only"
+    response["X-Request-Id"] = "r-1"
+
+    assert capture(response).headers == [("Content-Type", "text/plain"), ("X-Request-Id", "r-1")]
+
+
+def test_replay_drops_them_from_a_record_stored_before_they_were_forbidden() -> None:
+    """A record written by an older version (or by hand) holds them: the replay drops them."""
+    stored = StoredResponse(
+        status=201,
+        body=b"{}",
+        headers=[
+            ("Content-Type", "application/json"),
+            *((name, "stale") for name in NEVER_REPLAYED),
+            ("proxy-authenticate", "Basic"),
+            ("X-Request-Id", "r-1"),
+        ],
+    )
+
+    replayed = replay(stored)
+
+    assert dict(replayed.items()) == {
+        "Content-Type": "application/json",
+        "X-Request-Id": "r-1",
+        "Idempotent-Replayed": "true",
+    }
+    assert not replayed.cookies
+
+
+@pytest.mark.django_db
+def test_a_stored_record_replays_without_them(alice: User, post: Post, settings: Settings) -> None:
+    """Through the decorator: the record in the store holds them, the retry gets none."""
+    settings.IDEMPOTENCY = {"STORED_HEADERS": ("X-Request-Id",)}
+    first = post("/effect/", {"amount": 1})
+    record = IdempotencyRecord.objects.get()
+    record.response_headers = [
+        *record.response_headers,
+        *([name, "stale"] for name in NEVER_REPLAYED),
+    ]
+    record.save(update_fields=["response_headers"])
+
+    retry = post("/effect/", {"amount": 1})
+
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    assert retry["X-Request-Id"] == first["X-Request-Id"]
+    for name in NEVER_REPLAYED:
+        assert not retry.has_header(name), name
+    assert not retry.cookies
 
 
 # replay
