@@ -3,46 +3,24 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import inspect
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, overload
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
 from django.http import HttpRequest, HttpResponseBase
 
-from idempotency_django import engine
-from idempotency_django.protect import _UNSET, ViewOptions, aprotect, protect
+from idempotency_django.lifecycle import unprotected
+from idempotency_django.protect import (
+    _UNSET,
+    RequestTransactions,
+    aprotect,
+    options_from,
+    protect,
+)
 
 View = TypeVar("View", bound=Callable[..., Any])
-
-
-class _StoreAliasIfCommitMode:
-    """Django's ``_non_atomic_requests`` for a protected view, resolved per request.
-
-    In ``commit`` mode the claim must commit before the view runs, which
-    ``ATOMIC_REQUESTS`` would prevent; so the view opts out for the store's database and
-    ``protect`` re-opens a transaction around the view and its completion itself.
-    """
-
-    def __init__(self, options: ViewOptions, *, is_async: bool) -> None:
-        self._options = options
-        self._is_async = is_async  # async views always run in commit mode
-        self._added: set[str] = set()
-
-    def add(self, alias: str) -> None:  # what @transaction.non_atomic_requests calls
-        self._added.add(alias)
-
-    def __contains__(self, alias: object) -> bool:
-        if alias in self._added:
-            return True
-        commit = self._is_async or self._options.mode_for() == "commit"
-        return commit and alias == engine.store_alias()
-
-    def __iter__(self) -> Iterator[str]:
-        aliases = set(self._added)
-        aliases.update(alias for alias in connections if alias in self)
-        return iter(aliases)
 
 
 @overload
@@ -67,28 +45,35 @@ def idempotent(
     store_statuses: Callable[[int], bool] | Iterable[int] | str = ...,
     on_store_error: str = ...,
     on_disconnect: str = ...,
+    max_run_seconds: float = ...,
 ) -> Callable[[View], View]: ...
 
 
 def idempotent(view: Any = None, **kwargs: Any) -> Any:
     """Decorate a function view, sync or async (or, with ``method_decorator``, a class-based
     view's ``dispatch``). Keyword arguments override the ``IDEMPOTENCY`` setting for this
-    view."""
-    options = ViewOptions(**{name: value for name, value in kwargs.items() if value is not _UNSET})
+    view; each is validated as its setting is, here, naming the view."""
+    given = {name: value for name, value in kwargs.items() if value is not _UNSET}
 
     def decorator(view_func: View) -> View:
+        label = f"@idempotent on {_name(view_func)}"
+        _refuse_unsupported(view_func, label)
+        options = options_from(given, label)
+        transactions = RequestTransactions()
         wrapper: Callable[..., Any]
         if iscoroutinefunction(view_func):
-            if kwargs.get("mode") == "atomic":
+            if given.get("mode") == "atomic":
                 raise ImproperlyConfigured(
-                    f"@idempotent(mode='atomic') on async view {view_func.__qualname__}: "
-                    "Django has no async transactions; async views run in 'commit' mode."
+                    f"{label}: mode='atomic' on an async view: Django has no async "
+                    "transactions; async views run in 'commit' mode."
                 )
 
             @functools.wraps(view_func)
             async def async_wrapper(
                 request: HttpRequest, *args: Any, **kw: Any
             ) -> HttpResponseBase:
+                _require_http_request(request, label)
+
                 async def call_view() -> HttpResponseBase:
                     return await view_func(request, *args, **kw)  # type: ignore[no-any-return]
 
@@ -102,19 +87,68 @@ def idempotent(view: Any = None, **kwargs: Any) -> Any:
 
             @functools.wraps(view_func)
             def sync_wrapper(request: HttpRequest, *args: Any, **kw: Any) -> HttpResponseBase:
+                _require_http_request(request, label)
+
                 def call_view() -> HttpResponseBase:
                     return view_func(request, *args, **kw)  # type: ignore[no-any-return]
 
+                reopen = transactions.to_reopen()
                 if not options.protects(request.method):
-                    return call_view()
-                return protect(request, call_view, options)
+                    return unprotected(reopen, call_view)
+                return protect(request, call_view, options, request_transactions=reopen)
 
             wrapper = sync_wrapper
-        wrapper.__dict__["_non_atomic_requests"] = _StoreAliasIfCommitMode(
-            options, is_async=iscoroutinefunction(view_func)
-        )
+        wrapper.__dict__["_non_atomic_requests"] = transactions
         return wrapper  # type: ignore[return-value]
 
     if view is not None:
         return decorator(view)
     return decorator
+
+
+def _name(view_func: Any) -> str:
+    func = getattr(view_func, "func", view_func)  # method_decorator passes a partial
+    return str(getattr(func, "__qualname__", None) or repr(func))
+
+
+_USE_THE_MIXIN = (
+    "for Django REST framework views and viewsets, use "
+    "idempotency_django.drf.IdempotentMixin (first among the bases) instead"
+)
+
+
+def _refuse_unsupported(view_func: Any, label: str) -> None:
+    """A method decorated directly gets ``self`` where the request should be; a DRF action
+    wrapped by ``method_decorator`` gets DRF's ``Request`` after DRF's own dispatch. Say so
+    now rather than fail with an AttributeError on the first request."""
+    bound = getattr(getattr(view_func, "func", None), "__self__", None)
+    if bound is not None and _is_drf_view(bound):
+        raise ImproperlyConfigured(f"{label}: {_USE_THE_MIXIN}.")
+    try:
+        parameters = list(inspect.signature(view_func, follow_wrapped=False).parameters)
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        return
+    if parameters and parameters[0] == "self":
+        raise ImproperlyConfigured(
+            f"{label}: a method takes self before the request. Decorate a class-based view "
+            f"with method_decorator(idempotent, name='dispatch'); {_USE_THE_MIXIN}."
+        )
+
+
+def _require_http_request(request: Any, label: str) -> None:
+    # DRF's Request wraps the HttpRequest: a project that renders DRF responses itself
+    # may call a decorated function with it (see the test kit).
+    if not isinstance(request, HttpRequest) and not isinstance(
+        getattr(request, "_request", None), HttpRequest
+    ):
+        raise ImproperlyConfigured(
+            f"{label} was called with {type(request).__name__}, not an HttpRequest: "
+            f"{_USE_THE_MIXIN}."
+        )
+
+
+def _is_drf_view(obj: Any) -> bool:
+    return any(
+        klass.__module__ == "rest_framework.views" and klass.__name__ == "APIView"
+        for klass in type(obj).__mro__
+    )

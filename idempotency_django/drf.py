@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from django.http import HttpRequest, HttpResponseBase
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 from rest_framework import exceptions, views
 from rest_framework.request import Request
@@ -18,7 +19,8 @@ from rest_framework.viewsets import ModelViewSet
 
 from idempotency_django.conf import conf, resolve_callable
 from idempotency_django.exceptions import IdempotencyError
-from idempotency_django.protect import ViewOptions, protect
+from idempotency_django.lifecycle import unprotected
+from idempotency_django.protect import RequestTransactions, ViewOptions, protect
 from idempotency_django.responses import problem_response
 
 
@@ -42,6 +44,7 @@ _OPTION_ATTRIBUTES = {
     "idempotency_wait_seconds": "wait_seconds",
     "idempotency_lease_seconds": "lease_seconds",
     "idempotency_ttl_seconds": "ttl_seconds",
+    "idempotency_max_run_seconds": "max_run_seconds",
     "idempotency_fingerprint_fields": "fingerprint_fields",
     "idempotency_store_statuses": "store_statuses",
     "idempotency_on_store_error": "on_store_error",
@@ -65,9 +68,33 @@ class IdempotentMixin:
     idempotency_wait_seconds: float | None = None
     idempotency_lease_seconds: float | None = None
     idempotency_ttl_seconds: float | None = None
+    idempotency_max_run_seconds: float | None = None
     idempotency_fingerprint_fields: Iterable[str] | None = None
     idempotency_store_statuses: Callable[[int], bool] | Iterable[int] | str | None = None
     idempotency_on_store_error: str | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse, at class creation, what would silently protect nothing or fail later: the
+        mixin after ``APIView`` in the bases (DRF's flow runs first and never reaches the
+        claim), and a class attribute that its setting would refuse."""
+        super().__init_subclass__(**kwargs)
+        mro = cls.__mro__
+        if views.APIView in mro and mro.index(views.APIView) < mro.index(IdempotentMixin):
+            raise ImproperlyConfigured(
+                f"{cls.__module__}.{cls.__qualname__}: IdempotentMixin must come before "
+                "the DRF view class in the bases, e.g. "
+                "class View(IdempotentMixin, viewsets.ModelViewSet); after it, "
+                "no request is protected."
+            )
+        cls._idempotency_options(f"{cls.__qualname__} (IdempotentMixin)")
+
+    @classmethod
+    def as_view(cls, *args: Any, **kwargs: Any) -> Any:
+        """DRF's ``as_view``, opted out of ``ATOMIC_REQUESTS``: the lifecycle opens those
+        transactions again around the handler, after the claim has committed."""
+        view = super().as_view(*args, **kwargs)  # type: ignore[misc]
+        view._non_atomic_requests = RequestTransactions()
+        return view
 
     # -- hooks ------------------------------------------------------------------------------
 
@@ -87,25 +114,31 @@ class IdempotentMixin:
         default) fingerprints the canonical body (or ``idempotency_fingerprint_fields``)."""
         return None
 
-    def get_idempotency_options(self) -> ViewOptions:
-        """The options for the current request; override to vary them per action."""
+    @classmethod
+    def _idempotency_options(cls, label: str, **extra: Any) -> ViewOptions:
         values: dict[str, Any] = {
-            argument: getattr(self, attribute)
+            argument: getattr(cls, attribute)
             for attribute, argument in _OPTION_ATTRIBUTES.items()
-            if getattr(self, attribute) is not None
+            if getattr(cls, attribute) is not None
         }
         if "fingerprint_fields" in values:
             values["fingerprint_fields"] = list(values["fingerprint_fields"])
+        return ViewOptions(**values, **extra, label=label)
+
+    def get_idempotency_options(self) -> ViewOptions:
+        """The options for the current request; override to vary them per action."""
+        extra: dict[str, Any] = {}
         if (
             type(self).get_idempotency_fingerprint
             is not IdempotentMixin.get_idempotency_fingerprint
         ):
-            values["fingerprint"] = self.get_idempotency_fingerprint
-        return ViewOptions(
+            extra["fingerprint"] = self.get_idempotency_fingerprint
+        return self._idempotency_options(
+            f"{type(self).__qualname__} (IdempotentMixin)",
             account=self.get_idempotency_account,
             endpoint=self.get_idempotency_endpoint,
             key=self.get_idempotency_key,
-            **values,
+            **extra,
         )
 
     def idempotency_applies(self, request: Request, options: ViewOptions) -> bool:
@@ -132,35 +165,39 @@ class IdempotentMixin:
 
     # -- flow -------------------------------------------------------------------------------
 
-    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        """DRF's ``APIView.dispatch``, with the claim between ``initial()`` (authentication,
-        permissions, throttles) and the handler."""
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        """After DRF's authentication, permissions and throttles, put the protected handler
+        in place of the one DRF's ``dispatch`` is about to call (the way viewsets bind their
+        actions, on the instance that serves this one request)."""
+        super().initial(request, *args, **kwargs)  # type: ignore[misc]
         view: Any = self
-        view.args = args
-        view.kwargs = kwargs
-        drf_request = view.initialize_request(request, *args, **kwargs)
-        view.request = drf_request
-        view.headers = view.default_response_headers
-        try:
-            view.initial(drf_request, *args, **kwargs)
-            method = (drf_request.method or "").lower()
-            if method in view.http_method_names:
-                handler = getattr(view, method, view.http_method_not_allowed)
-            else:
-                handler = view.http_method_not_allowed
-            options = self.get_idempotency_options()
-            if self.idempotency_applies(drf_request, options):
+        method = (request.method or "").lower()
+        if method not in view.http_method_names or not hasattr(view, method):
+            return
+        handler = getattr(view, method)
+        options = self.get_idempotency_options()
+        reopen = RequestTransactions().to_reopen()
+        if self.idempotency_applies(request, options):
 
+            def protected(request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
                 def call_view() -> HttpResponseBase:
-                    return self._rendered(handler, drf_request, args, kwargs)
+                    return self._rendered(handler, request, args, kwargs)
 
-                response = protect(drf_request, call_view, options, self.idempotency_error_response)
-            else:
-                response = handler(drf_request, *args, **kwargs)
-        except Exception as exc:
-            response = view.handle_exception(exc)
-        view.response = view.finalize_response(drf_request, response, *args, **kwargs)
-        return view.response  # type: ignore[no-any-return]
+                return protect(
+                    request,
+                    call_view,
+                    options,
+                    self.idempotency_error_response,
+                    reopen,
+                )
+
+            setattr(view, method, protected)
+        elif reopen:
+
+            def in_request_transactions(request: Request, *args: Any, **kwargs: Any) -> Any:
+                return unprotected(reopen, lambda: handler(request, *args, **kwargs))
+
+            setattr(view, method, in_request_transactions)
 
     def _rendered(
         self, handler: Callable[..., Any], request: Request, args: Any, kwargs: Any
@@ -169,7 +206,8 @@ class IdempotentMixin:
 
         DRF exceptions become responses here (a ``ValidationError`` is a stored 400, an
         ``APIException`` with a 5xx status releases the key); anything else propagates, and
-        releases the key.
+        releases the key. DRF's handler marks the request transactions for rollback when it
+        answers an exception: the work rolls back, and the lifecycle stores the answer.
         """
         view: Any = self
         try:

@@ -1,12 +1,12 @@
-"""Claim, replay, complete and release keys in the ``IdempotencyRecord`` store.
+"""The decision table (DESIGN.md §2): claim a key, or tell why not, over the store interface.
 
-This module knows nothing of HTTP: the decorator (and any other adapter) turns a request
-into a ``Scope`` and a fingerprint, calls ``begin`` and then ``complete`` or ``release``.
+This module knows nothing of HTTP or of transactions: ``lifecycle.py`` decides how a
+claim is run, completed or released; the store (``store.py``) keeps the records.
 
-The claim is one ``INSERT … ON CONFLICT DO NOTHING`` (``INSERT IGNORE`` on MariaDB/MySQL):
-whoever inserts the row owns the key, and the unique index decides between concurrent
-inserts in any number of processes. Only a loser reads the row, so a first request costs
-one statement to claim and one to complete, and a replay, conflict or mismatch costs two.
+The claim is one insert-if-absent: whoever inserts the row owns the key, and the unique
+index decides between concurrent inserts in any number of processes. Only a loser reads
+the row, so a first request costs one statement to claim and one to complete, and a
+replay, conflict or mismatch costs two.
 """
 
 from __future__ import annotations
@@ -18,27 +18,27 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
 from typing import Any, TypeVar
 
-from django.db import (
-    DatabaseError,
-    IntegrityError,
-    InterfaceError,
-    OperationalError,
-    connections,
-    router,
-    transaction,
-)
-from django.db.models import Q
+from django.db import DatabaseError, connections, router
 from django.utils import timezone
 
 from idempotency_django import signals
 from idempotency_django.conf import conf
 from idempotency_django.exceptions import InFlight, KeyMismatch, ResponseNotStored
+from idempotency_django.keys import fingerprints_match
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse
 from idempotency_django.signals import emit
+from idempotency_django.store import (
+    Snapshot,
+    Stored,
+    expiry,
+    is_expired,
+    is_in_use,
+    is_lapsed,
+    store,
+)
 
 logger = logging.getLogger("idempotency_django")
 
@@ -75,24 +75,27 @@ class Claim:
     scope: Scope
     token: str
     alias: str
+    ttl: float | None = None  # counted from completion: see ``complete``
 
 
 T = TypeVar("T")
 
 
 def reconnecting(alias: str, operation: Callable[[], T]) -> T:
-    """Run a store operation, and once more on a fresh connection if the first one broke.
+    """Run a store operation, and once more on a fresh connection if the store could not
+    be reached.
 
     A connection lost between requests (the server restarted, a pooler or an operator
     dropped it) costs one reconnect instead of a 503 or an unstored outcome. Every store
     operation can run twice: the claim is an insert-if-absent, the others are fenced by the
-    claim's token. Inside a transaction nothing can be retried: the error propagates.
+    claim's token. Inside a transaction nothing can be retried: the error propagates. Nor is
+    contention (a deadlock, a lock timeout): a new connection would not change it.
     """
     try:
         return operation()
-    except (OperationalError, InterfaceError):
+    except DatabaseError as error:
         connection = connections[alias]
-        if connection.in_atomic_block:
+        if connection.in_atomic_block or store.failure_kind(alias, error) != "unreachable":
             raise
         logger.warning("Idempotency store connection failed; retrying once on a new one.")
         with contextlib.suppress(DatabaseError):
@@ -100,20 +103,8 @@ def reconnecting(alias: str, operation: Callable[[], T]) -> T:
         return operation()
 
 
-# The expiry of records kept forever (TTL_SECONDS = None): a date every backend can store.
-NEVER = datetime(9999, 12, 31, tzinfo=dt_timezone.utc)
-
-
-def expiry(now: datetime, ttl: float | None) -> datetime:
-    return NEVER if ttl is None else now + timedelta(seconds=ttl)
-
-
 def store_alias() -> str:
     return conf.DATABASE or router.db_for_write(IdempotencyRecord)
-
-
-def _records(alias: str) -> Any:
-    return IdempotencyRecord.objects.using(alias)
 
 
 def new_token() -> str:
@@ -126,8 +117,9 @@ def begin(
     """Claim ``scope`` for this request, or return the stored outcome of an earlier one.
 
     Raises ``KeyMismatch`` when the key belongs to a different request, ``InFlight`` when
-    its first request is still running (after waiting, under the ``wait`` policy) and
-    ``ResponseNotStored`` when it completed without a storable response.
+    its first request is still running (after waiting, under the ``wait`` policy) or a
+    concurrent transaction holds it (a lock timeout, a deadlock), and ``ResponseNotStored``
+    when it completed without a storable response. Any other store error propagates.
 
     Give the same ``token`` when calling again for the same request (after a lost
     connection): a claim whose commit the first call never heard of is then recognised as
@@ -140,22 +132,36 @@ def begin(
     reported_in_flight = False
     while True:
         now = timezone.now()
-        if _insert(scope, fingerprint, token, now, options):
-            emit(signals.claimed, logging.DEBUG, "Idempotency key claimed.", **scope.lookup())
-            return Claim(scope, token, options.alias)
-        record = _read(scope, options.alias)
+        try:
+            claimed = _claim_or_read(scope, fingerprint, token, now, options)
+        except DatabaseError as error:
+            if store.failure_kind(options.alias, error) != "contention":
+                raise
+            # A concurrent duplicate's transaction holds the key (atomic mode), or the
+            # database gave up on a lock for it: that is a request in flight, never a
+            # reason to run unprotected.
+            emit(signals.in_flight, logging.INFO, "Idempotency key contended.", **scope.lookup())
+            if connections[options.alias].in_atomic_block or time.monotonic() >= deadline:
+                raise InFlight(
+                    "A request with this Idempotency-Key is still being processed.",
+                    retry_after=options.retry_after,
+                ) from error
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.5)
+            continue
+        if isinstance(claimed, Claim):
+            return claimed
+        record = claimed
         if record is None:
             races = _count_race(races, options)
             continue
         if record.token == token and record.state == State.IN_PROGRESS:
-            return Claim(scope, token, options.alias)  # ours: its commit was not acknowledged
-        expired = record.expires_at <= now
-        lapsed = record.state == State.IN_PROGRESS and (
-            record.lease_expires_at is None or record.lease_expires_at <= now
-        )
-        if expired or (lapsed and record.fingerprint == fingerprint):
-            claim = _take_over(record, scope, fingerprint, token, now, options)
-            if claim is not None:
+            return Claim(scope, token, options.alias, options.ttl)  # ours, unacknowledged
+        expired = is_expired(record, now)
+        lapsed = is_lapsed(record, now)
+        same = fingerprints_match(record.fingerprint, fingerprint)
+        if expired or (lapsed and same):
+            if _take_over(record, scope, fingerprint, token, now, options):
                 if expired:
                     emit(signals.claimed, logging.DEBUG, "Expired key claimed.", **scope.lookup())
                 else:
@@ -165,10 +171,10 @@ def begin(
                         "Idempotency lease lapsed; the key was taken over by a retry.",
                         **scope.lookup(),
                     )
-                return claim
+                return Claim(scope, token, options.alias, options.ttl)
             races = _count_race(races, options)
             continue
-        if record.fingerprint != fingerprint:
+        if not same:
             emit(
                 signals.mismatch,
                 logging.INFO,
@@ -177,7 +183,12 @@ def begin(
             )
             raise KeyMismatch("This Idempotency-Key was already used with a different request.")
         if record.state == State.COMPLETED:
-            return _stored(record, scope)
+            stored = record.stored or store.read_stored(options.alias, record.pk)
+            if stored is None:
+                races = _count_race(races, options)
+                continue
+            return _replay(stored, scope)
+        assert is_in_use(record, now)
         if not reported_in_flight:
             emit(
                 signals.in_flight,
@@ -196,60 +207,23 @@ def begin(
         delay = min(delay * 2, 0.5)
 
 
-def _count_race(races: int, options: Options) -> int:
-    if races >= MAX_RACES:
-        raise InFlight(
-            "The record for this Idempotency-Key is changing under heavy contention.",
-            retry_after=options.retry_after,
-        )
-    return races + 1
+def claim_again(scope: Scope, fingerprint: str, options: Options) -> Claim | None:
+    """Claim an absent key outright, or ``None``: for an outcome whose transaction rolled
+    back with its claim, but which is definitive and so must still be stored."""
+    token = new_token()
+    claimed = _claim_or_read(scope, fingerprint, token, timezone.now(), options, read=False)
+    return claimed if isinstance(claimed, Claim) else None
 
 
-def complete(claim: Claim, outcome: StoredResponse, *, body_stored: bool = True) -> bool:
-    """Store the outcome for ``claim``: fenced, so it never overwrites a newer claim.
-
-    Returns False (and logs an error) when the claim was lost: its lease lapsed and another
-    request took the key over, which now owns the record.
-    """
-    updated = (
-        _records(claim.alias)
-        .filter(token=claim.token, state=State.IN_PROGRESS, **claim.scope.lookup())
-        .update(
-            state=State.COMPLETED,
-            response_status=outcome.status,
-            response_headers=[list(pair) for pair in outcome.headers],
-            response_body=outcome.body if body_stored else None,
-            completed_at=timezone.now(),
-            lease_expires_at=None,
-        )
-    )
-    if updated:
-        return True
-    retried = (
-        _records(claim.alias)
-        .filter(token=claim.token, state=State.COMPLETED, **claim.scope.lookup())
-        .exists()
-    )
-    if retried:
-        return True  # a retried completion whose first attempt committed unacknowledged
-    emit(
-        signals.completion_lost,
-        logging.ERROR,
-        "Idempotency claim lost before completion: the view ran, but its lease lapsed and "
-        "another request took the key over; the outcome was not stored.",
-        status=outcome.status,
-        **claim.scope.lookup(),
-    )
-    return False
-
-
-def release(claim: Claim) -> None:
-    """Delete the claim's record so that the next retry runs the view."""
-    _records(claim.alias).filter(token=claim.token, **claim.scope.lookup()).delete()
-    emit(signals.released, logging.INFO, "Idempotency key released.", **claim.scope.lookup())
-
-
-def _insert(scope: Scope, fingerprint: str, token: str, now: Any, options: Options) -> bool:
+def _claim_or_read(
+    scope: Scope,
+    fingerprint: str,
+    token: str,
+    now: datetime,
+    options: Options,
+    *,
+    read: bool = True,
+) -> Claim | Snapshot | None:
     values = {
         **scope.lookup(),
         "fingerprint": fingerprint,
@@ -260,93 +234,92 @@ def _insert(scope: Scope, fingerprint: str, token: str, now: Any, options: Optio
         "created_at": now,
         "expires_at": expiry(now, options.ttl),
     }
-    connection = connections[options.alias]
-    if connection.vendor == "mysql":
-        verb, suffix = "INSERT IGNORE INTO", ""
-    elif connection.vendor in ("postgresql", "sqlite"):
-        verb, suffix = "INSERT INTO", " ON CONFLICT DO NOTHING"
-    else:  # pragma: no cover - other backends take the portable, slower path
-        try:
-            with transaction.atomic(using=options.alias):
-                _records(options.alias).create(**values)
-        except IntegrityError:
-            return False
-        return True
-    meta = IdempotencyRecord._meta
-    fields = [field for field in meta.concrete_fields if field.name in values]
-    columns = ", ".join(connection.ops.quote_name(str(field.column)) for field in fields)
-    placeholders = ", ".join(["%s"] * len(fields))
-    params = [field.get_db_prep_save(values[field.name], connection) for field in fields]
-    table = connection.ops.quote_name(meta.db_table)
-    sql = f"{verb} {table} ({columns}) VALUES ({placeholders}){suffix}"
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return bool(cursor.rowcount == 1)
+    if store.claim(options.alias, values):
+        emit(signals.claimed, logging.DEBUG, "Idempotency key claimed.", **scope.lookup())
+        return Claim(scope, token, options.alias, options.ttl)
+    return store.read(options.alias, scope.lookup(), fingerprint) if read else None
 
 
-def _read(scope: Scope, alias: str) -> IdempotencyRecord | None:
-    # A plain read: under READ COMMITTED (Django's default on every backend) it sees the
-    # row the insert just lost to. A locking read would make concurrent losers, who all
-    # hold a shared lock from their insert's duplicate check, deadlock on MariaDB.
-    return _records(alias).filter(**scope.lookup()).first()  # type: ignore[no-any-return]
+def _count_race(races: int, options: Options) -> int:
+    if races >= MAX_RACES:
+        raise InFlight(
+            "The record for this Idempotency-Key is changing under heavy contention.",
+            retry_after=options.retry_after,
+        )
+    return races + 1
 
 
 def _take_over(
-    record: IdempotencyRecord,
-    scope: Scope,
-    fingerprint: str,
-    token: str,
-    now: Any,
-    options: Options,
-) -> Claim | None:
-    """Claim a row that is expired or whose lease lapsed, unless someone else got there first.
+    record: Snapshot, scope: Scope, fingerprint: str, token: str, now: Any, options: Options
+) -> bool:
+    return store.take_over(
+        options.alias,
+        record,
+        {
+            "fingerprint": fingerprint,
+            "state": State.IN_PROGRESS,
+            "token": token,
+            "lease_expires_at": now + timedelta(seconds=options.lease),
+            "response_status": None,
+            "response_headers": [],
+            "response_body": None,
+            "created_at": now,
+            "completed_at": None,
+            "expires_at": expiry(now, options.ttl),
+        },
+    )
 
-    The conditions are re-checked in the ``UPDATE`` itself: a heartbeat that renewed the
-    lease, or another request that took the row over, makes it match nothing.
+
+def complete(claim: Claim, outcome: StoredResponse, *, body_stored: bool = True) -> bool:
+    """Store the outcome for ``claim``: fenced, so it never overwrites a newer claim.
+
+    The TTL counts from here: a stored response is replayed for ``TTL_SECONDS`` after it
+    was produced, however long its view ran. Returns False (and reports
+    ``completion_lost``) when the claim was lost: its lease lapsed and another request
+    took the key over, which now owns the record.
     """
-    still_takeable = (
-        Q(expires_at__lte=now)
-        | Q(state=State.IN_PROGRESS, lease_expires_at__lte=now)
-        | Q(state=State.IN_PROGRESS, lease_expires_at__isnull=True)
+    now = timezone.now()
+    lookup = claim.scope.lookup()
+    values = {
+        "response_status": outcome.status,
+        "response_headers": [list(pair) for pair in outcome.headers],
+        "response_body": outcome.body if body_stored else None,
+        "completed_at": now,
+        "expires_at": expiry(now, claim.ttl),
+    }
+    if store.complete(claim.alias, lookup, claim.token, values):
+        return True
+    if store.is_completed(claim.alias, lookup, claim.token):
+        return True  # a retried completion whose first attempt committed unacknowledged
+    emit(
+        signals.completion_lost,
+        logging.ERROR,
+        "Idempotency claim lost before completion: the view ran, but its lease lapsed and "
+        "another request took the key over; the outcome was not stored.",
+        status=outcome.status,
+        **lookup,
     )
-    updated = (
-        _records(options.alias)
-        .filter(still_takeable, pk=record.pk, token=record.token)
-        .update(
-            fingerprint=fingerprint,
-            state=State.IN_PROGRESS,
-            token=token,
-            lease_expires_at=now + timedelta(seconds=options.lease),
-            response_status=None,
-            response_headers=[],
-            response_body=None,
-            created_at=now,
-            completed_at=None,
-            expires_at=expiry(now, options.ttl),
-        )
-    )
-    if not updated:
-        return None
-    return Claim(scope, token, options.alias)
+    return False
 
 
-def _stored(record: IdempotencyRecord, scope: Scope) -> StoredResponse:
-    assert record.response_status is not None
-    if record.response_body is None:
+def release(claim: Claim) -> None:
+    """Delete the claim's record so that the next retry runs the view."""
+    store.release(claim.alias, claim.scope.lookup(), claim.token)
+    emit(signals.released, logging.INFO, "Idempotency key released.", **claim.scope.lookup())
+
+
+def _replay(stored: Stored, scope: Scope) -> StoredResponse:
+    if stored.body is None:
         raise ResponseNotStored(
             f"The first request with this Idempotency-Key completed with status "
-            f"{record.response_status}, but its response was not stored "
+            f"{stored.status}, but its response was not stored "
             "(it was streamed or larger than MAX_RESPONSE_BYTES)."
         )
     emit(
         signals.replayed,
         logging.DEBUG,
         "Idempotency key replayed.",
-        status=record.response_status,
+        status=stored.status,
         **scope.lookup(),
     )
-    return StoredResponse(
-        status=record.response_status,
-        body=bytes(record.response_body),
-        headers=[(str(name), str(value)) for name, value in record.response_headers],
-    )
+    return StoredResponse(status=stored.status, body=stored.body, headers=stored.headers)

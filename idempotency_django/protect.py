@@ -1,57 +1,62 @@
-"""Protect one HTTP request: the flow that the decorator (and other adapters) share.
+"""Protect one HTTP request: what the decorator and the DRF mixin share.
 
-Parse the key, scope it, fingerprint the request, then either replay, reject, or claim the
-key and run the view, storing or releasing its outcome according to the transaction mode.
+Parse the key, scope it, fingerprint the request, and hand the view to the one lifecycle
+(``lifecycle.py``), which decides everything else. This module only translates: a request
+into a scope, a fingerprint and a policy; a response into an outcome to store; and the
+lifecycle's result back into a response.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
-from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.db import connections
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 
-from idempotency_django import engine, keys, signals
-from idempotency_django.conf import (
-    DISCONNECT_POLICIES,
-    IN_FLIGHT_POLICIES,
-    MODES,
-    STORE_ERROR_POLICIES,
-    conf,
-    resolve_callable,
-    status_predicate,
-)
+from idempotency_django import engine, keys, lifecycle, signals
+from idempotency_django.conf import check_argument, conf, resolve_callable, status_predicate
 from idempotency_django.exceptions import (
     AnonymousNotAllowed,
     BodyTooLarge,
     IdempotencyError,
-    InFlight,
     KeyMissing,
-    StoreUnavailable,
 )
-from idempotency_django.heartbeat import heartbeat
-from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH, IdempotencyRecord
+from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH
 from idempotency_django.responses import StoredResponse, capture, problem_response, replay
 
 logger = logging.getLogger("idempotency_django")
 
 ViewCall = Callable[[], HttpResponseBase]
 AsyncViewCall = Callable[[], Awaitable[HttpResponseBase]]
+ErrorResponse = Callable[[IdempotencyError], HttpResponseBase]
 
 _UNSET: Any = object()
+
+# ViewOptions field → the setting it overrides, for the ones validated as their setting is.
+_VALIDATED = {
+    "required": "REQUIRED",
+    "methods": "METHODS",
+    "mode": "MODE",
+    "in_flight": "IN_FLIGHT",
+    "wait_seconds": "WAIT_SECONDS",
+    "lease_seconds": "LEASE_SECONDS",
+    "ttl_seconds": "TTL_SECONDS",
+    "max_run_seconds": "MAX_RUN_SECONDS",
+    "on_store_error": "ON_STORE_ERROR",
+    "on_disconnect": "ON_DISCONNECT",
+}
 
 
 @dataclass(frozen=True)
 class ViewOptions:
     """Per-view overrides; anything left unset falls back to the ``IDEMPOTENCY`` setting
-    at request time."""
+    at request time. Every value is validated as its setting is, when the view is
+    decorated (or the DRF view class is created), naming the view."""
 
     required: bool = _UNSET
     methods: Iterable[str] = _UNSET
@@ -59,7 +64,8 @@ class ViewOptions:
     in_flight: str = _UNSET
     wait_seconds: float = _UNSET
     lease_seconds: float = _UNSET
-    ttl_seconds: float = _UNSET
+    ttl_seconds: float | None = _UNSET
+    max_run_seconds: float = _UNSET
     # Callables take the request the adapter has: an HttpRequest, or DRF's Request.
     account: Callable[[Any], str | None] | str = _UNSET
     endpoint: Callable[[Any], str] | str = _UNSET
@@ -69,22 +75,21 @@ class ViewOptions:
     on_store_error: str = _UNSET
     key: Callable[[Any], str | None] | None = None
     on_disconnect: str = _UNSET
+    label: str = "@idempotent"
 
     def __post_init__(self) -> None:
-        for name, allowed in (
-            ("mode", MODES),
-            ("in_flight", IN_FLIGHT_POLICIES),
-            ("on_store_error", STORE_ERROR_POLICIES),
-            ("on_disconnect", DISCONNECT_POLICIES),
-        ):
+        for name, setting in _VALIDATED.items():
             value = getattr(self, name)
-            if value is not _UNSET and value not in allowed:
-                raise ImproperlyConfigured(
-                    f"@idempotent({name}={value!r}): expected one of {', '.join(allowed)}"
-                )
+            if value is not _UNSET:
+                check_argument(setting, value, self.label)
+        if self.store_statuses is not _UNSET:
+            try:
+                status_predicate(self.store_statuses, "store_statuses")
+            except (ImproperlyConfigured, TypeError, ValueError) as error:
+                raise ImproperlyConfigured(f"{self.label}: {error}") from error
         if self.fingerprint_fields is not None and self.fingerprint is not None:
             raise ImproperlyConfigured(
-                "@idempotent: give fingerprint_fields or fingerprint, not both"
+                f"{self.label}: give fingerprint_fields or fingerprint, not both"
             )
 
     def pick(self, name: str, setting: str) -> Any:
@@ -95,81 +100,81 @@ class ViewOptions:
         methods = self.pick("methods", "METHODS")
         return conf.ENABLED and (method or "").upper() in {m.upper() for m in methods}
 
-    def mode_for(self) -> str:
-        return str(self.pick("mode", "MODE"))
-
     def raw_key(self, request: HttpRequest) -> str | None:
         """The unparsed key: the ``HEADER`` header, or what the ``key`` callable returns."""
         if self.key is not None:
             return self.key(request)
         return request.headers.get(conf.HEADER)
 
+    def policy(self) -> lifecycle.Policy:
+        ttl = self.pick("ttl_seconds", "TTL_SECONDS")
+        return lifecycle.Policy(
+            options=engine.Options(
+                alias=engine.store_alias(),
+                lease=float(self.pick("lease_seconds", "LEASE_SECONDS")),
+                ttl=None if ttl is None else float(ttl),
+                in_flight=str(self.pick("in_flight", "IN_FLIGHT")),
+                wait_seconds=float(self.pick("wait_seconds", "WAIT_SECONDS")),
+                retry_after=conf.RETRY_AFTER_SECONDS,
+            ),
+            mode=str(self.pick("mode", "MODE")),
+            max_run=float(self.pick("max_run_seconds", "MAX_RUN_SECONDS")),
+            on_store_error=str(self.pick("on_store_error", "ON_STORE_ERROR")),
+            on_disconnect=str(self.pick("on_disconnect", "ON_DISCONNECT")),
+            label=self.label,
+        )
 
-ErrorResponse = Callable[[IdempotencyError], HttpResponseBase]
+
+def options_from(values: dict[str, Any], label: str) -> ViewOptions:
+    known = {field.name for field in fields(ViewOptions)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ImproperlyConfigured(f"{label}: unknown argument {unknown[0]!r}")
+    return ViewOptions(**{**values, "label": label})
 
 
-def protect(
-    request: HttpRequest,
-    call_view: ViewCall,
-    options: ViewOptions,
-    error_response: ErrorResponse = problem_response,
-) -> HttpResponseBase:
-    """Run ``call_view`` at most once per key, or answer without running it.
+class RequestTransactions:
+    """A protected view's ``_non_atomic_requests``: every database, resolved per request.
 
-    ``error_response`` turns the app's own errors (400, 409, 422, 503 …) into responses;
-    adapters pass their framework's error handling here.
+    Django would open the ``ATOMIC_REQUESTS`` transactions around the whole view, claim
+    included, so that the claim could not commit first and the completion would commit
+    before (or without) the work. The view opts out of all of them, and the lifecycle opens
+    them again around the work, in the order that keeps a stored outcome truthful.
+    Aliases that the view's author opted out (``@transaction.non_atomic_requests``) stay out.
     """
-    try:
-        guard = Guard.for_request(request, options, error_response)
-    except IdempotencyError as error:
-        return error_response(error)
-    if guard is None:
-        return call_view()
-    request.idempotency_scope = guard.scope  # type: ignore[attr-defined]
-    if guard.mode() == "atomic":
-        return guard.run_atomic(call_view)
-    return guard.run_commit(call_view)
 
+    def __init__(self) -> None:
+        self._by_author: set[str] = set()
 
-async def aprotect(
-    request: HttpRequest,
-    call_view: AsyncViewCall,
-    options: ViewOptions,
-    error_response: ErrorResponse = problem_response,
-) -> HttpResponseBase:
-    """``protect`` for async views: every database call runs off the event loop.
+    def add(self, alias: str) -> None:  # what @transaction.non_atomic_requests calls
+        self._by_author.add(alias)
 
-    Always ``commit`` mode: Django has no async transactions to run a view inside.
-    """
-    try:
-        guard = await sync_to_async(Guard.for_request)(request, options, error_response)
-    except IdempotencyError as error:
-        return error_response(error)
-    if guard is None:
-        return await call_view()
-    request.idempotency_scope = guard.scope  # type: ignore[attr-defined]
-    return await guard.arun_commit(call_view)
+    def __contains__(self, alias: object) -> bool:
+        return True
 
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(connections))
 
-class _StoreFailed(Exception):
-    """The store raised while claiming; carried out of any transaction before it is handled."""
+    def to_reopen(self) -> list[str]:
+        return [
+            alias
+            for alias in connections
+            if alias not in self._by_author
+            and connections[alias].settings_dict.get("ATOMIC_REQUESTS")
+        ]
 
 
 @dataclass(frozen=True)
 class Guard:
-    """One protected request: its scope and fingerprint, and how to run it."""
+    """One protected request: its scope, fingerprint and policy."""
 
     scope: engine.Scope
     fingerprint: str
-    engine_options: engine.Options
+    policy: lifecycle.Policy
     store_statuses: Callable[[int], bool]
-    options: ViewOptions
-    error_response: ErrorResponse
 
     @classmethod
-    def for_request(
-        cls, request: HttpRequest, options: ViewOptions, error_response: ErrorResponse
-    ) -> Guard | None:
+    def for_request(cls, request: HttpRequest, options: ViewOptions) -> Guard | None:
         """Parse, scope and fingerprint ``request``; ``None`` when it runs unprotected."""
         raw = options.raw_key(request)
         if raw is None:
@@ -181,7 +186,11 @@ class Guard:
         if account is None:
             if conf.ANONYMOUS == "bypass":
                 return None
-            raise AnonymousNotAllowed("Authenticate to use an Idempotency-Key on this endpoint.")
+            raise AnonymousNotAllowed(
+                "Authenticate to use an Idempotency-Key on this endpoint. (If the view does "
+                "authenticate, apply its authentication outside @idempotent, so that it runs "
+                "first.)"
+            )
         endpoint = resolve_callable(options.pick("endpoint", "ENDPOINT"), "ENDPOINT")(request)
         body = options.fingerprint
         try:
@@ -202,237 +211,92 @@ class Guard:
                 key=key,
             ),
             fingerprint=fingerprint,
-            engine_options=engine.Options(
-                alias=engine.store_alias(),
-                lease=float(options.pick("lease_seconds", "LEASE_SECONDS")),
-                ttl=_seconds_or_none(options.pick("ttl_seconds", "TTL_SECONDS")),
-                in_flight=str(options.pick("in_flight", "IN_FLIGHT")),
-                wait_seconds=float(options.pick("wait_seconds", "WAIT_SECONDS")),
-                retry_after=conf.RETRY_AFTER_SECONDS,
-            ),
+            policy=options.policy(),
             store_statuses=status_predicate(options.pick("store_statuses", "STORE_STATUSES")),
-            options=options,
-            error_response=error_response,
         )
 
-    @property
-    def alias(self) -> str:
-        return self.engine_options.alias
-
-    def mode(self) -> str:
-        mode = self.options.mode_for()
-        if mode == "commit" and connections[self.alias].in_atomic_block:
-            # The claim cannot commit on its own inside somebody else's transaction. The
-            # unique index still serialises duplicates (they wait for that transaction), so
-            # single flight holds, with the semantics of atomic mode: say so, don't pretend.
-            logger.warning(
-                "Idempotency MODE 'commit' inside an open transaction on %r: running in "
-                "atomic mode for this request. Use @transaction.non_atomic_requests or "
-                "MODE 'atomic'.",
-                self.alias,
-            )
-            return "atomic"
-        return mode
-
-    def begin(self) -> engine.Claim | HttpResponseBase:
-        """``engine.begin`` as a claim or a response to send instead of running the view."""
-        try:
-            token = engine.new_token()  # the same on a reconnected retry: see engine.begin
-            began = engine.reconnecting(
-                self.alias,
-                lambda: engine.begin(self.scope, self.fingerprint, self.engine_options, token),
-            )
-        except IdempotencyError as error:
-            return self.error_response(error)
-        except DatabaseError as error:
-            raise _StoreFailed from error
-        if isinstance(began, StoredResponse):
-            return replay(began)
-        return began
-
-    def store_failed(self) -> HttpResponseBase | None:
-        """The answer when the store failed during the claim; ``None``: run unprotected."""
-        policy = self.options.pick("on_store_error", "ON_STORE_ERROR")
-        logger.exception("Idempotency store unavailable while claiming a key (fail %s).", policy)
-        signals.store_unavailable.send(IdempotencyRecord, policy=policy, **self.scope.lookup())
-        if policy == "open":
-            return None
-        return self.error_response(
-            StoreUnavailable(
-                "The request was not processed; retry it with the same Idempotency-Key.",
-                retry_after=conf.RETRY_AFTER_SECONDS,
-            )
-        )
-
-    def run_commit(self, call_view: ViewCall) -> HttpResponseBase:
-        """Claim, commit, work: claim and completion are short transactions of their own."""
-        try:
-            began = self.begin()
-        except _StoreFailed:
-            return self.store_failed() or call_view()
-        if isinstance(began, HttpResponseBase):
-            return began
-        claim = began
-        heartbeat.register(claim, self.engine_options.lease, conf.MAX_RUN_SECONDS)
-        try:
-            if connections[self.alias].settings_dict.get("ATOMIC_REQUESTS"):
-                return self._run_in_request_transaction(claim, call_view)
-            response = _rendered(call_view())
-        except BaseException as error:
-            _release_after(claim, error)
-            raise
-        finally:
-            heartbeat.unregister(claim)
-        self.finish(claim, response)
-        return response
-
-    def _run_in_request_transaction(
-        self, claim: engine.Claim, call_view: ViewCall
-    ) -> HttpResponseBase:
-        # The decorator opted this view out of ATOMIC_REQUESTS for the store's database so
-        # that the claim could commit first; give the view its transaction back, and commit
-        # the completion together with the view's work, or neither.
-        with transaction.atomic(using=self.alias):
-            response = _rendered(call_view())
-            if self.finish(claim, response):
-                return response
-            transaction.set_rollback(True, using=self.alias)
-            return self.error_response(
-                InFlight(
-                    "This request lost its claim to a retry and was rolled back.",
-                    retry_after=self.engine_options.retry_after,
-                )
-            )
-
-    def run_atomic(self, call_view: ViewCall) -> HttpResponseBase:
-        """Claim, view and completion in one transaction: a duplicate waits on the unique
-        index until this one commits (then replays) or rolls back (then runs)."""
-        try:
-            try:
-                # Connect first, so that a store that is down is told apart from a view
-                # that fails inside the transaction.
-                engine.reconnecting(self.alias, connections[self.alias].ensure_connection)
-            except DatabaseError as error:
-                raise _StoreFailed from error
-            with transaction.atomic(using=self.alias):
-                began = self.begin()
-                if isinstance(began, HttpResponseBase):
-                    return began
-                response = _rendered(call_view())
-                if self.store_statuses(response.status_code):
-                    self.finish(began, response)
-                else:
-                    # A failed outcome rolls back with its work, so that a retry starts clean.
-                    transaction.set_rollback(True, using=self.alias)
-                    signals.emit(
-                        signals.released,
-                        logging.INFO,
-                        "Idempotency key released (rolled back).",
-                        **self.scope.lookup(),
-                    )
-                return response
-        except _StoreFailed:
-            return self.store_failed() or call_view()
-
-    async def arun_commit(self, call_view: AsyncViewCall) -> HttpResponseBase:
-        try:
-            began = await sync_to_async(self.begin)()
-        except _StoreFailed:
-            failed = await sync_to_async(self.store_failed)()
-            return failed if failed is not None else await call_view()
-        if isinstance(began, HttpResponseBase):
-            return began
-        claim = began
-        heartbeat.register(claim, self.engine_options.lease, conf.MAX_RUN_SECONDS)
-        cancelled: asyncio.CancelledError | None = None
-        try:
-            if self.options.pick("on_disconnect", "ON_DISCONNECT") == "finish":
-                response, cancelled = await _outliving_cancellation(call_view)
-            else:
-                response = await call_view()
-            if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
-                await sync_to_async(response.render)()
-        except BaseException as error:
-            # Includes CancelledError under ON_DISCONNECT "release": the client went away
-            # mid-flight. Shielded, so the release completes even if cancelled again.
-            await asyncio.shield(sync_to_async(_release_after)(claim, error))
-            raise
-        finally:
-            heartbeat.unregister(claim)
-        await asyncio.shield(sync_to_async(self.finish)(claim, response))
-        if cancelled is not None:
-            raise cancelled
-        return response
-
-    def finish(self, claim: engine.Claim, response: HttpResponseBase) -> bool:
-        """Store a definitive outcome or release the claim. False when the claim was lost."""
-        return _finish(claim, response, self.store_statuses)
-
-
-def _finish(
-    claim: engine.Claim, response: HttpResponseBase, store_statuses: Callable[[int], bool]
-) -> bool:
-    """Store a definitive outcome or release the claim. False when the claim was lost."""
-    if not store_statuses(response.status_code):
-        _release_quietly(claim)
-        return True
-    storable = (
-        isinstance(response, HttpResponse) and len(response.content) <= conf.MAX_RESPONSE_BYTES
-    )
-    if not storable:
+    def outcome(self, response: HttpResponseBase) -> lifecycle.Outcome:
+        """What to keep of the view's response: a definitive one is stored (its body only
+        when it fits and is not streamed); anything else releases the key."""
+        if not self.store_statuses(response.status_code):
+            return lifecycle.Outcome(None)
+        if isinstance(response, HttpResponse) and len(response.content) <= conf.MAX_RESPONSE_BYTES:
+            return lifecycle.Outcome(capture(response))
         logger.warning(
             "Idempotency response not stored (streaming or over MAX_RESPONSE_BYTES); "
             "a retry will be told the request was processed.",
-            extra={"idempotency_key": claim.scope.key},
+            extra=signals.log_fields(**self.scope.lookup()),
         )
-    outcome = (
-        capture(response)
-        if isinstance(response, HttpResponse) and storable
-        else (StoredResponse(response.status_code, b""))
-    )
-    try:
-        return engine.reconnecting(
-            claim.alias, lambda: engine.complete(claim, outcome, body_stored=storable)
-        )
-    except DatabaseError:
-        logger.exception(
-            "Idempotency store unavailable while completing a key: the view ran and its "
-            "response is sent, but the record stays in progress until its lease lapses.",
-            extra={"idempotency_key": claim.scope.key},
-        )
-        return True
+        return lifecycle.Outcome(StoredResponse(response.status_code, b""), body_stored=False)
 
 
-def _release_after(claim: engine.Claim, error: BaseException) -> None:
-    """Release the key of a view that failed, unless its outcome is unknown.
+def protect(
+    request: HttpRequest,
+    call_view: ViewCall,
+    options: ViewOptions,
+    error_response: ErrorResponse = problem_response,
+    request_transactions: Sequence[str] = (),
+) -> HttpResponseBase:
+    """Run ``call_view`` at most once per key, or answer without running it.
 
-    A database connection lost while the view ran (``OperationalError``/``InterfaceError``)
-    may have lost the acknowledgement of a write that committed: releasing would let the
-    retry do it again. That key stays claimed until its lease lapses, as a crashed worker's.
+    ``error_response`` turns the app's own errors (400, 409, 422, 503 …) into responses;
+    adapters pass their framework's error handling here.
     """
-    if isinstance(error, (OperationalError, InterfaceError)):
-        logger.error(
-            "Idempotency key kept after a database connection error in the view: its work "
-            "may have committed. A retry runs after the lease lapses.",
-            extra=signals.log_fields(**claim.scope.lookup()),
-        )
-        return
-    _release_quietly(claim)
-
-
-def _release_quietly(claim: engine.Claim) -> None:
     try:
-        engine.reconnecting(claim.alias, lambda: engine.release(claim))
-    except DatabaseError:
-        logger.exception(
-            "Idempotency store unavailable while releasing a key; it frees itself when its "
-            "lease lapses.",
-            extra={"idempotency_key": claim.scope.key},
-        )
+        guard = Guard.for_request(request, options)
+    except IdempotencyError as error:
+        return error_response(error)
+    if guard is None:
+        return lifecycle.unprotected(request_transactions, call_view)
+    request.idempotency_scope = guard.scope  # type: ignore[attr-defined]
+    result = lifecycle.run(
+        guard.scope,
+        guard.fingerprint,
+        guard.policy,
+        lambda: _rendered(call_view()),
+        guard.outcome,
+        request_transactions,
+    )
+    return respond(result, error_response)
 
 
-def _seconds_or_none(value: Any) -> float | None:
-    return None if value is None else float(value)
+async def aprotect(
+    request: HttpRequest,
+    call_view: AsyncViewCall,
+    options: ViewOptions,
+    error_response: ErrorResponse = problem_response,
+) -> HttpResponseBase:
+    """``protect`` for async views: every database call runs off the event loop."""
+    from asgiref.sync import sync_to_async
+
+    try:
+        guard = await sync_to_async(Guard.for_request)(request, options)
+    except IdempotencyError as error:
+        return error_response(error)
+    if guard is None:
+        return await call_view()
+    request.idempotency_scope = guard.scope  # type: ignore[attr-defined]
+    result = await lifecycle.arun(
+        guard.scope, guard.fingerprint, guard.policy, call_view, _rendered_outcome(guard)
+    )
+    return respond(result, error_response)
+
+
+def respond(
+    result: lifecycle.Result[HttpResponseBase], error_response: ErrorResponse
+) -> HttpResponseBase:
+    if isinstance(result, lifecycle.Replayed):
+        return replay(result.stored)
+    if isinstance(result, lifecycle.Refused):
+        return error_response(result.error)
+    return result.value
+
+
+def _rendered_outcome(guard: Guard) -> Callable[[HttpResponseBase], lifecycle.Outcome]:
+    def outcome(response: HttpResponseBase) -> lifecycle.Outcome:
+        return guard.outcome(_rendered(response))
+
+    return outcome
 
 
 def _rendered(response: HttpResponseBase) -> HttpResponseBase:
@@ -441,23 +305,3 @@ def _rendered(response: HttpResponseBase) -> HttpResponseBase:
     if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
         response.render()
     return response
-
-
-async def _outliving_cancellation(
-    call_view: AsyncViewCall,
-) -> tuple[HttpResponseBase, asyncio.CancelledError | None]:
-    """Run the view to its end even if the request is cancelled (its client went away).
-
-    Cancelling a view cannot call back work it already started, such as a database write
-    running in a thread: releasing the key then would let the retry do it twice. So the view
-    finishes, its outcome is stored, and the retry gets the replay.
-    """
-    task = asyncio.ensure_future(call_view())
-    cancelled: asyncio.CancelledError | None = None
-    while True:
-        try:
-            return await asyncio.shield(task), cancelled
-        except asyncio.CancelledError as error:
-            if task.done():
-                raise  # the view itself was cancelled: it did not finish
-            cancelled = error

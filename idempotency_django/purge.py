@@ -36,8 +36,9 @@ from django.dispatch import Signal
 from django.utils import timezone
 
 from idempotency_django import engine
-from idempotency_django.conf import conf
+from idempotency_django.conf import conf, problem
 from idempotency_django.models import IdempotencyRecord
+from idempotency_django.store import expired_q
 
 logger = logging.getLogger("idempotency_django")
 
@@ -47,14 +48,6 @@ State = IdempotencyRecord.State
 #: keyword arguments ``expired`` and ``stale`` (how many records of each kind were deleted)
 #: and ``using`` (the database alias).
 purged = Signal()
-
-#: ``IDEMPOTENCY["PURGE_BATCH_SIZE"]``: rows per ``DELETE``. Five hundred rows by primary key
-#: hold their row locks for a few milliseconds on PostgreSQL and MariaDB.
-DEFAULT_BATCH_SIZE = 500
-#: ``IDEMPOTENCY["STALE_IN_PROGRESS_SECONDS"]``: how long an in-progress record's lease must
-#: have been dead before the purge deletes it. Leases are renewed every few seconds while a
-#: view runs, so an hour-old lapsed lease belongs to a worker that is gone.
-DEFAULT_STALE_IN_PROGRESS_SECONDS = 60 * 60
 
 # Parameters of the DELETE besides its primary keys: the re-checked conditions.
 _RECHECK_PARAMS = 8
@@ -88,21 +81,21 @@ class PurgeResult:
 
 
 def batch_size_setting() -> int:
-    value = conf.raw().get("PURGE_BATCH_SIZE", DEFAULT_BATCH_SIZE)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ImproperlyConfigured(
-            f"IDEMPOTENCY PURGE_BATCH_SIZE must be a positive integer, not {value!r}."
-        )
-    return value
+    return int(_setting("PURGE_BATCH_SIZE"))
 
 
 def stale_after_setting() -> timedelta:
-    value = conf.raw().get("STALE_IN_PROGRESS_SECONDS", DEFAULT_STALE_IN_PROGRESS_SECONDS)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    return timedelta(seconds=_setting("STALE_IN_PROGRESS_SECONDS"))
+
+
+def _setting(name: str) -> Any:
+    value = conf.get(name)
+    wrong = problem(name, value)
+    if wrong is not None or (name == "PURGE_BATCH_SIZE" and not isinstance(value, int)):
         raise ImproperlyConfigured(
-            f"IDEMPOTENCY STALE_IN_PROGRESS_SECONDS must be a number >= 0, not {value!r}."
+            f"IDEMPOTENCY {name} is {value!r}: {wrong or 'expected an integer'}."
         )
-    return timedelta(seconds=value)
+    return value
 
 
 def purge_records(
@@ -160,14 +153,14 @@ def purge_records(
     now = timezone.now()
     cutoff = now - older_than
     base = (queryset if queryset is not None else IdempotencyRecord.objects.all()).using(alias)
-    # A view still running under this claim: never deleted, even past its TTL.
-    in_use = Q(state=State.IN_PROGRESS, lease_expires_at__gt=now)
-    expired = Q(expires_at__lt=cutoff) & ~in_use
+    # The engine's own definition: a view still running under its claim is never deleted,
+    # even past its TTL.
+    expired = expired_q(now, expired_by=cutoff)
     stale = Q(
         state=State.IN_PROGRESS,
         lease_expires_at__lt=now - stale_after,
         # Disjoint from ``expired``, so that a dry run does not count a record twice.
-        expires_at__gte=cutoff,
+        expires_at__gt=cutoff,
     )
 
     passes = [_Pass("expired", expired, "expires_at")]

@@ -6,12 +6,15 @@ HTTP decorator uses, with its leases, heartbeat, TTL and purge: a key is scoped 
 ``account = scope`` and ``endpoint = "task:<name>"``, and the result is stored as JSON
 (status 200, ``Content-Type: application/json``) so the admin shows it.
 
-The flow is the HTTP decorator's ``commit`` mode: the claim commits on its own, the work
-runs outside any transaction of ours while the heartbeat renews its lease, then the result
-is stored (fenced by the claim's token). An exception, or a result that is not JSON,
-releases the key so that the next delivery runs. Called inside an open transaction on the
-store's database, the claim cannot commit on its own: the work then runs in ``atomic`` mode
-(claim, work and result in that transaction) and a warning is logged, as for views.
+The flow is the one lifecycle the HTTP adapters use (``lifecycle.py``), with the same
+rules: the claim commits on its own, the work runs while the heartbeat renews its lease,
+then the result is stored (fenced by the claim's token). An exception, or a result that is
+not JSON, releases the key so that the next delivery runs, except a lost database
+connection, after which the work may have committed: that key is kept until its lease
+lapses. Called inside an open transaction on the store's database, the work runs in
+``atomic`` mode (claim, work and result in that transaction), as views do; a result that
+cannot be stored there raises ``TaskStoreUnavailable`` rather than report success for
+work that rolled back.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ import functools
 import inspect
 import json
 import logging
-import sys
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,12 +31,16 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import DatabaseError, connections, transaction
 
-from idempotency_django import engine, keys
-from idempotency_django.conf import IN_FLIGHT_POLICIES, MODES, conf
-from idempotency_django.exceptions import InFlight, KeyMalformed, KeyMismatch, ResponseNotStored
-from idempotency_django.heartbeat import heartbeat
+from idempotency_django import engine, keys, lifecycle, signals
+from idempotency_django.conf import check_argument, conf
+from idempotency_django.exceptions import (
+    InFlight,
+    KeyMalformed,
+    KeyMismatch,
+    ResponseNotStored,
+    StoreUnavailable,
+)
 from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH, KEY_MAX_LENGTH
 from idempotency_django.responses import StoredResponse
 
@@ -73,10 +79,15 @@ class TaskResultNotStored(ResponseNotStored):
     """The key's work completed, but its result was larger than ``MAX_RESPONSE_BYTES``."""
 
 
+class TaskStoreUnavailable(StoreUnavailable):
+    """The store failed: the work did not run, or its transaction did not commit.
+    Deliver the message again later (``retry_after`` seconds)."""
+
+
 @dataclass(frozen=True)
 class TaskOptions:
     """Per-task overrides; ``None`` falls back to the ``IDEMPOTENCY`` setting when the task
-    is called."""
+    is called. Validated as the settings are, when the task is declared."""
 
     in_flight: str | None = None
     wait_seconds: float | None = None
@@ -84,27 +95,39 @@ class TaskOptions:
     ttl_seconds: float | None = None
     max_run_seconds: float | None = None
     mode: str | None = None
+    label: str = "idempotent task"
 
     def __post_init__(self) -> None:
-        for name, allowed in (("in_flight", IN_FLIGHT_POLICIES), ("mode", MODES)):
+        for name in (
+            "in_flight",
+            "wait_seconds",
+            "lease_seconds",
+            "ttl_seconds",
+            "max_run_seconds",
+            "mode",
+        ):
             value = getattr(self, name)
-            if value is not None and value not in allowed:
-                raise ImproperlyConfigured(
-                    f"idempotent task {name}={value!r}: expected one of {', '.join(allowed)}"
-                )
+            if value is not None:
+                check_argument(name.upper(), value, self.label)
 
     def pick(self, name: str, setting: str) -> Any:
         value = getattr(self, name)
         return conf.get(setting) if value is None else value
 
-    def engine_options(self) -> engine.Options:
-        return engine.Options(
-            alias=engine.store_alias(),
-            lease=float(self.pick("lease_seconds", "LEASE_SECONDS")),
-            ttl=conf.TTL_SECONDS if self.ttl_seconds is None else float(self.ttl_seconds),
-            in_flight=str(self.pick("in_flight", "IN_FLIGHT")),
-            wait_seconds=float(self.pick("wait_seconds", "WAIT_SECONDS")),
-            retry_after=conf.RETRY_AFTER_SECONDS,
+    def policy(self, label: str) -> lifecycle.Policy:
+        return lifecycle.Policy(
+            options=engine.Options(
+                alias=engine.store_alias(),
+                lease=float(self.pick("lease_seconds", "LEASE_SECONDS")),
+                ttl=conf.TTL_SECONDS if self.ttl_seconds is None else float(self.ttl_seconds),
+                in_flight=str(self.pick("in_flight", "IN_FLIGHT")),
+                wait_seconds=float(self.pick("wait_seconds", "WAIT_SECONDS")),
+                retry_after=conf.RETRY_AFTER_SECONDS,
+            ),
+            mode=str(self.pick("mode", "MODE")),
+            max_run=float(self.pick("max_run_seconds", "MAX_RUN_SECONDS")),
+            on_store_error=str(conf.get("ON_STORE_ERROR")),
+            label=label,
         )
 
 
@@ -144,50 +167,28 @@ class ClaimOnce:
         self._options = options
         self._label = label
         self._entered = False
-        self._enabled = False
         self._run: TaskRun | None = None
-        self._claim: engine.Claim | None = None
-        self._atomic: transaction.Atomic | None = None
+        self._protected: lifecycle.Protected | None = None
 
     def __enter__(self) -> TaskRun:
         if self._entered:
             raise RuntimeError(f"{self._label}: a claim_once(...) can be entered only once.")
         self._entered = True
-        self._enabled = conf.ENABLED
-        if not self._enabled:
+        if not conf.ENABLED:
             self._run = TaskRun(done=False)
             return self._run
-        options = self._options.engine_options()
-        mode = str(self._options.pick("mode", "MODE"))
-        if mode == "commit" and connections[options.alias].in_atomic_block:
-            # The claim cannot commit on its own inside somebody else's transaction; the
-            # unique index still serialises duplicates (they wait for this transaction).
-            logger.warning(
-                "%s called inside an open transaction on %r: running in atomic mode (claim, "
-                "work and result in that transaction). Call it outside transaction.atomic, "
-                "or pass mode='atomic'.",
-                self._label,
-                options.alias,
-            )
-            mode = "atomic"
-        if mode == "atomic":
-            self._atomic = transaction.atomic(using=options.alias)
-            self._atomic.__enter__()
-            try:
-                began = self._begin(options)
-            except BaseException:
-                self._atomic.__exit__(*sys.exc_info())
-                raise
-        else:
-            began = self._begin(options)
-        if isinstance(began, StoredResponse):
-            self._run = TaskRun(done=True, result=json.loads(began.body))
-        else:
-            self._claim = began
-            if self._atomic is None:
-                max_run = float(self._options.pick("max_run_seconds", "MAX_RUN_SECONDS"))
-                heartbeat.register(began, options.lease, max_run)
-            self._run = TaskRun(done=False)
+        protected = lifecycle.Protected(
+            self.scope, self.fingerprint, self._options.policy(self._label)
+        )
+        started = protected.start()
+        if isinstance(started, lifecycle.Replayed):
+            self._run = TaskRun(done=True, result=json.loads(started.stored.body))
+            return self._run
+        if isinstance(started, lifecycle.Refused):
+            raise self._task_error(started.error)
+        if protected.claimed:
+            self._protected = protected
+        self._run = TaskRun(done=False)
         return self._run
 
     def __exit__(
@@ -196,71 +197,56 @@ class ClaimOnce:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        run = self._run
-        if not self._enabled or run is None:
-            return
-        if self._atomic is not None:
-            self._exit_atomic(run, self._atomic, exc_type, exc, traceback)
-            return
-        claim = self._claim
-        if claim is None:
-            return  # a replay: nothing was claimed, nothing to write
-        try:
-            if exc_type is not None:
-                _release_quietly(claim)
-                return
-            try:
-                body = self._encode(run.result)
-            except TypeError:
-                _release_quietly(claim)
-                raise
-            self._complete(claim, body, quiet=True)
-            run._result = json.loads(body)
-        finally:
-            heartbeat.unregister(claim)
-
-    def _exit_atomic(
-        self,
-        run: TaskRun,
-        atomic: transaction.Atomic,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        """Roll the claim back with the work on failure; commit both, or neither, on success."""
-        if exc_type is not None:
-            atomic.__exit__(exc_type, exc, traceback)
+        protected, run = self._protected, self._run
+        if protected is None or run is None:
+            return  # disabled, replayed, or failed open: nothing was claimed
+        if exc is not None:
+            protected.fail(exc)
             return
         try:
-            if self._claim is not None:
-                body = self._encode(run.result)
-                self._complete(self._claim, body, quiet=False)
-                run._result = json.loads(body)
-        except BaseException:
-            atomic.__exit__(*sys.exc_info())
+            body = self._encode(run.result)
+        except TypeError as error:
+            protected.fail(error)
             raise
-        atomic.__exit__(None, None, None)
+        storable = len(body) <= conf.MAX_RESPONSE_BYTES
+        if not storable:
+            logger.warning(
+                "%s: result not stored (over MAX_RESPONSE_BYTES); a repeat of the key will "
+                "raise TaskResultNotStored.",
+                self._label,
+                extra=signals.log_fields(**self.scope.lookup()),
+            )
+        outcome = lifecycle.Outcome(
+            StoredResponse(RESULT_STATUS, body, list(RESULT_HEADERS)), body_stored=storable
+        )
+        refused = protected.finish(outcome)
+        if refused is not None:
+            raise self._task_error(refused.error)
+        run._result = json.loads(body)
 
-    def _begin(self, options: engine.Options) -> engine.Claim | StoredResponse:
+    def _task_error(self, error: Exception) -> Exception:
         key = self.scope.key
-        try:
-            return engine.begin(self.scope, self.fingerprint, options)
-        except InFlight as error:
-            retry_after = options.retry_after if error.retry_after is None else error.retry_after
-            raise TaskInFlight(
+        if isinstance(error, InFlight):
+            retry_after = error.retry_after if error.retry_after is not None else 1
+            return TaskInFlight(
                 f"{self._label} is still running for key {key!r} (claimed by another "
                 f"worker); deliver it again in {retry_after} s.",
                 retry_after=retry_after,
-            ) from error
-        except KeyMismatch as error:
-            raise TaskKeyMismatch(
+            )
+        if isinstance(error, KeyMismatch):
+            return TaskKeyMismatch(
                 f"{self._label}: key {key!r} was already used with different arguments."
-            ) from error
-        except ResponseNotStored as error:
-            raise TaskResultNotStored(
+            )
+        if isinstance(error, ResponseNotStored):
+            return TaskResultNotStored(
                 f"{self._label}: key {key!r} already ran, but its result was larger than "
                 "MAX_RESPONSE_BYTES and was not stored."
-            ) from error
+            )
+        if isinstance(error, StoreUnavailable):
+            return TaskStoreUnavailable(
+                f"{self._label}: {error.detail}", retry_after=error.retry_after
+            )
+        return error  # pragma: no cover - the lifecycle refuses with the errors above
 
     def _encode(self, result: Any) -> bytes:
         try:
@@ -272,27 +258,6 @@ class ClaimOnce:
                 f"the key {self.scope.key!r} was released, so the next delivery runs again. "
                 "Return JSON values: dict, list, str, int, float, bool or None."
             ) from error
-
-    def _complete(self, claim: engine.Claim, body: bytes, *, quiet: bool) -> None:
-        storable = len(body) <= conf.MAX_RESPONSE_BYTES
-        if not storable:
-            logger.warning(
-                "%s: result not stored (over MAX_RESPONSE_BYTES); a repeat of the key will "
-                "raise TaskResultNotStored.",
-                self._label,
-                extra={"idempotency_key": claim.scope.key},
-            )
-        outcome = StoredResponse(RESULT_STATUS, body, list(RESULT_HEADERS))
-        try:
-            engine.complete(claim, outcome, body_stored=storable)
-        except DatabaseError:
-            if not quiet:
-                raise
-            logger.exception(
-                "Idempotency store unavailable while storing a task result: the work ran, "
-                "but the record stays in progress until its lease lapses.",
-                extra={"idempotency_key": claim.scope.key},
-            )
 
 
 def claim_once(
@@ -321,6 +286,7 @@ def claim_once(
     ``run.result`` is the stored (JSON round-tripped) result. The other arguments override
     the ``IDEMPOTENCY`` settings of the same name.
     """
+    label = f"claim_once({scope!r}, name={name!r})" if name else f"claim_once({scope!r})"
     options = TaskOptions(
         in_flight=in_flight,
         wait_seconds=wait_seconds,
@@ -328,10 +294,10 @@ def claim_once(
         ttl_seconds=ttl_seconds,
         max_run_seconds=max_run_seconds,
         mode=mode,
+        label=label,
     )
     endpoint = _endpoint(name)
     task_scope = engine.Scope(_account(scope), endpoint, task_key(key))
-    label = f"claim_once({scope!r}, name={name!r})" if name else f"claim_once({scope!r})"
     return ClaimOnce(task_scope, _fingerprint(endpoint, fingerprint, label), options, label)
 
 
@@ -360,7 +326,8 @@ def idempotent_task(
     instead computes a JSON-serialisable value from the arguments. The rest override the
     ``IDEMPOTENCY`` settings of the same name.
     """
-    options = TaskOptions(
+    task_options = functools.partial(
+        TaskOptions,
         in_flight=in_flight,
         wait_seconds=wait_seconds,
         lease_seconds=lease_seconds,
@@ -368,6 +335,8 @@ def idempotent_task(
         max_run_seconds=max_run_seconds,
         mode=mode,
     )
+    if name is not None:
+        task_options(label=f"Task {name!r}")  # validate now, not at the first call
     if fingerprint_args is not None and fingerprint is not None:
         raise ImproperlyConfigured(
             "idempotent_task: give fingerprint_args or fingerprint, not both"
@@ -376,6 +345,7 @@ def idempotent_task(
     def decorator(func: Callable[P, R]) -> Callable[P, R]:
         task_name = name or f"{func.__module__}.{func.__qualname__}"
         label = f"Task {task_name!r}"
+        options = task_options(label=label)
         if inspect.iscoroutinefunction(func):
             raise ImproperlyConfigured(f"{label}: async functions are not supported")
         signature = inspect.signature(func)
@@ -479,14 +449,3 @@ def _canonical_json(work: Any, label: str) -> bytes:
             "arguments that define the work with fingerprint_args=, or give fingerprint=."
         ) from error
     return text.encode("utf-8", "surrogatepass")
-
-
-def _release_quietly(claim: engine.Claim) -> None:
-    try:
-        engine.release(claim)
-    except DatabaseError:
-        logger.exception(
-            "Idempotency store unavailable while releasing a task key; it frees itself when "
-            "its lease lapses.",
-            extra={"idempotency_key": claim.scope.key},
-        )

@@ -10,6 +10,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 
+from idempotency_django import lifecycle
 from idempotency_django.heartbeat import heartbeat
 from tests.factories import UserFactory
 from tests.models import SideEffect
@@ -31,6 +32,12 @@ def _stop_heartbeat() -> Iterator[None]:
     """Close the heartbeat thread's connection before the test databases are dropped."""
     yield
     heartbeat.stop()
+
+
+@pytest.fixture(autouse=True)
+def _forget_warnings() -> None:
+    """Warnings logged once per view or task: each test sees its own."""
+    lifecycle._warned.clear()
 
 
 @pytest.fixture

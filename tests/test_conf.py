@@ -37,31 +37,30 @@ def default_settings(request: pytest.FixtureRequest, settings: Settings) -> Sett
 def test_defaults(default_settings: Settings) -> None:
     assert conf.ENABLED is True
     assert conf.HEADER == "Idempotency-Key"
-    assert conf.REQUIRED is True
-    assert sorted(conf.METHODS) == ["PATCH", "POST"]
-    assert conf.MODE == "commit"
-    assert conf.IN_FLIGHT == "conflict"
-    assert conf.WAIT_SECONDS == 10.0
+    assert conf.get("REQUIRED") is True
+    assert sorted(conf.get("METHODS")) == ["PATCH", "POST"]
+    assert conf.get("MODE") == "commit"
+    assert conf.get("IN_FLIGHT") == "conflict"
+    assert conf.get("WAIT_SECONDS") == 10.0
     assert conf.RETRY_AFTER_SECONDS == 1
-    assert conf.LEASE_SECONDS == 10.0
+    assert conf.get("LEASE_SECONDS") == 10.0
     assert conf.MAX_RUN_SECONDS == 300.0
     assert conf.TTL_SECONDS == 24 * 60 * 60
     assert conf.ACCOUNT is keys.default_account
     assert conf.ANONYMOUS == "reject"
     assert conf.ENDPOINT is keys.default_endpoint
-    assert conf.FINGERPRINT is keys.default_fingerprint
-    assert conf.STORE_STATUSES is responses.is_definitive
+    assert resolve_callable(conf.get("FINGERPRINT"), "FINGERPRINT") is keys.default_fingerprint
+    assert status_predicate(conf.get("STORE_STATUSES")) is responses.is_definitive
     assert conf.STORED_HEADERS == ()
     assert conf.MAX_RESPONSE_BYTES == 1024 * 1024
     assert conf.DATABASE is None
-    assert conf.ON_STORE_ERROR == "closed"
+    assert conf.get("ON_STORE_ERROR") == "closed"
     assert conf.REPLAY_HEADER == "Idempotent-Replayed"
     assert conf.PROBLEM_TYPE_BASE == "urn:idempotency-django:problem:"
 
 
-def test_every_default_has_a_property(default_settings: Settings) -> None:
+def test_every_default_is_readable(default_settings: Settings) -> None:
     for name in DEFAULTS:
-        assert hasattr(type(conf), name)
         assert conf.get(name) == DEFAULTS[name]
 
 
@@ -72,9 +71,9 @@ def test_get_rejects_unknown_names() -> None:
 
 def test_settings_fixture_changes_are_seen_at_access_time(settings: Settings) -> None:
     settings.IDEMPOTENCY = {"MODE": "atomic"}
-    assert conf.MODE == "atomic"
+    assert conf.get("MODE") == "atomic"
     settings.IDEMPOTENCY = {"MODE": "commit", "TTL_SECONDS": 60}
-    assert conf.MODE == "commit"
+    assert conf.get("MODE") == "commit"
     assert conf.TTL_SECONDS == 60.0
 
 
@@ -90,21 +89,16 @@ def test_override_settings_is_seen_and_undone(settings: Settings) -> None:
 
 def test_unset_keys_keep_their_defaults(settings: Settings) -> None:
     settings.IDEMPOTENCY = {"MODE": "atomic"}
-    assert conf.IN_FLIGHT == "conflict"
-    assert conf.LEASE_SECONDS == 10.0
+    assert conf.get("IN_FLIGHT") == "conflict"
+    assert conf.get("LEASE_SECONDS") == 10.0
 
 
 def test_values_are_coerced_to_their_types(settings: Settings) -> None:
     settings.IDEMPOTENCY = {
-        "METHODS": ["post", "Put"],
-        "WAIT_SECONDS": 2,
         "RETRY_AFTER_SECONDS": 3.0,
         "STORED_HEADERS": ["X-Request-Id"],
         "DATABASE": "default",
     }
-    assert sorted(conf.METHODS) == ["POST", "PUT"]
-    assert conf.WAIT_SECONDS == 2.0
-    assert isinstance(conf.WAIT_SECONDS, float)
     assert conf.RETRY_AFTER_SECONDS == 3
     assert isinstance(conf.RETRY_AFTER_SECONDS, int)
     assert conf.STORED_HEADERS == ("X-Request-Id",)
@@ -115,11 +109,9 @@ def test_dotted_paths_resolve(settings: Settings) -> None:
     settings.IDEMPOTENCY = {
         "ACCOUNT": "tests.test_conf.custom_account",
         "ENDPOINT": "tests.test_conf.custom_endpoint",
-        "STORE_STATUSES": "idempotency_django.responses.is_definitive",
     }
     assert conf.ACCOUNT is custom_account
     assert conf.ENDPOINT is custom_endpoint
-    assert conf.STORE_STATUSES is responses.is_definitive
 
 
 def test_callables_are_used_as_given(settings: Settings) -> None:
@@ -128,10 +120,10 @@ def test_callables_are_used_as_given(settings: Settings) -> None:
 
     settings.IDEMPOTENCY = {"ACCOUNT": custom_account, "FINGERPRINT": fingerprint}
     assert conf.ACCOUNT is custom_account
-    assert conf.FINGERPRINT is fingerprint
+    assert resolve_callable(conf.get("FINGERPRINT"), "FINGERPRINT") is fingerprint
 
 
-@pytest.mark.parametrize("name", ["ACCOUNT", "ENDPOINT", "FINGERPRINT", "STORE_STATUSES"])
+@pytest.mark.parametrize("name", ["ACCOUNT", "ENDPOINT"])
 @pytest.mark.parametrize(
     "path", ["tests.test_conf.does_not_exist", "no_such_module.func", "nodots"]
 )
@@ -190,7 +182,7 @@ def test_status_predicate_accepts_a_callable_and_a_dotted_path() -> None:
 
 def test_store_statuses_setting_accepts_an_iterable_of_codes(settings: Settings) -> None:
     settings.IDEMPOTENCY = {"STORE_STATUSES": [200, 201, 500]}
-    predicate = conf.STORE_STATUSES
+    predicate = status_predicate(conf.get("STORE_STATUSES"))
     assert predicate(500) is True
     assert predicate(404) is False
 
@@ -199,6 +191,37 @@ def test_store_statuses_setting_accepts_an_iterable_of_codes(settings: Settings)
 def test_non_dict_setting_raises_improperly_configured(settings: Settings, value: object) -> None:
     settings.IDEMPOTENCY = value
     with pytest.raises(ImproperlyConfigured, match="IDEMPOTENCY"):
-        conf.MODE  # noqa: B018
+        conf.get("MODE")
     with pytest.raises(ImproperlyConfigured):
         conf.raw()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("LEASE_SECONDS", 0.5),
+        ("LEASE_SECONDS", -1),
+        ("WAIT_SECONDS", float("nan")),
+        ("TTL_SECONDS", "1d"),
+        ("MODE", "fast"),
+        ("REQUIRED", "yes"),
+        ("METHODS", "POST"),
+    ],
+)
+def test_check_argument_names_the_view_and_the_argument(name: str, value: object) -> None:
+    from idempotency_django.conf import check_argument
+
+    with pytest.raises(ImproperlyConfigured) as raised:
+        check_argument(name, value, "@idempotent on charge")
+    assert "@idempotent on charge" in str(raised.value)
+    assert name.lower() in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("LEASE_SECONDS", 1), ("TTL_SECONDS", None), ("MODE", "atomic"), ("METHODS", ["PUT"])],
+)
+def test_check_argument_accepts_what_the_setting_accepts(name: str, value: object) -> None:
+    from idempotency_django.conf import check_argument
+
+    check_argument(name, value, "@idempotent on charge")

@@ -312,7 +312,7 @@ def test_mismatch_wins_over_in_flight(alice: User, post: Post) -> None:
         account=str(alice.pk),
         endpoint="POST /effect/",
         key="k1",
-        fingerprint="f" * 64,
+        fingerprint="2:" + "f" * 64,  # another request, current canonical form
         token="a" * 32,
         created_at=timezone.now(),
         lease_expires_at=timezone.now() + timedelta(seconds=30),
@@ -350,7 +350,7 @@ def test_lapsed_lease_with_another_body_is_still_422(alice: User, post: Post) ->
         account=str(alice.pk),
         endpoint="POST /effect/",
         key="k1",
-        fingerprint="f" * 64,
+        fingerprint="2:" + "f" * 64,  # another request, current canonical form
         token="a" * 32,
         created_at=timezone.now() - timedelta(seconds=60),
         lease_expires_at=timezone.now() - timedelta(seconds=1),
@@ -594,9 +594,9 @@ def test_in_progress_record_without_a_lease_counts_as_lapsed(alice: User, post: 
 def test_a_row_that_keeps_changing_under_a_request_ends_in_409_not_a_spin(
     alice: User, post: Post, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from idempotency_django import engine
+    from idempotency_django.store import store
 
-    monkeypatch.setattr(engine, "_read", lambda scope, alias: None)
+    monkeypatch.setattr(store, "read", lambda alias, lookup, fingerprint: None)
     post("/effect/", {"amount": 1})
     response = post("/effect/", {"amount": 1})
 
@@ -605,14 +605,14 @@ def test_a_row_that_keeps_changing_under_a_request_ends_in_409_not_a_spin(
 
 
 def test_no_ttl_keeps_the_key_forever(alice: User, post: Post, settings) -> None:  # type: ignore[no-untyped-def]
-    from idempotency_django.engine import NEVER
+    from idempotency_django.store import never
 
     settings.IDEMPOTENCY = {"TTL_SECONDS": None}
     post("/effect/", {"amount": 1})
     retry = post("/effect/", {"amount": 1})
 
     assert retry["Idempotent-Replayed"] == "true"
-    assert IdempotencyRecord.objects.get().expires_at == NEVER
+    assert IdempotencyRecord.objects.get().expires_at == never()
 
 
 @pytest.mark.parametrize("other", ["ABC", '"abc "', "abC"])

@@ -31,6 +31,7 @@ from idempotency_django.tasks import (
     TaskKeyMalformed,
     TaskKeyMismatch,
     TaskResultNotStored,
+    TaskStoreUnavailable,
     TaskRun,
     claim_once,
     idempotent_task,
@@ -470,13 +471,14 @@ def test_ttl_and_lease_come_from_the_settings_or_the_arguments(settings: Any) ->
 
     by_settings("msg-1")
     assert leases == [timedelta(seconds=30)]
-    assert record().expires_at - record().created_at == timedelta(seconds=600)
+    # The TTL counts from completion.
+    assert record().expires_at - record().completed_at == timedelta(seconds=600)
     IdempotencyRecord.objects.all().delete()
 
     by_arguments("msg-2")
     created = record().created_at
     assert leases[1] - created == timedelta(seconds=5)
-    assert record().expires_at - created == timedelta(seconds=60)
+    assert record().expires_at - record().completed_at == timedelta(seconds=60)
 
 
 def test_the_heartbeat_renews_the_claim_while_the_function_runs(
@@ -542,8 +544,9 @@ def test_a_store_failure_when_claiming_propagates_and_nothing_runs(
 
     monkeypatch.setattr(engine, "begin", unreachable)
 
-    with pytest.raises(OperationalError):
+    with pytest.raises(TaskStoreUnavailable) as raised:
         charge("msg-1", 5)
+    assert raised.value.retry_after == 1
     assert effects() == 0
 
 
@@ -591,7 +594,7 @@ def test_inside_an_open_transaction_it_runs_atomically_and_warns(
             charge("msg-2", -1)  # rolls back its claim and its side effect
         assert effects("charge") == 1
 
-    assert "Task 'tests.test_tasks.charge' called inside an open transaction" in caplog.text
+    assert "for Task 'tests.test_tasks.charge' inside an open transaction" in caplog.text
     assert registered == []  # nothing to renew: nobody else can see the claim
     assert effects("charge") == 1
     assert record().key == "msg-1"
@@ -641,7 +644,7 @@ def test_atomic_mode_rolls_back_when_the_result_cannot_be_stored(
 
     monkeypatch.setattr(engine, "complete", unreachable)
 
-    with pytest.raises(OperationalError):
+    with pytest.raises(TaskStoreUnavailable):
         charge_atomic("msg-1", 5)
     monkeypatch.undo()
     assert effects() == 0

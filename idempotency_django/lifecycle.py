@@ -1,0 +1,526 @@
+"""The one lifecycle of a protected unit of work: claim → run → complete or release.
+
+Every adapter (``@idempotent`` on sync and async views, the DRF mixin, the task API)
+translates its own inputs and outputs and calls this; none of them decides a policy. The
+policies that decide an outcome all live here:
+
+- **Transaction modes.** ``commit``: the claim commits on its own, the work runs outside
+  it while the heartbeat renews the lease, then the outcome is stored. ``atomic``: claim,
+  work and completion in one transaction. ``commit`` inside a transaction that is already
+  open on the store becomes ``atomic`` (the claim cannot commit on its own there).
+- **Request transactions.** Adapters opt views out of ``ATOMIC_REQUESTS`` and hand the
+  aliases here: the work runs in those transactions again, the completion is written
+  *inside* them when the store is one of them (so it commits with the work, or not at
+  all), or *after* they committed when the store lives elsewhere. The work's databases
+  commit before the store's, so a stored outcome never stands for work that rolled back.
+  A work that asks for its transaction to be rolled back (DRF's exception handler does,
+  for the errors it answers) is rolled back, and its definitive outcome stored after.
+- **Never 2xx for work that did not commit.** A completion or a commit that fails while
+  the work's transaction is open makes the answer a 503 with ``Retry-After``; the key is
+  released when the rollback is certain, and kept (until its lease lapses) when the
+  outcome is unknown (the connection broke during the commit).
+- **Unknown outcome.** Work that fails with a lost database connection keeps its key:
+  its writes may have committed. Any other failure releases it.
+- **Store errors.** Only a store that cannot be reached (refused or lost connection, after
+  one reconnect) may fail open; contention (a lock timeout, a deadlock) is a duplicate in
+  flight and answers 409; anything else fails closed (503).
+- **Disconnects** (async): by default the work runs to its end and its outcome is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from asgiref.sync import sync_to_async
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+
+from idempotency_django import engine, signals
+from idempotency_django.exceptions import IdempotencyError, InFlight, StoreUnavailable
+from idempotency_django.heartbeat import heartbeat
+from idempotency_django.models import IdempotencyRecord
+from idempotency_django.responses import StoredResponse
+from idempotency_django.store import store
+
+logger = logging.getLogger("idempotency_django")
+
+V = TypeVar("V")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Everything that decides how one protected run goes, resolved for this call."""
+
+    options: engine.Options
+    mode: str
+    max_run: float
+    on_store_error: str
+    on_disconnect: str = "finish"
+    label: str = "view"  # names the view or task in warnings
+
+    @property
+    def alias(self) -> str:
+        return self.options.alias
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What to keep of a finished run: ``response`` is stored (its body only when
+    ``body_stored``); ``None`` releases the key (a failure that a retry may fix)."""
+
+    response: StoredResponse | None
+    body_stored: bool = True
+
+
+@dataclass(frozen=True)
+class Replayed:
+    stored: StoredResponse
+
+
+@dataclass(frozen=True)
+class Refused:
+    error: IdempotencyError
+
+
+@dataclass(frozen=True)
+class Ran(Generic[V]):
+    value: V
+
+
+Result = Replayed | Refused | Ran[V]
+
+
+class _StoreError(Exception):
+    """The store failed inside an open transaction: carried out of it before it is handled."""
+
+    def __init__(self, error: DatabaseError, *, claiming: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.claiming = claiming
+
+
+class _CommitFailed(Exception):
+    def __init__(self, error: DatabaseError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def run(
+    scope: engine.Scope,
+    fingerprint: str,
+    policy: Policy,
+    work: Callable[[], V],
+    record: Callable[[V], Outcome],
+    request_transactions: Sequence[str] = (),
+) -> Result[V]:
+    """Run ``work`` at most once for ``scope``; ``record`` says what of its value to keep.
+
+    ``request_transactions``: the aliases whose ``ATOMIC_REQUESTS`` transaction the adapter
+    took off the view, to be given back around ``work``.
+    """
+    protected = Protected(scope, fingerprint, policy, request_transactions)
+    started = protected.start()
+    if started is not None:
+        return started
+    if not protected.claimed:
+        return Ran(_in_transactions(protected.reopen, work))  # failed open
+    try:
+        value = work()
+        outcome = record(value)
+    except BaseException as error:
+        protected.fail(error)
+        raise
+    refused = protected.finish(outcome)
+    return refused if refused is not None else Ran(value)
+
+
+async def arun(
+    scope: engine.Scope,
+    fingerprint: str,
+    policy: Policy,
+    work: Callable[[], Awaitable[V]],
+    record: Callable[[V], Outcome],
+) -> Result[V]:
+    """``run`` for coroutines: always ``commit`` mode (Django has no async transactions),
+    every store call off the event loop, and the disconnect policy applied."""
+    protected = Protected(scope, fingerprint, policy, (), mode="commit")
+    started = await sync_to_async(protected.start)()
+    if started is not None:
+        return started
+    if not protected.claimed:
+        return Ran(await work())
+    cancelled: asyncio.CancelledError | None = None
+    try:
+        if policy.on_disconnect == "finish":
+            value, cancelled = await _outliving_cancellation(work)
+        else:
+            value = await work()
+        outcome = await sync_to_async(record)(value)
+    except BaseException as error:
+        # Includes CancelledError under ON_DISCONNECT "release": the client went away
+        # mid-flight. Shielded, so the release completes even if cancelled again.
+        await asyncio.shield(sync_to_async(protected.fail)(error))
+        raise
+    refused = await asyncio.shield(sync_to_async(protected.finish)(outcome))
+    if cancelled is not None:
+        raise cancelled
+    return refused if refused is not None else Ran(value)
+
+
+class Protected:
+    """One run, step by step: ``start``, then the work, then ``finish`` or ``fail``.
+
+    ``run`` and ``arun`` drive it for callables; ``claim_once`` drives it for a block of
+    code (a ``with`` statement), which is why the steps are separate.
+    """
+
+    def __init__(
+        self,
+        scope: engine.Scope,
+        fingerprint: str,
+        policy: Policy,
+        request_transactions: Sequence[str] = (),
+        *,
+        mode: str | None = None,
+    ) -> None:
+        self.scope = scope
+        self.fingerprint = fingerprint
+        self.policy = policy
+        self.alias = policy.alias
+        self.reopen = [
+            alias for alias in request_transactions if not connections[alias].in_atomic_block
+        ]
+        self.mode = mode or self._mode()
+        self.claim: engine.Claim | None = None
+        self._stack = ExitStack()
+        self._opened: list[str] = []
+        self._store_transaction = False  # the store's transaction is open around the work
+
+    @property
+    def claimed(self) -> bool:
+        return self.claim is not None
+
+    def _mode(self) -> str:
+        if self.policy.mode == "commit" and connections[self.alias].in_atomic_block:
+            # The claim cannot commit on its own inside somebody else's transaction. The
+            # unique index still serialises duplicates (they wait for that transaction), so
+            # single flight holds, with the semantics of atomic mode.
+            _warn_once(self.policy.label, self.alias)
+            return "atomic"
+        return self.policy.mode
+
+    # -- start ------------------------------------------------------------------------------
+
+    def start(self) -> Replayed | Refused | None:
+        """Claim the key. ``None``: run the work (``claimed``), or run it unprotected (the
+        store is unreachable and the policy fails open); otherwise answer with the result."""
+        if self.mode == "atomic":
+            return self._start_atomic()
+        try:
+            began = self._begin(reconnect=True)
+        except DatabaseError as error:
+            return self._store_failed(error)
+        if not isinstance(began, engine.Claim):
+            return began
+        self.claim = began
+        heartbeat.register(began, self.policy.options.lease, self.policy.max_run)
+        try:
+            # The store's transaction outermost: the work's databases commit before it.
+            self._open(sorted(self.reopen, key=lambda alias: alias != self.alias))
+        except BaseException as error:
+            self.fail(error)
+            raise
+        self._store_transaction = self.alias in self.reopen
+        return None
+
+    def _start_atomic(self) -> Replayed | Refused | None:
+        try:
+            # Connect first, so that a store that is down is told apart from a failure
+            # inside the transaction.
+            engine.reconnecting(self.alias, connections[self.alias].ensure_connection)
+        except DatabaseError as error:
+            return self._store_failed(error)
+        self._open([self.alias])
+        try:
+            began = self._begin(reconnect=False)
+        except IdempotencyError as error:
+            self._discard()
+            return Refused(error)
+        except DatabaseError as error:
+            self._discard()
+            return self._store_failed(error)
+        except BaseException:
+            self._stack.__exit__(*sys.exc_info())
+            raise
+        if not isinstance(began, engine.Claim):
+            self._discard()
+            return began
+        self.claim = began
+        self._store_transaction = True
+        try:
+            self._open([alias for alias in self.reopen if alias != self.alias])
+        except BaseException as error:
+            self.fail(error)
+            raise
+        return None
+
+    def _begin(self, *, reconnect: bool) -> engine.Claim | Replayed | Refused:
+        token = engine.new_token()  # the same on a reconnected retry: see engine.begin
+
+        def begin() -> engine.Claim | StoredResponse:
+            return engine.begin(self.scope, self.fingerprint, self.policy.options, token)
+
+        try:
+            began = engine.reconnecting(self.alias, begin) if reconnect else begin()
+        except IdempotencyError as error:
+            return Refused(error)
+        if isinstance(began, StoredResponse):
+            return Replayed(began)
+        return began
+
+    def _store_failed(self, error: DatabaseError) -> Refused | None:
+        """Fail open only when the store cannot be reached; otherwise 503 (or 409, for a
+        concurrent transaction that holds the key)."""
+        kind = store.failure_kind(self.alias, error)
+        if kind == "contention":
+            return Refused(
+                InFlight(
+                    "A request with this Idempotency-Key is still being processed.",
+                    retry_after=self.policy.options.retry_after,
+                )
+            )
+        policy = self.policy.on_store_error if kind == "unreachable" else "closed"
+        logger.error(
+            "Idempotency store failed while claiming a key (%s; fail %s).",
+            kind,
+            policy,
+            exc_info=error,
+            extra=signals.log_fields(**self.scope.lookup()),
+        )
+        signals.store_unavailable.send(
+            IdempotencyRecord, policy=policy, kind=kind, **self.scope.lookup()
+        )
+        if policy == "open":
+            return None
+        return Refused(self._unavailable("The request was not processed"))
+
+    # -- finish -----------------------------------------------------------------------------
+
+    def finish(self, outcome: Outcome) -> Refused | None:
+        """Store the outcome (or release the key) and commit. ``None``: the work committed
+        and its value can be sent; otherwise the refusal to send instead."""
+        claim = self.claim
+        assert claim is not None
+        store_after = outcome.response is not None
+        lost = False
+        try:
+            try:
+                if self._store_transaction:
+                    if outcome.response is None:
+                        if self.mode == "atomic":
+                            # A failed outcome rolls back with its work and its claim, so
+                            # that a retry starts clean.
+                            transaction.set_rollback(True, using=self.alias)
+                            self._emit_released("Idempotency key released (rolled back).")
+                            store_after = False
+                    elif not connections[self.alias].needs_rollback:
+                        store_after = False
+                        lost = not self._complete(claim, outcome)
+                        if lost:
+                            for alias in self._opened:
+                                transaction.set_rollback(True, using=alias)
+            except _StoreError:
+                self._stack.__exit__(*sys.exc_info())
+                raise
+            self._commit()
+        except (_StoreError, _CommitFailed) as failure:
+            return self._not_committed(claim, failure)
+        finally:
+            heartbeat.unregister(claim)
+        if lost:
+            return Refused(
+                InFlight(
+                    "This request lost its claim to a retry and was rolled back.",
+                    retry_after=self.policy.options.retry_after,
+                )
+            )
+        if outcome.response is None:
+            if self.mode == "commit":
+                _release_quietly(claim)
+        elif store_after:
+            self._complete_after(claim, outcome)
+        return None
+
+    def fail(self, error: BaseException) -> None:
+        """The work raised: roll back what is open, and release the key unless the work's
+        outcome is unknown."""
+        claim = self.claim
+        try:
+            self._stack.__exit__(type(error), error, error.__traceback__)
+        finally:
+            if claim is not None:
+                heartbeat.unregister(claim)
+        if claim is None or self.mode == "atomic":
+            return  # the claim rolled back with the work
+        if isinstance(error, (OperationalError, InterfaceError)):
+            # A database connection lost while the work ran may have lost the
+            # acknowledgement of a write that committed: releasing would let the retry do
+            # it again. The key stays claimed until its lease lapses, as a crashed worker's.
+            logger.error(
+                "Idempotency key kept after a database connection error in the view: its work "
+                "may have committed. A retry runs after the lease lapses.",
+                extra=signals.log_fields(**claim.scope.lookup()),
+            )
+            return
+        _release_quietly(claim)
+
+    def _complete(self, claim: engine.Claim, outcome: Outcome) -> bool:
+        assert outcome.response is not None
+        try:
+            return engine.complete(claim, outcome.response, body_stored=outcome.body_stored)
+        except DatabaseError as error:
+            raise _StoreError(error, claiming=False) from error
+
+    def _complete_after(self, claim: engine.Claim, outcome: Outcome) -> None:
+        """Store the outcome of work that committed already (or ran without a transaction
+        of ours): the answer stands whatever happens here."""
+        response = outcome.response
+        assert response is not None
+        try:
+            if self.mode == "atomic":
+                # The work asked for its transaction to be rolled back, and the claim went
+                # with it: claim the key again to store the (definitive) outcome. If a
+                # duplicate claimed it in between, that one runs: this work rolled back.
+                again = engine.reconnecting(
+                    claim.alias,
+                    lambda: engine.claim_again(self.scope, self.fingerprint, self.policy.options),
+                )
+                if again is None:
+                    return
+                claim = again
+            engine.reconnecting(
+                claim.alias,
+                lambda: engine.complete(claim, response, body_stored=outcome.body_stored),
+            )
+        except DatabaseError:
+            logger.exception(
+                "Idempotency store unavailable while completing a key: the work committed "
+                "and its response is sent, but the record stays in progress until its lease "
+                "lapses.",
+                extra=signals.log_fields(**claim.scope.lookup()),
+            )
+
+    def _not_committed(self, claim: engine.Claim, failure: Exception) -> Refused:
+        """The work's transaction did not commit (or may not have): never a 2xx."""
+        error = failure.error if isinstance(failure, (_StoreError, _CommitFailed)) else failure
+        unknown = isinstance(error, (OperationalError, InterfaceError)) and isinstance(
+            failure, _CommitFailed
+        )
+        logger.error(
+            "Idempotency: the work's transaction %s; answering 503.",
+            "may not have committed" if unknown else "was rolled back",
+            exc_info=error,
+            extra=signals.log_fields(**claim.scope.lookup()),
+        )
+        if self.mode == "commit":
+            if unknown:
+                logger.error(
+                    "Idempotency key kept: a retry runs after the lease lapses.",
+                    extra=signals.log_fields(**claim.scope.lookup()),
+                )
+            else:
+                _release_quietly(claim)
+        return Refused(self._unavailable("The request's work was not committed"))
+
+    def _unavailable(self, what: str) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"{what}; retry it with the same Idempotency-Key.",
+            retry_after=self.policy.options.retry_after,
+        )
+
+    def _emit_released(self, message: str) -> None:
+        signals.emit(signals.released, logging.INFO, message, **self.scope.lookup())
+
+    # -- transactions -----------------------------------------------------------------------
+
+    def _open(self, aliases: Sequence[str]) -> None:
+        for alias in aliases:
+            self._stack.enter_context(transaction.atomic(using=alias))
+            self._opened.append(alias)
+
+    def _commit(self) -> None:
+        """Leave the open transactions: the work's databases commit before the store's."""
+        try:
+            self._stack.close()
+        except DatabaseError as error:
+            raise _CommitFailed(error) from error
+
+    def _discard(self) -> None:
+        """Leave the transaction of a claim that was not made: nothing to keep."""
+        transaction.set_rollback(True, using=self.alias)
+        self._stack.close()
+
+
+def unprotected(aliases: Sequence[str], work: Callable[[], V]) -> V:
+    """Run work that is not protected in the request transactions it was opted out of."""
+    return _in_transactions(aliases, work)
+
+
+def _in_transactions(aliases: Sequence[str], work: Callable[[], V]) -> V:
+    with ExitStack() as stack:
+        for alias in aliases:
+            stack.enter_context(transaction.atomic(using=alias))
+        return work()
+
+
+def _release_quietly(claim: engine.Claim) -> None:
+    try:
+        engine.reconnecting(claim.alias, lambda: engine.release(claim))
+    except DatabaseError:
+        logger.exception(
+            "Idempotency store unavailable while releasing a key; it frees itself when its "
+            "lease lapses.",
+            extra=signals.log_fields(**claim.scope.lookup()),
+        )
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(label: str, alias: str) -> None:
+    if (label, alias) in _warned:
+        return
+    _warned.add((label, alias))
+    logger.warning(
+        "Idempotency MODE 'commit' for %s inside an open transaction on %r: it runs in atomic "
+        "mode (claim, work and outcome in that transaction). Outside tests, use "
+        "@transaction.non_atomic_requests or MODE 'atomic'; in a test, use a transactional "
+        "test case (TransactionTestCase, or django_db(transaction=True)) to test commit mode.",
+        label,
+        alias,
+    )
+
+
+async def _outliving_cancellation(
+    work: Callable[[], Awaitable[V]],
+) -> tuple[V, asyncio.CancelledError | None]:
+    """Run the work to its end even if the request is cancelled (its client went away).
+
+    Cancelling a view cannot call back work it already started, such as a database write
+    running in a thread: releasing the key then would let the retry do it twice. So the work
+    finishes, its outcome is stored, and the retry gets the replay.
+    """
+    task: asyncio.Future[V] = asyncio.ensure_future(work())
+    cancelled: asyncio.CancelledError | None = None
+    while True:
+        try:
+            return await asyncio.shield(task), cancelled
+        except asyncio.CancelledError as error:
+            if task.done():
+                raise  # the work itself was cancelled: it did not finish
+            cancelled = error
