@@ -565,7 +565,7 @@ def test_command_bad_arguments_raise_command_error(args: list[str], message: str
 
 def test_command_bad_setting_raises_command_error(settings: Any) -> None:
     settings.IDEMPOTENCY = {"PURGE_BATCH_SIZE": "lots"}
-    with pytest.raises(CommandError, match="PURGE_BATCH_SIZE is .lots.: expected a number"):
+    with pytest.raises(CommandError, match=r"PURGE_BATCH_SIZE is .lots.: expected a number"):
         run()
 
 
