@@ -17,7 +17,13 @@ checked and printed; the exit code is 1 on any violation.
 Ground truth: the client encodes each key's serial number in the amount it charges
 (``amount = serial x 10 + variant``, the variant telling a mismatched body apart), so every
 ``Charge`` row names its key without any change to the example. The soak settings add an
-app that records the server's idempotency signals and warnings (``soakproject/events.py``).
+app that records the server's idempotency signals and warnings (``soakproject/events.py``):
+each execution of the view (a claim or take-over) with its worker's pid, its database
+session and its time, and the end of each request. The injector records each fault's target
+(the pid it killed, the session it terminated), when it was sent and when the target was
+gone. A key's view may run again only after its previous execution released the key, or
+after a fault the soak caused cut that execution mid-run and its lease lapsed: anything
+else is a violation, however the server logged it.
 
 It always ends: a hard deadline kills gunicorn, drops the database and exits (code 3).
 """
@@ -28,8 +34,11 @@ import argparse
 import base64
 import contextlib
 import datetime
+import functools
 import http.client
+import itertools
 import json
+import math
 import os
 import random
 import re
@@ -52,7 +61,6 @@ if str(REPO_ROOT) not in sys.path:
 from benchmarks import common  # noqa: E402
 
 SETTINGS = "benchmarks.soakproject.settings"
-ENDPOINT = "POST /charges/"
 USERS = {"alice": "alice", "bob": "bob"}
 DEFAULT_URLS = {
     "postgres": os.environ.get("SOAK_POSTGRES_URL", "postgres://root@127.0.0.1:5432/soak_pg"),
@@ -113,9 +121,8 @@ class Key:
     card: str
     attempts: list[Attempt] = field(default_factory=list)
     abandoned: bool = False
-    # Broken expectations: (what, excused when the key's lease was taken over). A claim that
-    # never completed (its worker killed, or its completion not written) is run again by a
-    # retry after its lease: that retry's answer is new, not a replay.
+    # Broken expectations: (what, excused when the soak cut one of the key's executions: the
+    # retry that runs it again after the lease gets a new answer, not a replay).
     expectations: list[tuple[str, bool]] = field(default_factory=list)
 
     def amount(self, variant: int) -> int:
@@ -141,6 +148,7 @@ class Clients:
         self.keys: dict[int, Key] = {}
         self.next_serial = 1
         self.crashes: list[str] = []
+        self.t0 = time.time()  # the report's times are relative to this
 
     # -- HTTP
 
@@ -261,11 +269,53 @@ class Clients:
 # --- the faults -----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Fault:
+    """One fault the soak caused: a worker killed, or a database session terminated."""
+
+    sent: float  # time.time() just before the kill or the termination was sent
+    t: float  # time.time() once its target was gone
+    kind: str  # "kill" or "termination"
+    target: int  # the worker's pid, or the session's id (PostgreSQL backend / MariaDB thread)
+
+    def hits(self, execution: Execution) -> bool:
+        """Whether this fault's target is ``execution``'s worker or connection."""
+        return self.target == (execution.pid if self.kind == "kill" else execution.backend)
+
+    def cut(self, execution: Execution) -> bool:
+        """Whether this fault hit ``execution`` mid-run: sent before it ended, and its target
+        gone after it began."""
+        return self.hits(execution) and self.sent < execution.end and execution.start < self.t
+
+    def describe(self, t0: float) -> str:
+        what = "kill of worker pid" if self.kind == "kill" else "termination of backend"
+        return f"{what} {self.target} at +{self.sent - t0:.3f}s (gone +{self.t - t0:.3f}s)"
+
+
 @dataclass
 class Faults:
-    kills: list[tuple[float, int]] = field(default_factory=list)  # (time.time(), pid)
-    terminations: list[tuple[float, int]] = field(default_factory=list)  # (time, how many)
+    done: list[Fault] = field(default_factory=list)
+    rounds: int = 0  # rounds of connection terminations
     errors: list[str] = field(default_factory=list)
+
+    def count(self, kind: str) -> int:
+        return sum(fault.kind == kind for fault in self.done)
+
+
+def _wait_gone(alive: Callable[[], bool], within: float = 2.0) -> None:
+    """Until ``alive()`` is false (``within`` seconds at most). A fault lasts from when it
+    was sent until its target is gone: whatever it cut overlaps that time."""
+    deadline = time.monotonic() + within
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"  # a zombie has ended
 
 
 def inject_faults(
@@ -279,7 +329,7 @@ def inject_faults(
     rng: random.Random,
 ) -> None:
     """SIGKILL a random worker about every ``kill_every`` s and terminate some of the
-    workers' database connections about every ``terminate_every`` s, until ``until``."""
+    soak database's connections about every ``terminate_every`` s, until ``until``."""
     now = time.monotonic()
     next_kill = now + kill_every * rng.uniform(0.5, 1.5)
     next_term = now + terminate_every * rng.uniform(0.5, 1.5)
@@ -292,18 +342,20 @@ def inject_faults(
             next_kill = now + kill_every * rng.uniform(0.5, 1.5)
             pids = gunicorn.worker_pids()
             if pids:
-                pid = rng.choice(pids)
+                pid, sent = rng.choice(pids), time.time()
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                    faults.kills.append((time.time(), pid))
+                    _wait_gone(functools.partial(_process_alive, pid))
+                    faults.done.append(Fault(sent, time.time(), "kill", pid))
         if now >= next_term:
             next_term = now + terminate_every * rng.uniform(0.5, 1.5)
             try:
                 if connection is None:
                     # On the server, outside the soak's database: never a target itself.
                     connection = common.connect(db, server_only=True)
-                count = _terminate(connection, db, rng)
-                faults.terminations.append((time.time(), count))
+                ended = _terminate(connection, db, rng)
+                faults.rounds += 1
+                faults.done.extend(Fault(sent, time.time(), "termination", i) for sent, i in ended)
             except Exception as exc:
                 faults.errors.append(f"{type(exc).__name__}: {exc}")
                 with contextlib.suppress(Exception):
@@ -316,32 +368,33 @@ def inject_faults(
             connection.close()
 
 
-def _terminate(connection: Any, db: common.Database, rng: random.Random) -> int:
-    """Terminate a random half (at least one) of the connections to the soak database."""
+def _terminate(connection: Any, db: common.Database, rng: random.Random) -> list[tuple[float, int]]:
+    """Terminate a random half (at least one) of the connections to the soak database;
+    return (when it was sent, id) of each once they are gone."""
     cursor = connection.cursor()
     if db.vendor == "postgresql":
-        cursor.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-            (db.name,),
-        )
+        listing = "SELECT pid FROM pg_stat_activity WHERE datname = %s"
+        kill = "SELECT pg_terminate_backend(%s)"
     else:
-        cursor.execute(
-            "SELECT id FROM information_schema.processlist WHERE db = %s AND id <> CONNECTION_ID()",
-            (db.name,),
-        )
-    ids = [int(row[0]) for row in cursor.fetchall()]
+        listing = "SELECT id FROM information_schema.processlist WHERE db = %s"
+        kill = "KILL CONNECTION %s"
+
+    def sessions() -> set[int]:
+        cursor.execute(listing, (db.name,))
+        return {int(row[0]) for row in cursor.fetchall()}
+
+    ids = sorted(sessions())
     chosen = [i for i in ids if rng.random() < 0.5] or ids[:1]
-    done = 0
+    ended = []
     for ident in chosen:
+        sent = time.time()
         try:
-            if db.vendor == "postgresql":
-                cursor.execute("SELECT pg_terminate_backend(%s)", (ident,))
-            else:
-                cursor.execute(f"KILL CONNECTION {ident}")
-            done += 1
+            cursor.execute(kill, (ident,))
+            ended.append((sent, ident))
         except Exception:  # it ended on its own in the meantime
             continue
-    return done
+    _wait_gone(lambda: bool(sessions() & {ident for _, ident in ended}))
+    return ended
 
 
 # --- the checks -----------------------------------------------------------------------------
@@ -359,6 +412,26 @@ class Check:
         return not self.violations
 
 
+@dataclass
+class Execution:
+    """One run of a key's view, as its worker recorded it: from its claim to its request's end."""
+
+    key: Key
+    how: str  # the signal that began it: "claimed" or "lease_taken_over"
+    pid: int  # the gunicorn worker
+    backend: int | None  # its database session (PostgreSQL backend pid, MariaDB thread id)
+    start: float
+    end: float = math.inf  # its request finished; never, if its worker died
+    released: float = math.inf  # it released the key (its outcome was not stored)
+
+    def describe(self, t0: float) -> str:
+        end = f"ended +{self.end - t0:.3f}s" if self.end < math.inf else "never ended"
+        return (
+            f"{self.how} by pid {self.pid} on backend {self.backend} "
+            f"at +{self.start - t0:.3f}s, {end}"
+        )
+
+
 def epoch(value: Any) -> float:
     if isinstance(value, datetime.datetime):
         if value.tzinfo is None:  # MariaDB: naive UTC (USE_TZ)
@@ -373,10 +446,38 @@ def read_events(directory: Path) -> list[dict[str, Any]]:
         for line in path.read_text(errors="replace").splitlines():
             with contextlib.suppress(ValueError):  # a line cut short by SIGKILL
                 events.append(json.loads(line))
-    return events
+    return sorted(events, key=lambda event: float(event["t"]))
+
+
+def executions(
+    events: list[dict[str, Any]], by_scope: dict[tuple[str, str], Key]
+) -> list[Execution]:
+    """Every execution of a soak key's view, in the order they began. A sync worker runs one
+    request at a time: its next ``request_finished`` ends its execution."""
+    found: list[Execution] = []
+    running: dict[int, list[Execution]] = defaultdict(list)
+    for event in events:
+        name, pid, t = event.get("event"), int(event["pid"]), float(event["t"])
+        if name in ("claimed", "lease_taken_over"):
+            key = by_scope.get((str(event.get("account")), str(event.get("key"))))
+            if key is not None:
+                found.append(Execution(key, str(name), pid, event.get("backend"), t))
+                running[pid].append(found[-1])
+        elif name == "released":
+            for execution in running[pid]:
+                if execution.key.key == event.get("key"):
+                    execution.released = min(execution.released, t)
+        elif name == "request_finished":
+            for execution in running.pop(pid, []):
+                execution.end = t
+    return found
 
 
 PROBLEM = "application/problem+json"
+# A claim's lease runs from the time taken just before its INSERT; its execution's start is
+# recorded just after. Allow for that INSERT's duration.
+LEASE_SLACK = 0.25
+CHARGE_ID = re.compile(r"ch_(\d+)")
 
 
 def check(
@@ -388,149 +489,127 @@ def check(
     live_leases: list[tuple[str, str, Any]],
     lapsed: list[tuple[str, str]],
 ) -> list[Check]:
-    keys = clients.keys
+    keys, t0 = clients.keys, clients.t0
     by_scope = {(users[k.user], k.key): k for k in keys.values()}
-    takeovers: Counter[int] = Counter()
-    for event in events:
-        if event.get("event") == "lease_taken_over":
-            key = by_scope.get((str(event.get("account")), str(event.get("key"))))
-            if key is not None:
-                takeovers[key.serial] += 1
 
-    # Every charge, by key; every charge id that some client was told about.
-    charges_of: dict[int, list[tuple[int, float]]] = defaultdict(list)
-    stray: list[str] = []
-    for charge_id, account_id, amount, card, created in charges:
-        serial = amount // 10
-        key = keys.get(serial)
-        if key is None or users[key.user] != str(account_id) or card != "tok_visa":
-            stray.append(
-                f"charge ch_{charge_id} (amount {amount}, account {account_id}) has no key"
-            )
-            continue
-        charges_of[serial].append((charge_id, epoch(created)))
-    delivered: set[int] = set()
-    for key in keys.values():
-        for attempt in key.attempts:
-            if attempt.status == 201:
-                data = attempt.json()
-                match = re.fullmatch(r"ch_(\d+)", str(data.get("id"))) if data else None
-                if match:
-                    delivered.add(int(match.group(1)))
-
-    # 1. At most one charge per key; one more only after a lapsed lease was taken over.
-    one: list[str] = list(stray)
-    second = 0
-    twice: list[str] = []
-    for serial, made in sorted(charges_of.items()):
+    # 1. A key's view runs again only after its previous execution released the key (its
+    #    outcome was not stored: a 504), or after a fault the soak caused — its worker killed,
+    #    its database connection terminated — cut that execution mid-run and its lease lapsed.
+    #    Anything else that opened the door is a violation.
+    found = executions(events, by_scope)
+    runs_of: dict[int, list[Execution]] = defaultdict(list)
+    for execution in found:
+        runs_of[execution.key.serial].append(execution)
+    cut_reruns: Counter[int] = Counter()
+    after_release = 0
+    excused: list[str] = []
+    unexcused: list[str] = []
+    for serial, runs in sorted(runs_of.items()):
         key = keys[serial]
-        replays = [a.received for a in key.attempts if a.replayed]
-        first_replay = min(replays, default=float("inf"))
-        if len(made) > 1:
-            allowed = min(2, 1 + takeovers[serial])
-            if len(made) > allowed:
-                one.append(
-                    f"{key.key}: {len(made)} charges "
-                    f"({', '.join(f'ch_{c}' for c, _ in made)}), {takeovers[serial]} takeovers"
-                )
+        for n, (before, after) in enumerate(itertools.pairwise(runs), start=2):
+            if before.released < after.start:
+                after_release += 1
+                continue
+            cuts = [f.describe(t0) for f in faults.done if f.cut(before) and f.t < after.start]
+            # A lease lapses no sooner than ``lease`` after its claim (renewals only extend it).
+            leased = after.start < before.start + clients.lease - LEASE_SLACK
+            pair = f"execution {n} ({after.describe(t0)}) after {n - 1} ({before.describe(t0)})"
+            if cuts and not leased:
+                cut_reruns[serial] += 1
+                excused.append(f"{key.key}: {pair}, cut by the {' and the '.join(cuts)}")
+            elif cuts:
+                unexcused.append(f"{key.key}: {pair}, cut by the {cuts[0]} but still leased")
             else:
-                second += 1
-            cut = [a for a in key.attempts if a.status is None]
-            twice.append(
-                f"{key.key} ({key.scenario}): "
-                + ", ".join(f"ch_{c}" for c, _ in made)
-                + f"; {takeovers[serial]} take-over(s); {len(cut)} attempt(s) cut by a kill"
-            )
-        late = [c for c, created in made if created > first_replay]
-        if late and len(made) > 1:
-            one.append(f"{key.key}: ch_{late[0]} was created after the key was replayed")
+                on_it = ", ".join(f.describe(t0) for f in faults.done if f.hits(before)) or "none"
+                unexcused.append(
+                    f"{key.key} ({key.scenario}): {pair}, which was neither released nor cut by "
+                    f"the soak (faults on its worker or connection: {on_it})"
+                )
+    cut = Counter(f.kind for e in found for f in faults.done if f.cut(e))
     checks = [
         Check(
-            "at most one charge per key (one more only after a lapsed lease was taken over)",
-            one,
-            f"{len(charges_of)} keys charged, {sum(len(m) for m in charges_of.values())} "
-            f"charges; {second} keys charged twice after a take-over of a claim that never "
-            f"completed; {sum(takeovers.values())} take-overs in all",
-            notes=twice,
+            "a key runs again only after a release, or after the soak cut its execution",
+            unexcused,
+            f"{len(found)} executions of {len(runs_of)} keys; "
+            f"{sum(len(r) > 1 for r in runs_of.values())} keys executed more than once: "
+            f"{after_release} re-runs after a release (outcome not stored), "
+            f"{len(excused)} excused by a fault that cut the previous execution, "
+            f"{len(unexcused)} not excused (the faults cut {cut['kill']} executions by a "
+            f"kill, {cut['termination']} by a termination)",
+            notes=excused,
         )
     ]
 
-    # 2. Well-formed answers; 500s checked apart.
-    malformed: list[str] = []
-    answers = 0
-    fivehundreds: list[Attempt] = []
-    for key in keys.values():
-        for attempt in key.attempts:
-            if attempt.status is None:
-                continue
-            answers += 1
-            status = attempt.status
-            where = f"{key.key} ({attempt.purpose}) {status}"
-            if status == 500:
-                fivehundreds.append(attempt)
-                continue
-            if not (200 <= status < 300 or 400 <= status < 500 or status in (503, 504)):
-                malformed.append(f"{where}: status outside 2xx/4xx/503/504")
-                continue
-            data = attempt.json()
-            if status >= 400:
-                if not attempt.content_type.startswith(PROBLEM):
-                    malformed.append(f"{where}: Content-Type {attempt.content_type!r}")
-                elif not isinstance(data, dict) or data.get("status") != status:
-                    malformed.append(f"{where}: problem body {attempt.body[:120]!r}")
-                elif not isinstance(data.get("type"), str):
-                    malformed.append(f"{where}: problem without a type")
-            elif status == 201:
-                amount = key.amount(attempt.variant)
-                if not isinstance(data, dict) or data.get("amount") != amount:
-                    malformed.append(f"{where}: body {attempt.body[:120]!r} is not its charge")
-                    continue
-                match = re.fullmatch(r"ch_(\d+)", str(data.get("id")))
-                own = {c for c, _ in charges_of.get(key.serial, [])}
-                if match is None or int(match.group(1)) not in own:
-                    malformed.append(f"{where}: {data.get('id')} is not a charge of this key")
-            else:
-                malformed.append(f"{where}: unexpected success status")
+    # 2. At most one charge per key, and one more per execution of it the soak cut (which may
+    #    have charged before it died); none made after the key was replayed.
+    charges_of: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    amounts: dict[int, int] = {}
+    extra: list[str] = []
+    for charge_id, account_id, amount, card, created in charges:
+        owner = keys.get(amount // 10)
+        if owner is None or users[owner.user] != str(account_id) or card != "tok_visa":
+            extra.append(f"ch_{charge_id} (amount {amount}, account {account_id}) has no key")
+            continue
+        charges_of[owner.serial].append((charge_id, epoch(created)))
+        amounts[charge_id] = amount
+    twice: list[str] = []
+    for serial, made in sorted(charges_of.items()):
+        key = keys[serial]
+        listed = f"{key.key} ({key.scenario}): " + ", ".join(f"ch_{c}" for c, _ in made)
+        if len(made) > 1 + cut_reruns[serial]:
+            extra.append(f"{listed}; {cut_reruns[serial]} executions cut by the soak")
+        elif len(made) > 1:
+            twice.append(listed)
+        first_replay = min((a.received for a in key.attempts if a.replayed), default=math.inf)
+        late = [c for c, created in made if created > first_replay]
+        if late and len(made) > 1:
+            extra.append(f"{key.key}: ch_{late[0]} was created after the key was replayed")
     checks.append(
         Check(
-            "every answer well-formed (2xx/4xx/503/504, errors as problem+json)",
-            malformed,
-            f"{answers - len(fivehundreds)} answers checked",
+            "at most one charge per key, one more per execution of it the soak cut",
+            extra,
+            f"{len(charges_of)} keys charged, {sum(len(m) for m in charges_of.values())} "
+            f"charges; {len(twice)} keys charged again after an execution the soak cut",
+            notes=twice,
         )
     )
 
-    # 3. 500s: none may have lost a charge's response (a charge made while it ran that no
-    #    client was ever told about, on a key that was neither released nor completed) —
-    #    except where the server kept the key claimed because the view's database connection
-    #    died mid-write: that outcome is unknown, exactly as a killed worker's, and is
-    #    counted with the take-overs of invariant 1 (one more charge at most, after the
-    #    lease). Such keys are reported here, not hidden.
-    kept = {
-        str(event.get("key"))
-        for event in events
-        if event.get("event") == "log"
-        and str(event.get("message", "")).startswith("Idempotency key kept")
-    }
-    lost: list[str] = []
-    unknown: list[str] = []
-    for serial in {attempt.serial for attempt in fivehundreds}:
-        key = keys[serial]
-        for charge_id, created in charges_of.get(serial, []):
-            if charge_id in delivered:
-                continue
-            # The attempts without a proper answer that were running when this charge was
-            # made: if one of them was cut by a worker kill, that explains the lost response;
-            # if they were all 500s, a 500 lost it.
-            suspects = [
-                a
-                for a in key.attempts
-                if a.status in (None, 500) and a.sent - 0.5 <= created <= a.received + 0.5
-            ]
-            if suspects and all(a.status == 500 for a in suspects):
-                if key.key in kept:
-                    unknown.append(f"{key.key}: ch_{charge_id}")
-                else:
-                    lost.append(f"{key.key}: ch_{charge_id} made during a 500, never delivered")
+    # 3-5. Every answer: a 2xx names a committed charge of its own key and body (no false
+    #    success); an error is problem+json; no answer means a worker kill cut the request.
+    false: list[str] = []
+    malformed: list[str] = []
+    unexplained: list[str] = []
+    statuses = Counter(a.status for k in keys.values() for a in k.attempts)
+    kill_times = [f.t for f in faults.done if f.kind == "kill"]
+    for key in keys.values():
+        for attempt in key.attempts:
+            status, data = attempt.status, attempt.json()
+            where = f"{key.key} ({attempt.purpose}) {status}"
+            if status is None:
+                if not any(attempt.sent - 0.5 <= t <= attempt.received + 0.5 for t in kill_times):
+                    unexplained.append(f"{where}: {attempt.error}")
+            elif 200 <= status < 300:
+                match = CHARGE_ID.fullmatch(str(data.get("id"))) if isinstance(data, dict) else None
+                amount = key.amount(attempt.variant)
+                if not (
+                    status == 201
+                    and match
+                    and data.get("amount") == amount
+                    and amounts.get(int(match.group(1))) == amount
+                ):
+                    false.append(
+                        f"{where}: {attempt.body[:120]!r} is no charge of this key and body"
+                    )
+            elif status == 500:
+                continue  # the view's own database call failed: counted, causes shown
+            elif not (400 <= status < 500 or status in (503, 504)):
+                malformed.append(f"{where}: status outside 2xx/4xx/503/504")
+            elif not attempt.content_type.startswith(PROBLEM):
+                malformed.append(f"{where}: Content-Type {attempt.content_type!r}")
+            elif not isinstance(data, dict) or data.get("status") != status:
+                malformed.append(f"{where}: problem body {attempt.body[:120]!r}")
+            elif not isinstance(data.get("type"), str):
+                malformed.append(f"{where}: problem without a type")
     causes = Counter(
         str(event.get("error")).splitlines()[0][:90]
         for event in events
@@ -539,51 +618,41 @@ def check(
         and event.get("error")
     )
     cause = "; ".join(f"{n}x {text}" for text, n in causes.most_common(3))
-    checks.append(
+    successes = sum(n for status, n in statuses.items() if status and 200 <= status < 300)
+    checks += [
         Check(
-            "no 500 lost a charge's response without releasing or completing the key",
-            lost,
-            f"{len(fivehundreds)} answers were 500 (the view's own database call failed"
-            f"{': ' + cause if cause else ''}); {len(unknown)} of them lost their database "
-            "connection mid-write and kept the key claimed, as a crash would"
-            f"{' (' + ', '.join(unknown[:3]) + ')' if unknown else ''}",
-        )
-    )
-
-    # 4. Every request without an answer was cut by a worker kill.
-    unexplained: list[str] = []
-    dropped = 0
-    kill_times = [t for t, _ in faults.kills]
-    for key in keys.values():
-        for attempt in key.attempts:
-            if attempt.status is not None:
-                continue
-            dropped += 1
-            if not any(attempt.sent - 0.5 <= t <= attempt.received + 0.5 for t in kill_times):
-                unexplained.append(f"{key.key} ({attempt.purpose}): {attempt.error}")
-    checks.append(
+            "no false success: every 2xx names a committed charge of its own key and body",
+            false,
+            f"{successes} answers 2xx",
+        ),
+        Check(
+            "every error well-formed (4xx/503/504 as problem+json)",
+            malformed,
+            f"{statuses[500]} answers 500 (the view's own database call failed"
+            f"{': ' + cause if cause else ''}), not checked",
+        ),
         Check(
             "every request without an answer was cut by a worker kill",
             unexplained,
-            f"{dropped} requests got no answer",
-        )
-    )
+            f"{statuses[None]} requests got no answer",
+        ),
+    ]
 
-    # 5. Answers consistent per key.
+    # 6. Answers consistent per key.
     inconsistent: list[str] = []
     for key in keys.values():
         inconsistent.extend(
             f"{key.key}: {text}"
             for text, excusable in key.expectations
-            if not (excusable and takeovers[key.serial])
+            if not (excusable and cut_reruns[key.serial])
         )
-        ids: set[str] = set()
-        for attempt in key.attempts:
-            data = attempt.json() if attempt.status == 201 else None
-            if isinstance(data, dict):
-                ids.add(str(data.get("id")))
-        if len(ids) > 1 + takeovers[key.serial]:
-            inconsistent.append(f"{key.key}: told {len(ids)} different charges: {sorted(ids)}")
+        told = {
+            str(data.get("id"))
+            for a in key.attempts
+            if a.status == 201 and isinstance(data := a.json(), dict)
+        }
+        if len(told) > 1 + cut_reruns[key.serial]:
+            inconsistent.append(f"{key.key}: told {len(told)} different charges: {sorted(told)}")
     checks.append(
         Check(
             "answers consistent per key (replays, 422 mismatches, 402 replayed, 504 not stored)",
@@ -592,7 +661,7 @@ def check(
         )
     )
 
-    # 6. Nothing left in progress beyond its lease once traffic stopped.
+    # 7. Nothing left in progress beyond its lease once traffic stopped.
     stuck = [f"{account} {key}: lease until {until}" for account, key, until in live_leases]
     checks.append(
         Check(
@@ -602,7 +671,7 @@ def check(
         )
     )
 
-    # 7. The soak itself: every key resolved, no client crashed.
+    # 8. The soak itself: every key resolved, no client crashed.
     soak: list[str] = [f"client crashed: {crash}" for crash in clients.crashes]
     soak += [
         f"{k.key}: no definitive answer by the drain deadline" for k in keys.values() if k.abandoned
@@ -788,8 +857,8 @@ def soak(run: Run) -> int:
     injector.join(args.seconds + 30)
     stop.set()
     log(
-        f"traffic stopped: {len(faults.kills)} workers killed, "
-        f"{sum(n for _, n in faults.terminations)} database connections terminated; "
+        f"traffic stopped: {faults.count('kill')} workers killed, "
+        f"{faults.count('termination')} database connections terminated; "
         "draining (clients finish their keys)"
     )
     for thread in threads:
@@ -832,7 +901,9 @@ def soak(run: Run) -> int:
     # -- the report
     attempts = [a for k in clients.keys.values() for a in k.attempts]
     statuses = Counter("no answer" if a.status is None else str(a.status) for a in attempts)
-    event_counts = Counter(str(e.get("event")) for e in events if e.get("event") != "log")
+    own = ("log", "ready", "request_finished")  # the soak's own events, not signals
+    event_counts = Counter(str(e.get("event")) for e in events if e.get("event") not in own)
+    libraries = sorted({str(e.get("library")) for e in events if e.get("event") == "ready"})
     warnings = Counter(
         str(e.get("message"))[:80]
         for e in events
@@ -844,6 +915,7 @@ def soak(run: Run) -> int:
         f"{args.clients} clients, lease {args.lease:g}s, provider delay "
         f"{args.provider_delay_ms} ms, seed {run.seed}"
     )
+    print(f"server: idempotency_django from {', '.join(libraries) or '(no worker reported)'}")
     print(
         f"traffic: {len(clients.keys)} keys ("
         + ", ".join(f"{name} {n}" for name, n in scenarios.most_common())
@@ -851,8 +923,8 @@ def soak(run: Run) -> int:
     )
     print("answers: " + ", ".join(f"{s}: {n}" for s, n in sorted(statuses.items())))
     print(
-        f"faults: {len(faults.kills)} workers SIGKILLed, {len(faults.terminations)} rounds of "
-        f"connection terminations ({sum(n for _, n in faults.terminations)} connections)"
+        f"faults: {faults.count('kill')} workers SIGKILLed, {faults.rounds} rounds of "
+        f"connection terminations ({faults.count('termination')} connections)"
     )
     print("server signals: " + ", ".join(f"{e} {n}" for e, n in sorted(event_counts.items())))
     if warnings:
@@ -863,6 +935,8 @@ def soak(run: Run) -> int:
         print(f"  {'PASS' if item.ok else 'FAIL'}  {item.name}: {item.summary}")
         for note in item.notes[:10]:
             print(f"        . {note}")
+        if len(item.notes) > 10:
+            print(f"        . ... and {len(item.notes) - 10} more")
         if not item.ok:
             failed += len(item.violations)
             print(f"        {len(item.violations)} violations:")

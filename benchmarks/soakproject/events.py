@@ -1,8 +1,12 @@
 """What the server saw, for the soak: every idempotency signal and warning, one JSON line each.
 
 Each worker process appends to ``$SOAK_EVENTS_DIR/events-<pid>.jsonl`` with ``O_APPEND``
-writes of one line, so a worker killed with SIGKILL loses nothing it had written. Nothing
-here changes what the example does: it only listens.
+writes of one line, so a worker killed with SIGKILL loses nothing it had written. Every line
+has the time and the worker's pid; a signal's line also has the database session its request
+runs on (``backend``: the PostgreSQL backend pid, the MariaDB connection id), and the end of
+every request is a ``request_finished`` line. With those the soak tells which executions of a
+view its faults cut: a worker it killed, a connection it terminated. Nothing here changes
+what the example does: it only listens.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import time
 from functools import partial
 from typing import Any
 
+from django.core.signals import request_finished
+from django.db import connection
 from django.dispatch import Signal
 
 SIGNALS = (
@@ -43,6 +49,19 @@ def write(event: dict[str, Any]) -> None:
     os.write(fd, line.encode())
 
 
+def backend() -> int | None:
+    """The database session of this thread's connection, read from the driver (no query)."""
+    raw = connection.connection
+    try:
+        if raw is None:
+            return None
+        if connection.vendor == "postgresql":
+            return int(raw.info.backend_pid)  # psycopg 3
+        return int(raw.thread_id())  # MySQLdb
+    except Exception:  # a connection already broken
+        return None
+
+
 def _on_signal(name: str, sender: Any, **kwargs: Any) -> None:
     write(
         {
@@ -51,17 +70,25 @@ def _on_signal(name: str, sender: Any, **kwargs: Any) -> None:
             "endpoint": kwargs.get("endpoint"),
             "key": kwargs.get("key"),
             "status": kwargs.get("status"),
+            "backend": backend(),
         }
     )
 
 
+def _on_request_finished(sender: Any, **kwargs: Any) -> None:
+    write({"event": "request_finished"})
+
+
 def connect() -> None:
+    import idempotency_django
     from idempotency_django import signals
 
     for name in SIGNALS:
         signal = getattr(signals, name, None)  # signals added later are picked up too
         if isinstance(signal, Signal):
             signal.connect(partial(_on_signal, name), weak=False, dispatch_uid=f"soak-{name}")
+    request_finished.connect(_on_request_finished, dispatch_uid="soak-request-finished")
+    write({"event": "ready", "library": os.path.dirname(idempotency_django.__file__)})
 
 
 class EventLogHandler(logging.Handler):
