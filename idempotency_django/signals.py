@@ -4,16 +4,20 @@ Every signal is sent with ``sender=IdempotencyRecord`` and the keyword arguments
 ``account``, ``endpoint`` and ``key``; see the README for what each one means. Each is
 also logged on the ``idempotency_django`` logger with those three as ``extra`` fields
 (``idempotency_account``, ``idempotency_endpoint``, ``idempotency_key``; the key as a
-digest when ``LOG_KEYS`` is ``"hash"``).
+keyed digest when ``LOG_KEYS`` is ``"hash"``).
+
+Every log record of the package that names a key builds its fields with ``log_fields``
+(or its key with ``log_key``): that is the one place where ``LOG_KEYS`` is honoured and
+where control characters are escaped, so no call site can leak a key or forge a line.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from typing import Any
 
 from django.dispatch import Signal
+from django.utils.crypto import salted_hmac
 
 logger = logging.getLogger("idempotency_django")
 
@@ -47,15 +51,64 @@ def emit(
         logger.log(level, message, extra=log_fields(account, endpoint, key, **extra))
 
 
-def log_fields(account: str, endpoint: str, key: str, **extra: Any) -> dict[str, Any]:
+#: The prefix of a key logged under ``LOG_KEYS = "hash"``: names the algorithm, so that a
+#: reader (or a later version that changes it) knows what the digest is.
+LOG_KEY_DIGEST_PREFIX = "hmac-sha256:"
+# Fixed, so that one deployment (one SECRET_KEY) logs a key as the same digest everywhere,
+# and distinct from every other use of SECRET_KEY, so the digest is useless elsewhere.
+_LOG_KEY_SALT = "idempotency_django.signals.log_key"
+
+
+def log_key(key: str) -> str:
+    """``key`` as it may appear in a log: itself, or under ``LOG_KEYS = "hash"`` a digest.
+
+    The digest is an HMAC-SHA256 keyed with ``SECRET_KEY``: the same key gives the same
+    digest across processes and hosts of one deployment (logs can be correlated, and an
+    operator who holds a key can compute its digest with this function), but a key cannot
+    be recovered from logs by hashing guesses without the secret. Plain SHA-256 could: keys
+    are often order numbers or UUIDs derived from predictable data. The result is not
+    escaped; ``log_fields`` escapes it, and a caller that puts it in a message must too.
+    """
     from idempotency_django.conf import conf
 
     if conf.LOG_KEYS == "hash":
-        key = "sha256:" + hashlib.sha256(key.encode()).hexdigest()[:32]
-    fields = {f"idempotency_{name}": value for name, value in extra.items()}
-    return {
+        digest = salted_hmac(_LOG_KEY_SALT, key, algorithm="sha256").hexdigest()
+        return LOG_KEY_DIGEST_PREFIX + digest
+    return key
+
+
+def escape_log_text(text: str) -> str:
+    r"""``text`` with backslashes and non-printable characters escaped as ``repr`` does.
+
+    The endpoint holds the request path, and accounts and keys come from callers: a CR or
+    LF in one of them would let a client start a forged line in a plain-text log, and other
+    control or invisible characters (NUL, ESC, U+2028, bidi overrides) can hide or reorder
+    what an operator reads. ``\r``, ``\n``, ``\t``, ``\x00``, ``\u2028``… are written as
+    those escapes; the backslash itself is doubled so that the escaping stays unambiguous
+    (a literal ``\n`` in a path is logged as ``\\n``).
+    """
+    if text.isprintable() and "\\" not in text:
+        return text  # the common case, without building a new string
+    return "".join(
+        "\\\\" if char == "\\" else char if char.isprintable() else repr(char)[1:-1]
+        for char in text
+    )
+
+
+def log_fields(account: str, endpoint: str, key: str, **extra: Any) -> dict[str, Any]:
+    """The ``extra`` of a log record about one key: the scope, and ``extra`` prefixed.
+
+    The key goes through ``log_key`` (``LOG_KEYS``), and every string value is escaped
+    with ``escape_log_text``. Pass the result as ``logger.log(..., extra=...)``; never put
+    a key in ``extra`` or in a message by hand.
+    """
+    fields = {
         "idempotency_account": account,
         "idempotency_endpoint": endpoint,
-        "idempotency_key": key,
-        **fields,
+        "idempotency_key": log_key(key),
+        **{f"idempotency_{name}": value for name, value in extra.items()},
+    }
+    return {
+        name: escape_log_text(value) if isinstance(value, str) else value
+        for name, value in fields.items()
     }

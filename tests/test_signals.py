@@ -12,11 +12,15 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import OperationalError, connection
 from django.dispatch import Signal
+from django.urls import re_path
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 from idempotency_django import signals
 from idempotency_django.models import IdempotencyRecord
+from tests import views
 from tests.conftest import Post
+from tests.logs import everything_logged
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -107,13 +111,98 @@ def test_log_records_carry_the_scope(
     assert mismatch.idempotency_endpoint == "POST /effect/"  # type: ignore[attr-defined]
 
 
-def test_keys_can_be_logged_as_a_digest(
+def test_keys_can_be_logged_as_a_keyed_digest(
     alice: User, post: Post, caplog: pytest.LogCaptureFixture, settings: Any
 ) -> None:
     settings.IDEMPOTENCY = {"LOG_KEYS": "hash"}
     with caplog.at_level(logging.DEBUG, logger="idempotency_django"):
         post("/effect/", {"amount": 1}, key="order-4711")
+        post("/effect/", {"amount": 2}, key="order-4711")  # a mismatch: logged at WARNING
 
+    assert len(caplog.records) >= 2
+    assert not [text for text in everything_logged(caplog.records) if "order-4711" in text]
     keys = {getattr(r, "idempotency_key", None) for r in caplog.records} - {None}
-    assert keys == {"sha256:" + hashlib.sha256(b"order-4711").hexdigest()[:32]}
-    assert "order-4711" not in caplog.text
+    assert keys == {signals.log_key("order-4711")}
+    (digest,) = keys
+    assert digest.startswith("hmac-sha256:")
+    assert len(digest) == len("hmac-sha256:") + 64  # the full SHA-256, not truncated
+
+
+def test_plain_keys_are_logged_as_they_are(
+    alice: User, post: Post, caplog: pytest.LogCaptureFixture, settings: Any
+) -> None:
+    """The same check as above finds the key when it is logged: it can fail."""
+    settings.IDEMPOTENCY = {"LOG_KEYS": "plain"}
+    with caplog.at_level(logging.DEBUG, logger="idempotency_django"):
+        post("/effect/", {"amount": 1}, key="order-4711")
+
+    assert [text for text in everything_logged(caplog.records) if "order-4711" in text]
+    assert {getattr(r, "idempotency_key", None) for r in caplog.records} - {None} == {"order-4711"}
+
+
+def test_the_key_digest_needs_the_secret_key(settings: Any) -> None:
+    """Stable within one deployment (to correlate), unguessable without ``SECRET_KEY``."""
+    settings.IDEMPOTENCY = {"LOG_KEYS": "hash"}
+    digest = signals.log_key("order-4711")
+
+    assert signals.log_key("order-4711") == digest
+    assert signals.log_key("order-4712") != digest
+    unsalted = hashlib.sha256(b"order-4711").hexdigest()
+    assert unsalted[:32] not in digest
+    assert (
+        digest
+        == "hmac-sha256:"
+        + salted_hmac(
+            "idempotency_django.signals.log_key", "order-4711", algorithm="sha256"
+        ).hexdigest()
+    )
+    settings.SECRET_KEY = "another-deployment"
+    assert signals.log_key("order-4711") != digest
+
+
+@pytest.mark.parametrize(
+    ("raw", "logged"),
+    [
+        ("POST /a\r\nINFO forged line", "POST /a\\r\\nINFO forged line"),
+        ("k\x00\x1b[31m\x7f", "k\\x00\\x1b[31m\\x7f"),
+        ("a\u2028b\u202ec\x85", "a\\u2028b\\u202ec\\x85"),
+        ("tab\there", "tab\\there"),
+        ("back\\slash", "back\\\\slash"),
+        ("POST /caf\u00e9/ ok", "POST /caf\u00e9/ ok"),
+    ],
+)
+def test_log_fields_escape_control_characters(raw: str, logged: str) -> None:
+    fields = signals.log_fields(raw, raw, raw, policy=raw, status=201)
+
+    assert fields == {
+        "idempotency_account": logged,
+        "idempotency_endpoint": logged,
+        "idempotency_key": logged,
+        "idempotency_policy": logged,
+        "idempotency_status": 201,
+    }
+    for value in fields.values():
+        assert "\n" not in str(value)
+        assert "\r" not in str(value)
+
+
+@pytest.mark.urls(__name__)
+def test_a_forged_path_stays_on_one_log_line(
+    alice: User, post: Post, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A CR/LF in the path (percent-encoded on the wire) reaches the endpoint decoded: every
+    record that names it has it escaped, so it cannot start a line of its own."""
+    with caplog.at_level(logging.DEBUG, logger="idempotency_django"):
+        post("/forged/%0D%0AINFO%20forged%00/", {"amount": 1})
+        post("/forged/%0D%0AINFO%20forged%00/", {"amount": 2})  # a mismatch: a WARNING
+
+    endpoints = {getattr(r, "idempotency_endpoint", None) for r in caplog.records} - {None}
+    assert endpoints == {"POST /forged/\\r\\nINFO forged\\x00/"}
+    for text in everything_logged(caplog.records):
+        assert "\n" not in text
+        assert "\r" not in text
+        assert "\x00" not in text
+
+
+# This module is also the URLconf of the test above: a view whose path can hold anything.
+urlpatterns = [re_path(r"^forged/", views.effect)]
