@@ -4,27 +4,48 @@ A claim's lease only has to outlive a *dead* worker, not the slowest honest requ
 while a view runs, this thread pushes its lease forward every third of the lease, in
 one ``UPDATE`` for all claims of the process. A claim that has run past
 ``MAX_RUN_SECONDS`` is no longer renewed, so a wedged view eventually lets a retry in.
+
+The thread must keep beating whatever happens to one renewal, because every claim of the
+process depends on it:
+
+- a renewal is bounded by a statement timeout of one beat (PostgreSQL, MariaDB), so a row
+  lock held elsewhere cannot hold every other lease past its expiry; when a statement for
+  several claims fails, each claim is renewed on its own, so one locked row costs only its
+  own renewal;
+- any exception is logged and the next beat runs;
+- ``stop()`` ends exactly the thread it found (each thread has its own stop event), so a
+  ``register()`` racing it starts one new thread and never leaves zero or two;
+- a forked child (``gunicorn --preload``, ``multiprocessing``) starts empty, with a fresh
+  lock and no thread: the parent's claims are the parent's to renew.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import reduce
 from operator import or_
+from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from idempotency_django import signals
 from idempotency_django.engine import Claim, State
 from idempotency_django.models import IdempotencyRecord
 
 logger = logging.getLogger("idempotency_django")
+
+THREAD_NAME = "idempotency-heartbeat"
 
 
 @dataclass(frozen=True)
@@ -34,45 +55,67 @@ class _Entry:
     stop_renewing_at: float
 
 
+@dataclass(frozen=True)
+class _Worker:
+    """One heartbeat thread and the events that only it waits on."""
+
+    thread: threading.Thread
+    stop: threading.Event
+    wake: threading.Event
+
+
 class Heartbeat:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._pid: int | None = None
-        self._stopping = False
+        self._worker: _Worker | None = None
+        _instances.add(self)
+
+    @property
+    def _thread(self) -> threading.Thread | None:
+        """The current thread, if any (for tests and debugging)."""
+        worker = self._worker
+        return worker.thread if worker is not None else None
 
     def register(self, claim: Claim, lease: float, max_run: float) -> None:
         with self._lock:
             shortest = min((entry.lease for entry in self._entries.values()), default=None)
             self._entries[claim.token] = _Entry(claim, lease, time.monotonic() + max_run)
-            self._ensure_thread()
+            worker = self._ensure_worker()
         if shortest is None or lease < shortest:
-            self._wake.set()
+            worker.wake.set()
 
     def unregister(self, claim: Claim) -> None:
         with self._lock:
             self._entries.pop(claim.token, None)
             idle = not self._entries
-        if idle:
-            self._wake.set()  # let the thread drop its database connection now
+            worker = self._worker
+        if idle and worker is not None:
+            worker.wake.set()  # let the thread drop its database connection now
 
-    def stop(self) -> None:
-        """Forget every claim and end the thread (tests, and process shutdown hooks)."""
+    def stop(self, timeout: float | None = 5) -> None:
+        """Forget every claim and end the thread (tests, and process shutdown hooks).
+
+        The thread is told to stop through its own event and forgotten at once, under the
+        lock: a ``register()`` that comes while it finishes a renewal starts a new thread
+        with a new event, which nothing here can stop by mistake. Waits up to ``timeout``
+        seconds for the old thread to end (a renewal is bounded by its statement timeout).
+        """
         with self._lock:
             self._entries.clear()
-            self._stopping = True
-            thread = self._thread
-        self._wake.set()
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=5)
-        with self._lock:
-            self._stopping = False
-            self._thread = None
+            worker, self._worker = self._worker, None
+        if worker is None:
+            return
+        worker.stop.set()
+        worker.wake.set()
+        if worker.thread is not threading.current_thread():
+            worker.thread.join(timeout)
 
     def renew_once(self) -> int:
-        """Renew every live claim once; returns how many records were renewed."""
+        """Renew every live claim once; returns how many records were renewed.
+
+        Never raises: a failure is logged, and costs only the claims it concerns.
+        """
         now_monotonic = time.monotonic()
         with self._lock:
             overdue = [e for e in self._entries.values() if e.stop_renewing_at <= now_monotonic]
@@ -82,20 +125,47 @@ class Heartbeat:
         for entry in overdue:
             logger.warning(
                 "Idempotency claim ran past MAX_RUN_SECONDS; its lease is no longer renewed.",
-                extra={"idempotency_key": entry.claim.scope.key},
+                extra=signals.log_fields(**entry.claim.scope.lookup()),
             )
+        if not entries:
+            return 0
+        # No statement may take longer than a beat: the next beat is due by then.
+        timeout = min(entry.lease for entry in entries) / 3
         groups: dict[tuple[str, float], list[Claim]] = {}
         for entry in entries:
             groups.setdefault((entry.claim.alias, entry.lease), []).append(entry.claim)
         renewed = 0
-        now = timezone.now()
         for (alias, lease), claims in groups.items():
-            owned = reduce(or_, (Q(token=c.token, **c.scope.lookup()) for c in claims))
-            renewed += (
-                IdempotencyRecord.objects.using(alias)
-                .filter(owned, state=State.IN_PROGRESS)
-                .update(lease_expires_at=now + timedelta(seconds=lease))
-            )
+            renewed += self._renew_group(alias, lease, claims, timeout)
+        return renewed
+
+    def _renew_group(self, alias: str, lease: float, claims: list[Claim], timeout: float) -> int:
+        """Renew ``claims`` in one statement, or one by one if that statement fails.
+
+        The one statement waits for every row it touches: one row locked by another
+        transaction (an operator's, a long purge batch) would fail all of them at the
+        statement timeout, beat after beat, until every lease had lapsed. One by one, only
+        the locked row waits. A connection that is gone is not tried once per claim.
+        """
+        try:
+            return _renew(alias, lease, claims, timeout)
+        except Exception:
+            if len(claims) == 1 or not _usable(alias):
+                logger.exception(
+                    "Idempotency heartbeat could not renew %d lease(s); will retry.",
+                    len(claims),
+                )
+                return 0
+        renewed = 0
+        for claim in claims:
+            try:
+                renewed += _renew(alias, lease, [claim], timeout)
+            except Exception:
+                logger.warning(
+                    "Idempotency heartbeat could not renew a lease; will retry.",
+                    exc_info=True,
+                    extra=signals.log_fields(**claim.scope.lookup()),
+                )
         return renewed
 
     def _interval(self) -> float | None:
@@ -104,39 +174,129 @@ class Heartbeat:
                 return None
             return min(entry.lease for entry in self._entries.values()) / 3
 
-    def _ensure_thread(self) -> None:
-        # After a fork (gunicorn --preload) the parent's thread does not exist in the child.
-        if self._thread is not None and self._pid == os.getpid() and self._thread.is_alive():
-            return
-        self._pid = os.getpid()
-        self._thread = threading.Thread(target=self._run, name="idempotency-heartbeat", daemon=True)
-        self._thread.start()
+    def _ensure_worker(self) -> _Worker:
+        """The running worker, or a new one. Called with the lock held."""
+        worker = self._worker
+        if worker is not None and worker.thread.is_alive() and not worker.stop.is_set():
+            return worker
+        if worker is not None:
+            worker.stop.set()  # it died (or is ending): make sure it stays ended
+            worker.wake.set()
+        stop, wake = threading.Event(), threading.Event()
+        thread = threading.Thread(
+            target=self._run, args=(stop, wake), name=THREAD_NAME, daemon=True
+        )
+        self._worker = worker = _Worker(thread, stop, wake)
+        thread.start()
+        return worker
 
-    def _run(self) -> None:
+    def _run(self, stop: threading.Event, wake: threading.Event) -> None:
         due: float | None = None
-        while not self._stopping:
-            interval = self._interval()
-            if interval is None:
-                # Idle: hold no database connection, so tests and restarts can drop it.
-                connections.close_all()
-                self._wake.wait()
-                self._wake.clear()
+        try:
+            while not stop.is_set():
+                interval = self._interval()
+                if interval is None:
+                    # Idle: hold no database connection, so tests and restarts can drop it.
+                    connections.close_all()
+                    wake.wait()
+                    wake.clear()
+                    due = None
+                    continue
+                now = time.monotonic()
+                if due is None or due > now + interval:
+                    due = now + interval
+                if wake.wait(max(0.0, due - now)):
+                    # A claim with a shorter lease arrived, or stop(): look again.
+                    wake.clear()
+                    continue
                 due = None
-                continue
-            now = time.monotonic()
-            if due is None or due > now + interval:
-                due = now + interval
-            if self._wake.wait(max(0.0, due - now)):
-                # A claim with a shorter lease arrived: recompute when the next beat is due.
-                self._wake.clear()
-                continue
-            due = None
-            try:
-                self.renew_once()
-            except DatabaseError:
-                logger.exception("Idempotency heartbeat could not renew leases; will retry.")
-                connections.close_all()
-        connections.close_all()
+                try:
+                    self.renew_once()
+                except Exception:  # renew_once logs its own failures; this is a backstop
+                    logger.exception("Idempotency heartbeat failed; will retry.")
+                    connections.close_all()
+        finally:
+            connections.close_all()
+
+    def _after_fork_in_child(self) -> None:
+        """Start the child empty: no claims, a lock nobody holds, no thread.
+
+        The parent's thread does not exist in the child, and its lock or events may have
+        been held by a thread that no longer exists either. The claims are the parent's:
+        it renews them, and it alone knows when they end.
+        """
+        self._lock = threading.Lock()
+        self._entries = {}
+        self._worker = None
+
+
+def _renew(alias: str, lease: float, claims: list[Claim], timeout: float) -> int:
+    owned = reduce(or_, (Q(token=c.token, **c.scope.lookup()) for c in claims))
+    with _statement_timeout(alias, timeout):
+        # Taken after any wait for the connection or the transaction: the lease counts
+        # from the moment the statement runs.
+        now = timezone.now()
+        count: int = (
+            IdempotencyRecord.objects.using(alias)
+            .filter(owned, state=State.IN_PROGRESS)
+            .update(lease_expires_at=now + timedelta(seconds=lease))
+        )
+        return count
+
+
+@contextmanager
+def _statement_timeout(alias: str, seconds: float) -> Iterator[None]:
+    """Bound the statements run inside to ``seconds``, lock waits included.
+
+    PostgreSQL: ``statement_timeout`` set for one short transaction (``set_config(…, true)``
+    is ``SET LOCAL`` with a parameter). MariaDB: ``SET STATEMENT max_statement_time=… FOR``
+    in front of each statement, which also ends a wait for a row lock. MySQL and SQLite
+    have no such bound for an ``UPDATE``; SQLite has no row locks to wait for, only its own
+    ``timeout`` for the database lock.
+    """
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        with transaction.atomic(using=alias), connection.cursor() as cursor:
+            milliseconds = max(1, math.ceil(seconds * 1000))
+            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(milliseconds)])
+            yield
+    elif connection.vendor == "mysql" and connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+        prefix = f"SET STATEMENT max_statement_time={max(seconds, 0.001):.3f} FOR "
+
+        def bounded(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            # Only the renewal: not what Django runs to set up a new connection.
+            if sql.lstrip()[:6].upper() == "UPDATE":
+                sql = prefix + sql
+            return execute(sql, params, many, context)
+
+        with connection.execute_wrapper(bounded):
+            yield
+    else:
+        yield
+
+
+def _usable(alias: str) -> bool:
+    """Whether ``alias``'s connection still works; closes it when it does not."""
+    connection = connections[alias]
+    with suppress(Exception):
+        if connection.connection is not None and connection.is_usable():
+            return True
+    with suppress(Exception):
+        connection.close()
+    return False
+
+
+# Every Heartbeat of the process, reset in a forked child (weakly held: tests make many).
+_instances: weakref.WeakSet[Heartbeat] = weakref.WeakSet()
+
+
+def _reset_after_fork() -> None:
+    for instance in list(_instances):
+        instance._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; there is no fork() elsewhere
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 heartbeat = Heartbeat()
