@@ -11,3 +11,13 @@ class SideEffect(models.Model):
 
     def __str__(self) -> str:
         return f"{self.label} #{self.pk}"
+
+
+class DeferredChild(models.Model):
+    """A row with a foreign key that PostgreSQL checks at COMMIT: a way to make a
+    transaction fail after its view has returned."""
+
+    parent = models.ForeignKey(SideEffect, on_delete=models.DO_NOTHING)
+
+    def __str__(self) -> str:
+        return f"child of {self.parent_id}"

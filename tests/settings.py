@@ -22,6 +22,13 @@ DATABASES = {
     ),
 }
 DATABASES["default"]["TEST"] = {"NAME": None}
+# A second database on the same server, for a store kept apart from the work
+# (IDEMPOTENCY["DATABASE"]); only the tests that ask for it create it.
+DATABASES["store"] = {
+    **DATABASES["default"],
+    "NAME": f"{DATABASES['default']['NAME']}_store",
+    "TEST": {"NAME": None},
+}
 
 INSTALLED_APPS = [
     "django.contrib.admin",

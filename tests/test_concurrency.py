@@ -142,7 +142,7 @@ def lock_waiters() -> int:
             # innodb_trx lags behind here; the process list shows each waiting statement.
             cursor.execute(
                 "SELECT count(*) FROM information_schema.processlist "
-                "WHERE info LIKE 'INSERT IGNORE INTO `idempotency_django_idempotencyrecord`%'"
+                "WHERE info LIKE 'INSERT INTO `idempotency_django_idempotencyrecord`%'"
             )
         return int(cursor.fetchone()[0])
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import include, path
 
-from tests import views
+from tests import atomicity_views, views
 
 urlpatterns = [
     path("effect/", views.effect),
@@ -22,4 +22,7 @@ urlpatterns = [
     path("loses-its-connection/", views.loses_its_connection),
     path("dies-mid-write/", views.dies_mid_write),
     path("", include("tests.drf_urls")),
+    path("api/atomic-charge/", atomicity_views.AtomicChargeView.as_view()),
+    path("api/writes-then-fails/", atomicity_views.WritesThenFailsView.as_view()),
+    path("orphan/", atomicity_views.orphan),
 ]
