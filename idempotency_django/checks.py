@@ -3,7 +3,6 @@ first duplicate request in production."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,41 +12,22 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from idempotency_django.conf import (
-    ANONYMOUS_POLICIES,
+    CHOICES,
     DEFAULTS,
-    DISCONNECT_POLICIES,
-    FORBIDDEN_STORED_HEADERS,
-    IN_FLIGHT_POLICIES,
-    LOG_KEY_FORMATS,
-    MODES,
-    STORE_ERROR_POLICIES,
+    MINIMUMS,
+    is_number,
     resolve_callable,
     status_predicate,
 )
+from idempotency_django.responses import NEVER_STORED_HEADERS
 
-CHOICES = {
-    "MODE": MODES,
-    "IN_FLIGHT": IN_FLIGHT_POLICIES,
-    "ANONYMOUS": ANONYMOUS_POLICIES,
-    "ON_STORE_ERROR": STORE_ERROR_POLICIES,
-    "LOG_KEYS": LOG_KEY_FORMATS,
-    "ON_DISCONNECT": DISCONNECT_POLICIES,
-}
-NUMBERS = (
-    "WAIT_SECONDS",
-    "RETRY_AFTER_SECONDS",
-    "LEASE_SECONDS",
-    "MAX_RUN_SECONDS",
-    "TTL_SECONDS",
-    "MAX_RESPONSE_BYTES",
-    "PURGE_BATCH_SIZE",
-    "STALE_IN_PROGRESS_SECONDS",
-)
+NUMBERS = tuple(MINIMUMS)
 CALLABLES = ("ACCOUNT", "ENDPOINT", "FINGERPRINT")
 
 
 def register() -> None:
     checks.register(check_settings, "idempotency_django")
+    checks.register(check_drf_views, checks.Tags.urls)
 
 
 def check_settings(
@@ -108,7 +88,7 @@ def check_settings(
                 )
             )
     stored = values["STORED_HEADERS"] if _is_list_of_names(values["STORED_HEADERS"]) else ()
-    forbidden = [name for name in stored if name.lower() in FORBIDDEN_STORED_HEADERS]
+    forbidden = [name for name in stored if name.lower() in NEVER_STORED_HEADERS]
     if forbidden:
         errors.append(
             checks.Error(
@@ -129,12 +109,7 @@ def check_settings(
 
 
 def _is_duration(value: Any) -> bool:
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value >= 0
-    )
+    return is_number(value) and value >= 0
 
 
 def _is_list_of_names(value: Any) -> bool:
@@ -207,3 +182,52 @@ def _check_callable(
             )
         ]
     return []
+
+
+def check_drf_views(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """E011: ``@idempotent`` (through ``method_decorator``) on a DRF view's method.
+
+    It either claims before DRF authenticates (``dispatch``: every request is anonymous) or
+    is handed DRF's ``Request`` with an unrendered response (an action). The mixin is the
+    supported way; say so at startup rather than at the first protected request.
+    """
+    try:
+        from rest_framework.views import APIView
+    except ImportError:  # pragma: no cover - DRF is optional
+        return []
+    from django.urls import URLPattern, URLResolver, get_resolver
+
+    errors: list[checks.CheckMessage] = []
+    seen: set[type] = set()
+    pending: list[Any] = list(get_resolver().url_patterns)
+    while pending:
+        entry = pending.pop()
+        if isinstance(entry, URLResolver):
+            pending.extend(entry.url_patterns)
+            continue
+        if not isinstance(entry, URLPattern):  # pragma: no cover
+            continue
+        cls = getattr(entry.callback, "cls", None)
+        if not isinstance(cls, type) or not issubclass(cls, APIView) or cls in seen:
+            continue
+        seen.add(cls)
+        decorated = sorted(
+            name
+            for name in dir(cls)
+            if "idempotent_view" in getattr(getattr(cls, name, None), "__dict__", {})
+        )
+        if decorated:
+            errors.append(
+                checks.Error(
+                    f"{cls.__module__}.{cls.__qualname__}.{decorated[0]} is decorated with "
+                    "@idempotent; on a Django REST framework view it claims before DRF's "
+                    "authentication or stores an unrendered response.",
+                    hint="Remove the decorator and use idempotency_django.drf.IdempotentMixin "
+                    "(first among the bases); idempotency_actions chooses the actions.",
+                    obj=cls,
+                    id="idempotency_django.E011",
+                )
+            )
+    return errors

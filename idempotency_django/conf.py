@@ -21,9 +21,6 @@ STORE_ERROR_POLICIES = ("closed", "open")
 LOG_KEY_FORMATS = ("plain", "hash")
 DISCONNECT_POLICIES = ("finish", "release")
 
-# Headers that describe one exchange or carry credentials: never stored, never replayed.
-FORBIDDEN_STORED_HEADERS = frozenset({"set-cookie", "authorization", "cookie", "www-authenticate"})
-
 DEFAULTS: dict[str, Any] = {
     "ENABLED": True,
     "HEADER": "Idempotency-Key",

@@ -242,3 +242,15 @@ def test_w002_ttl_under_a_minute(settings: Settings) -> None:
 
 def test_w003_no_ttl_means_purge_finds_nothing(settings: Settings) -> None:
     assert ids_for(settings, {"TTL_SECONDS": None}) == ["idempotency_django.W003"]
+
+
+def test_e011_idempotent_on_a_drf_view_method(settings: Any) -> None:
+    from idempotency_django.checks import check_drf_views
+
+    assert check_drf_views() == []  # the suite's own URLconf uses the mixin
+    settings.ROOT_URLCONF = "tests.misuse_urls"
+    errors = check_drf_views()
+
+    assert [error.id for error in errors] == ["idempotency_django.E011"]
+    assert "DecoratedAction.post" in errors[0].msg
+    assert "IdempotentMixin" in (errors[0].hint or "")
