@@ -1,27 +1,42 @@
-"""The Django admin for idempotency records: read-only, plus two actions.
+"""The Django admin for idempotency records: read-only, plus three actions.
 
-- **Release** deletes a stuck *in-progress* record, so that the next retry with its key runs
-  the view (what the engine does when a view fails). Completed records are never released
-  from here: that would let a retry repeat a side effect that already happened.
+- **Release** deletes stuck *in-progress* records whose lease has lapsed, so that the next
+  retry with their key runs the view (what the engine does when a view fails). A record
+  whose lease is live is skipped: its worker is alive and renewing it, and a retry now
+  would run alongside the first attempt. Completed records are never released from here:
+  that would let a retry repeat a side effect that already happened.
+- **Force release** deletes in-progress records whatever their lease, after a confirmation
+  page: for a worker the operator knows is dead (or wedged) with a long lease. It can run
+  a retry alongside the first attempt, and says so.
 - **Delete expired** deletes the selected records that are past their TTL (they already
   count as absent), through the same batched, re-checking purge as
   ``manage.py purge_idempotency_keys``.
 
 Nothing can be added or edited, and the generic delete is off for the same reason as above;
-both actions need the model's "delete" permission.
+every action needs the model's "delete" permission. The list never loads stored bodies
+(up to ``MAX_RESPONSE_BYTES`` each); the detail page does.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sqlite3
+from collections.abc import Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.admin.views.main import ChangeList
 from django.contrib.auth import get_permission_codename
-from django.db.models import QuerySet
+from django.core.exceptions import EmptyResultSet
+from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -58,6 +73,17 @@ class ExpiredListFilter(admin.SimpleListFilter):
         if self.value() == "no":
             return queryset.filter(expires_at__gt=now)
         return queryset
+
+
+class RecordChangeList(ChangeList):
+    """The changelist, without the stored bodies: a page of 100 records could otherwise
+    read 100 times ``MAX_RESPONSE_BYTES`` to show none of it. The actions get this queryset
+    too, and need no body either."""
+
+    def get_queryset(
+        self, request: HttpRequest, exclude_parameters: list[str | None] | None = None
+    ) -> QuerySet[Any]:
+        return super().get_queryset(request, exclude_parameters).defer("response_body")
 
 
 def is_json_media_type(content_type: str | None) -> bool:
@@ -109,11 +135,17 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         "expires_at",
     )
     readonly_fields = fields
-    actions = ("release", "delete_expired")
+    actions = ("release", "force_release", "delete_expired")
+    force_release_confirmation_template = (
+        "admin/idempotency_django/idempotencyrecord/force_release_confirmation.html"
+    )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[IdempotencyRecord]:
         # The store may live in a database of its own (IDEMPOTENCY["DATABASE"]).
         return super().get_queryset(request).using(engine.store_alias())
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return RecordChangeList
 
     # -- read-only ----------------------------------------------------------------------------
 
@@ -160,52 +192,23 @@ class IdempotencyRecordAdmin(RecordAdminBase):
     # -- actions ------------------------------------------------------------------------------
 
     @admin.action(
-        description="Release selected in-progress keys (the next retry runs)",
+        description="Release selected in-progress keys whose lease has lapsed (the next retry "
+        "runs)",
         permissions=["delete_records"],
     )
     def release(self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]) -> None:
-        alias = queryset.db
+        """Delete the selected in-progress records whose lease has lapsed, in one statement.
+
+        The conditions (in progress, lease null or past) are in the ``DELETE`` itself, so a
+        record that a heartbeat renewed, a view completed or a retry took over since the
+        page was shown is left alone. A live lease means a worker is renewing it: releasing
+        it would let a retry run alongside the first attempt.
+        """
         selected = queryset.count()
-        candidates = list(
-            queryset.filter(state=State.IN_PROGRESS)
-            .order_by()
-            .only("pk", "account", "endpoint", "key", "token")
-        )
-        released = []
-        for record in candidates:
-            # Conditional, like every write of the engine: a record that completed (or was
-            # taken over by a new claim) since it was read is left alone. ``_raw_delete``
-            # keeps the conditions whatever listens to Django's delete signals.
-            still_stuck = IdempotencyRecord.objects.using(alias).filter(
-                pk=record.pk, token=record.token, state=State.IN_PROGRESS
-            )
-            if still_stuck._raw_delete(alias):
-                released.append(record)
-        user_id = request.user.pk
-        if released and user_id is not None:
-            # The admin's history ("Deleted …"), like a delete from the admin would log.
-            LogEntry.objects.log_actions(
-                user_id=user_id,
-                queryset=released,
-                action_flag=DELETION,
-                change_message="Released the in-progress key.",
-            )
-        for record in released:
-            logger.warning(
-                "Idempotency key released from the admin by %s; the next retry runs the view.",
-                request.user,
-                extra={
-                    "idempotency_account": record.account,
-                    "idempotency_endpoint": record.endpoint,
-                    "idempotency_key": record.key,
-                },
-            )
-            signals.released.send(
-                IdempotencyRecord,
-                account=record.account,
-                endpoint=record.endpoint,
-                key=record.key,
-            )
+        released = _delete_returning(queryset.filter(_in_progress(), _lapsed(timezone.now())))
+        self._record_releases(request, released, forced=False)
+        # What the statement left, for the messages only (read after it, decides nothing).
+        running = queryset.filter(_in_progress()).count()
         if released:
             self.message_user(
                 request,
@@ -213,13 +216,120 @@ class IdempotencyRecordAdmin(RecordAdminBase):
                 f"{'its key' if len(released) == 1 else 'each key'} runs the view.",
                 messages.SUCCESS,
             )
-        skipped = selected - len(released)
-        if skipped:
+        if running:
+            self.message_user(
+                request,
+                f"Skipped {_records(running)} still running: {_their(running)} lease is live, "
+                "so a worker may still be running the view, and a retry now would run "
+                "alongside it. A dead worker's lease lapses within LEASE_SECONDS; use "
+                '"Force release" only if you know the worker is gone.',
+                messages.WARNING,
+            )
+        skipped = selected - len(released) - running
+        if skipped > 0:
             self.message_user(
                 request,
                 f"Skipped {_records(skipped)} not in progress: only in-progress keys can be "
                 "released (a completed key keeps its stored response until it expires).",
                 messages.WARNING,
+            )
+
+    @admin.action(
+        description="Force release selected in-progress keys (the view may still be running)",
+        permissions=["delete_records"],
+    )
+    def force_release(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
+    ) -> TemplateResponse | None:
+        """Delete in-progress records whatever their lease, after a confirmation page.
+
+        For a worker known to be dead with a long lease (or a wedged view). The page lists
+        the records; its form posts back their primary keys and claim tokens, and only
+        records still under those claims are deleted: one taken over by a new attempt
+        after the page was shown belongs to that attempt, which the operator never saw.
+        """
+        if request.POST.get("post") == "yes":
+            tokens = request.POST.getlist("token")
+            confirmed = queryset.filter(_in_progress(), token__in=tokens)
+            released = _delete_returning(confirmed)
+            self._record_releases(request, released, forced=True)
+            if released:
+                self.message_user(
+                    request,
+                    f"Force-released {_records(len(released))}: the next retry with "
+                    f"{'its key' if len(released) == 1 else 'each key'} runs the view, even "
+                    "if the first attempt is still running.",
+                    messages.SUCCESS,
+                )
+            skipped = len(tokens) - len(released)
+            if skipped > 0:
+                self.message_user(
+                    request,
+                    f"Kept {_records(skipped)}: completed, released or claimed again since "
+                    "the confirmation page was shown.",
+                    messages.WARNING,
+                )
+            return None
+        records = list(
+            queryset.filter(_in_progress())
+            .order_by("pk")
+            .only("pk", "account", "endpoint", "key", "token", "lease_expires_at")
+        )
+        if not records:
+            self.message_user(
+                request,
+                "Nothing to force-release: none of the selected records is in progress.",
+                messages.WARNING,
+            )
+            return None
+        now = timezone.now()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Force release: are you sure?",
+            "subtitle": None,
+            "opts": self.opts,
+            "records": [
+                {"record": record, "live": not _has_lapsed(record.lease_expires_at, now)}
+                for record in records
+            ],
+            "live": sum(not _has_lapsed(r.lease_expires_at, now) for r in records),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "media": self.media,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, self.force_release_confirmation_template, context)
+
+    def _record_releases(
+        self, request: HttpRequest, released: Sequence[IdempotencyRecord], *, forced: bool
+    ) -> None:
+        """The admin history, the log and the ``released`` signal, for each release."""
+        user_id = request.user.pk
+        if released and user_id is not None:
+            # The admin's history ("Deleted …"), like a delete from the admin would log.
+            LogEntry.objects.log_actions(
+                user_id=user_id,
+                queryset=released,
+                action_flag=DELETION,
+                change_message=(
+                    "Force-released the in-progress key (its lease may have been live)."
+                    if forced
+                    else "Released the in-progress key (its lease had lapsed)."
+                ),
+            )
+        for record in released:
+            logger.warning(
+                "Idempotency key %s from the admin by %s; the next retry runs the view.",
+                "force-released" if forced else "released",
+                signals.escape_log_text(str(request.user)),
+                extra=signals.log_fields(
+                    record.account, record.endpoint, record.key, admin_forced=forced
+                ),
+            )
+            signals.released.send(
+                IdempotencyRecord,
+                account=record.account,
+                endpoint=record.endpoint,
+                key=record.key,
             )
 
     @admin.action(
@@ -246,3 +356,73 @@ class IdempotencyRecordAdmin(RecordAdminBase):
 
 def _records(count: int) -> str:
     return f"{count} record" if count == 1 else f"{count} records"
+
+
+def _their(count: int) -> str:
+    return "its" if count == 1 else "their"
+
+
+def _in_progress() -> Q:
+    return Q(state=State.IN_PROGRESS)
+
+
+def _lapsed(now: datetime) -> Q:
+    """No live lease: none at all, or one that expired (what lets the engine take over)."""
+    return Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
+
+
+def _has_lapsed(lease_expires_at: datetime | None, now: datetime) -> bool:
+    return lease_expires_at is None or lease_expires_at <= now
+
+
+def _delete_returning(queryset: QuerySet[IdempotencyRecord]) -> list[IdempotencyRecord]:
+    """Delete ``queryset``'s records in one conditional ``DELETE``; return what it deleted.
+
+    The statement is the queryset's own ``WHERE``, so every condition in it is checked by
+    the database on the row as it is when deleted, never on a copy read earlier. The
+    deleted rows come back through ``RETURNING`` (PostgreSQL, SQLite 3.35+, MariaDB
+    10.5+), as unsaved records holding the primary key and the scope: what the admin
+    history, the log and the ``released`` signal need. MySQL has no ``DELETE …
+    RETURNING``: there the rows are locked (``SELECT … FOR UPDATE``) and deleted in one
+    transaction, so nothing can change them in between.
+    """
+    alias = queryset.db
+    connection = connections[alias]
+    opts = IdempotencyRecord._meta
+    query = queryset.query
+    try:
+        where, params = query.get_compiler(alias).compile(query.where)
+    except EmptyResultSet:  # e.g. pk__in=[]: nothing can match
+        return []
+    quote = connection.ops.quote_name
+    column = {field.name: str(field.column) for field in opts.concrete_fields}
+    names = ("id", "account", "endpoint", "key")
+    columns = ", ".join(quote(column[name]) for name in names)
+    delete = f"DELETE FROM {quote(opts.db_table)} WHERE {where}"
+    if _deletes_returning(connection):
+        with connection.cursor() as cursor:
+            cursor.execute(f"{delete} RETURNING {columns}", params)
+            rows = list(cursor.fetchall())
+    else:
+        with transaction.atomic(using=alias):
+            rows = list(queryset.select_for_update().order_by("pk").values_list(*names))
+            if rows:
+                pk = quote(column["id"])
+                marks = ", ".join(["%s"] * len(rows))
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        f"{delete} AND {pk} IN ({marks})", [*params, *(row[0] for row in rows)]
+                    )
+    return [
+        IdempotencyRecord(pk=pk, account=account, endpoint=endpoint, key=key)
+        for pk, account, endpoint, key in rows
+    ]
+
+
+def _deletes_returning(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the database can answer a ``DELETE`` with the rows it deleted."""
+    if connection.vendor == "mysql":
+        return bool(connection.mysql_is_mariadb)  # type: ignore[attr-defined]
+    if connection.vendor == "sqlite":
+        return sqlite3.sqlite_version_info >= (3, 35)
+    return connection.vendor == "postgresql"

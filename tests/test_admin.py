@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -10,16 +11,20 @@ from typing import Any
 import pytest
 from django.apps import apps
 from django.contrib import admin
+from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.auth.models import Permission, User
-from django.db.models.signals import post_init
+from django.db import connections
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import path, reverse
 from django.utils import timezone
 
+from idempotency_django import admin as idempotency_admin
 from idempotency_django import engine, purge, signals
 from idempotency_django.exceptions import InFlight
 from idempotency_django.models import IdempotencyRecord
 from tests.factories import IdempotencyRecordFactory, UserFactory
+from tests.logs import everything_logged
 
 
 def __getattr__(name: str) -> Any:
@@ -87,6 +92,13 @@ def stuck(**kwargs: Any) -> IdempotencyRecord:
     """In progress, with a lease that a (wedged) worker keeps renewing."""
     return IdempotencyRecordFactory(
         lease_expires_at=timezone.now() + timedelta(minutes=5), **kwargs
+    )
+
+
+def abandoned(**kwargs: Any) -> IdempotencyRecord:
+    """In progress, with a lease that lapsed: its worker died (or lost its connection)."""
+    return IdempotencyRecordFactory(
+        lease_expires_at=timezone.now() - timedelta(seconds=1), **kwargs
     )
 
 
@@ -287,14 +299,12 @@ def test_in_progress_record_has_no_response_yet() -> None:
 # --- actions -------------------------------------------------------------------------------------
 
 
-def test_release_deletes_a_stuck_key_so_the_next_retry_runs(
+def test_release_deletes_an_abandoned_key_so_the_next_retry_runs(
     client_: Client, superuser: User, released_reports: list[dict[str, Any]]
 ) -> None:
-    record = stuck(key="order-42", account="7", endpoint="POST /charges/")
+    record = abandoned(key="order-42", account="7", endpoint="POST /charges/")
     scope = engine.Scope("7", "POST /charges/", "order-42")
     options = engine.Options("default", 10, 86400, "conflict", 0, 1)
-    with pytest.raises(InFlight):
-        engine.begin(scope, record.fingerprint, options)
 
     response = run_action(client_, "release", record)
 
@@ -304,56 +314,125 @@ def test_release_deletes_a_stuck_key_so_the_next_retry_runs(
     ]
     assert not IdempotencyRecord.objects.filter(pk=record.pk).exists()
     assert released_reports == [{"signal": signals.released, **scope.lookup()}]
-    from django.contrib.admin.models import DELETION, LogEntry
-
     entry = LogEntry.objects.get()
-    assert (entry.action_flag, entry.user_id, entry.object_id) == (
+    assert (entry.action_flag, entry.user_id, entry.object_id, entry.object_repr) == (
         DELETION,
         superuser.pk,
         str(record.pk),
+        "order-42 (7, POST /charges/)",
     )
     # The next retry with the key claims it and runs.
     assert isinstance(engine.begin(scope, record.fingerprint, options), engine.Claim)
 
 
-def test_release_skips_completed_records(
+def test_release_skips_a_key_whose_lease_is_live(
     client_: Client, released_reports: list[dict[str, Any]]
 ) -> None:
-    running = [stuck(key="a"), stuck(key="b")]
-    done = completed(key="c")
+    """A live lease: a worker is renewing it. A retry would run alongside it."""
+    running = stuck(key="order-42", account="7", endpoint="POST /charges/")
+    scope = engine.Scope("7", "POST /charges/", "order-42")
+    options = engine.Options("default", 10, 86400, "conflict", 0, 1)
 
-    response = run_action(client_, "release", *running, done)
+    response = run_action(client_, "release", running)
+
+    assert messages_of(response) == [
+        (
+            "warning",
+            "Skipped 1 record still running: its lease is live, so a worker may still be "
+            "running the view, and a retry now would run alongside it. A dead worker's lease "
+            'lapses within LEASE_SECONDS; use "Force release" only if you know the worker '
+            "is gone.",
+        )
+    ]
+    assert IdempotencyRecord.objects.filter(pk=running.pk).exists()
+    assert released_reports == []
+    assert not LogEntry.objects.exists()
+    with pytest.raises(InFlight):  # the key is still the running attempt's
+        engine.begin(scope, running.fingerprint, options)
+
+
+def test_release_frees_a_record_without_a_lease(client_: Client) -> None:
+    """``lease_expires_at`` NULL (no lease at all) counts as lapsed."""
+    record = IdempotencyRecordFactory(lease_expires_at=None)
+
+    run_action(client_, "release", record)
+
+    assert not IdempotencyRecord.objects.filter(pk=record.pk).exists()
+
+
+def test_release_reports_what_it_skipped_and_why(
+    client_: Client, released_reports: list[dict[str, Any]]
+) -> None:
+    dead = [abandoned(key="a"), abandoned(key="b")]
+    running = [stuck(key="c"), stuck(key="d")]
+    done = completed(key="e")
+
+    response = run_action(client_, "release", *dead, *running, done)
 
     assert messages_of(response) == [
         ("success", "Released 2 records: the next retry with each key runs the view."),
+        (
+            "warning",
+            "Skipped 2 records still running: their lease is live, so a worker may still be "
+            "running the view, and a retry now would run alongside it. A dead worker's lease "
+            'lapses within LEASE_SECONDS; use "Force release" only if you know the worker '
+            "is gone.",
+        ),
         (
             "warning",
             "Skipped 1 record not in progress: only in-progress keys can be released (a "
             "completed key keeps its stored response until it expires).",
         ),
     ]
+    assert set(IdempotencyRecord.objects.values_list("key", flat=True)) == {"c", "d", "e"}
+    assert sorted(report["key"] for report in released_reports) == ["a", "b"]
+
+
+def delete_statements(queries: CaptureQueriesContext) -> list[str]:
+    return [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith("DELETE")]
+
+
+def test_release_is_one_delete_that_checks_state_and_lease_itself(client_: Client) -> None:
+    records = [abandoned(key="a"), abandoned(key="b"), stuck(key="c")]
+
+    with CaptureQueriesContext(connections["default"]) as queries:
+        run_action(client_, "release", *records)
+
+    (delete,) = delete_statements(queries)
+    assert "lease_expires_at" in delete
+    assert "state" in delete
     assert set(IdempotencyRecord.objects.values_list("key", flat=True)) == {"c"}
-    assert [report["key"] for report in released_reports] == ["a", "b"]
 
 
-def test_release_keeps_a_record_that_completed_after_it_was_read(client_: Client) -> None:
-    """The release is conditional: a view that completed in the meantime keeps its outcome."""
-    record = stuck(key="finishing")
+@pytest.mark.parametrize(
+    "meanwhile",
+    [
+        pytest.param({"lease_expires_at": timezone.now() + timedelta(minutes=1)}, id="renewed"),
+        pytest.param(
+            {"state": State.COMPLETED, "response_status": 201, "lease_expires_at": None},
+            id="completed",
+        ),
+    ],
+)
+def test_release_keeps_a_record_that_changed_just_before_its_delete(
+    client_: Client, meanwhile: dict[str, Any], released_reports: list[dict[str, Any]]
+) -> None:
+    """The conditions are the DELETE's own: a heartbeat that renewed the lease, or a view
+    that completed, right before the statement runs (after anything the action read)
+    keeps its record. A read-then-delete would delete it."""
+    record = abandoned(key="racing")
 
-    def complete_it(sender: Any, instance: IdempotencyRecord, **kwargs: Any) -> None:
-        if instance.pk == record.pk:  # the action has just read it
-            IdempotencyRecord.objects.filter(pk=record.pk).update(
-                state=State.COMPLETED, response_status=201, lease_expires_at=None
-            )
+    def change_it_first(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.lstrip().upper().startswith("DELETE"):
+            IdempotencyRecord.objects.filter(pk=record.pk).update(**meanwhile)
+        return execute(sql, params, many, context)
 
-    post_init.connect(complete_it, sender=IdempotencyRecord)
-    try:
+    with connections["default"].execute_wrapper(change_it_first):
         response = run_action(client_, "release", record)
-    finally:
-        post_init.disconnect(complete_it, sender=IdempotencyRecord)
 
     assert [level for level, _ in messages_of(response)] == ["warning"]
-    assert IdempotencyRecord.objects.get(pk=record.pk).state == State.COMPLETED
+    assert IdempotencyRecord.objects.filter(pk=record.pk).exists()
+    assert released_reports == []
 
 
 def test_release_of_only_completed_records_releases_nothing(client_: Client) -> None:
@@ -363,9 +442,215 @@ def test_release_of_only_completed_records_releases_nothing(client_: Client) -> 
 
     assert [level for level, _ in messages_of(response)] == ["warning"]
     assert IdempotencyRecord.objects.filter(pk=done.pk).exists()
-    from django.contrib.admin.models import LogEntry
-
     assert not LogEntry.objects.exists()
+
+
+def test_release_across_all_filtered_records(client_: Client) -> None:
+    abandoned(key="a", endpoint="POST /charges/")
+    abandoned(key="b", endpoint="POST /charges/")
+    abandoned(key="other", endpoint="POST /refunds/")
+    shown = stuck(key="c", endpoint="POST /charges/")
+
+    response = client_.post(
+        reverse(CHANGELIST) + "?endpoint=POST+%2Fcharges%2F",
+        {"action": "release", "select_across": "1", "_selected_action": [str(shown.pk)]},
+        follow=True,
+    )
+
+    assert messages_of(response)[0] == (
+        "success",
+        "Released 2 records: the next retry with each key runs the view.",
+    )
+    assert set(IdempotencyRecord.objects.values_list("key", flat=True)) == {"c", "other"}
+
+
+def test_releases_are_logged_through_log_fields(
+    client_: Client, caplog: pytest.LogCaptureFixture, settings: Any
+) -> None:
+    settings.IDEMPOTENCY = {"LOG_KEYS": "hash"}
+    record = abandoned(key="order-4711", account="7", endpoint="POST /charges/\r\nforged")
+
+    with caplog.at_level(logging.DEBUG, logger="idempotency_django"):
+        run_action(client_, "release", record)
+
+    (logged,) = [r for r in caplog.records if "from the admin" in r.getMessage()]
+    assert logged.getMessage() == (
+        "Idempotency key released from the admin by root; the next retry runs the view."
+    )
+    assert logged.idempotency_key == signals.log_key("order-4711")  # type: ignore[attr-defined]
+    assert logged.idempotency_account == "7"  # type: ignore[attr-defined]
+    assert logged.idempotency_endpoint == "POST /charges/\\r\\nforged"  # type: ignore[attr-defined]
+    assert logged.idempotency_admin_forced is False  # type: ignore[attr-defined]
+    assert not [text for text in everything_logged(caplog.records) if "order-4711" in text]
+
+
+# --- force release -------------------------------------------------------------------------------
+
+
+CONFIRMATION = "admin/idempotency_django/idempotencyrecord/force_release_confirmation.html"
+
+
+def test_force_release_asks_for_confirmation_first(client_: Client) -> None:
+    running = stuck(key="running", account="7")
+    dead = abandoned(key="dead")
+    done = completed(key="done")
+
+    response = run_action(client_, "force_release", running, dead, done)
+
+    assert response.status_code == 200
+    assert CONFIRMATION in [t.name for t in response.templates]
+    html = response.content.decode()
+    assert "running" in html
+    assert "dead" in html
+    assert ">done<" not in html  # not in progress: not offered
+    assert "1 of them still has a live lease" in html
+    assert "live: the view may still be running" in html
+    assert 'name="post" value="yes"' in html
+    assert f'name="token" value="{running.token}"' in html
+    assert f'name="token" value="{dead.token}"' in html
+    assert "Yes, force-release 2 records" in html
+    # Nothing is deleted until the operator confirms.
+    assert IdempotencyRecord.objects.count() == 3
+    assert not LogEntry.objects.exists()
+
+
+def confirm_force_release(client: Client, *records: IdempotencyRecord) -> Any:
+    return client.post(
+        reverse(CHANGELIST),
+        {
+            "action": "force_release",
+            "_selected_action": [str(r.pk) for r in records],
+            "token": [r.token for r in records],
+            "post": "yes",
+        },
+        follow=True,
+    )
+
+
+def test_force_release_deletes_in_progress_records_whatever_their_lease(
+    client_: Client,
+    superuser: User,
+    released_reports: list[dict[str, Any]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    running = stuck(key="running")
+    dead = abandoned(key="dead")
+    done = completed(key="done")
+
+    with caplog.at_level(logging.WARNING, logger="idempotency_django"):
+        response = confirm_force_release(client_, running, dead, done)
+
+    assert messages_of(response) == [
+        (
+            "success",
+            "Force-released 2 records: the next retry with each key runs the view, even if "
+            "the first attempt is still running.",
+        ),
+        # Not offered by the confirmation page, and never deleted if posted anyway.
+        (
+            "warning",
+            "Kept 1 record: completed, released or claimed again since the confirmation "
+            "page was shown.",
+        ),
+    ]
+    assert set(IdempotencyRecord.objects.values_list("key", flat=True)) == {"done"}
+    assert sorted(report["key"] for report in released_reports) == ["dead", "running"]
+    assert sorted(LogEntry.objects.values_list("object_id", flat=True)) == sorted(
+        [str(running.pk), str(dead.pk)]
+    )
+    assert {e.change_message for e in LogEntry.objects.all()} == {
+        "Force-released the in-progress key (its lease may have been live)."
+    }
+    logged = [r for r in caplog.records if "force-released from the admin" in r.getMessage()]
+    assert sorted(r.idempotency_key for r in logged) == ["dead", "running"]  # type: ignore[attr-defined]
+    assert all(r.idempotency_admin_forced is True for r in logged)  # type: ignore[attr-defined]
+
+
+def test_force_release_keeps_a_record_claimed_again_after_the_confirmation_page(
+    client_: Client,
+) -> None:
+    """The confirmation names the claims shown: a record that a new attempt took over
+    since then belongs to that attempt, which the operator never saw."""
+    shown = abandoned(key="taken-over")
+    IdempotencyRecord.objects.filter(pk=shown.pk).update(
+        token="f" * 32, lease_expires_at=timezone.now() + timedelta(minutes=1)
+    )
+
+    response = confirm_force_release(client_, shown)  # with the token the page showed
+
+    assert messages_of(response) == [
+        (
+            "warning",
+            "Kept 1 record: completed, released or claimed again since the confirmation "
+            "page was shown.",
+        )
+    ]
+    assert IdempotencyRecord.objects.get(pk=shown.pk).token == "f" * 32
+
+
+def test_force_release_with_nothing_in_progress(client_: Client) -> None:
+    done = completed(key="done")
+
+    response = run_action(client_, "force_release", done)
+
+    assert CONFIRMATION not in [t.name for t in response.templates]
+    assert messages_of(response) == [
+        ("warning", "Nothing to force-release: none of the selected records is in progress.")
+    ]
+    assert IdempotencyRecord.objects.filter(pk=done.pk).exists()
+
+
+def test_force_release_needs_the_delete_permission() -> None:
+    viewer = UserFactory(username="viewer", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_idempotencyrecord"))
+    record = stuck(key="stuck")
+    client = login(viewer)
+
+    asked = run_action(client, "force_release", record)
+    confirmed = confirm_force_release(client, record)
+
+    assert CONFIRMATION not in [t.name for t in asked.templates]
+    assert confirmed.status_code == 200
+    assert IdempotencyRecord.objects.filter(pk=record.pk).exists()
+    assert not LogEntry.objects.exists()
+
+
+# --- the one conditional DELETE ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("returning", [True, False], ids=["returning", "lock-then-delete"])
+def test_delete_returning_returns_exactly_what_it_deleted(
+    returning: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both paths: ``DELETE … RETURNING``, and MySQL's lock-then-delete in a transaction."""
+    if returning and not idempotency_admin._deletes_returning(connections["default"]):
+        pytest.skip("this database cannot DELETE … RETURNING")
+    monkeypatch.setattr(idempotency_admin, "_deletes_returning", lambda connection: returning)
+    gone = [abandoned(key="a", account="1"), abandoned(key="b", account="2")]
+    kept = stuck(key="c")
+    records = IdempotencyRecord.objects.filter(pk__in=[r.pk for r in [*gone, kept]])
+
+    deleted = idempotency_admin._delete_returning(
+        records.filter(lease_expires_at__lte=timezone.now())
+    )
+
+    assert sorted((r.pk, r.account, r.endpoint, r.key) for r in deleted) == sorted(
+        (r.pk, r.account, r.endpoint, r.key) for r in gone
+    )
+    assert list(IdempotencyRecord.objects.values_list("key", flat=True)) == ["c"]
+    assert idempotency_admin._delete_returning(records.filter(key="nothing")) == []
+
+
+def test_delete_returning_an_empty_selection_runs_no_statement() -> None:
+    abandoned(key="a")
+
+    with CaptureQueriesContext(connections["default"]) as queries:
+        assert (
+            idempotency_admin._delete_returning(IdempotencyRecord.objects.filter(pk__in=[])) == []
+        )
+
+    assert len(queries) == 0
+    assert IdempotencyRecord.objects.count() == 1
 
 
 def test_delete_expired_deletes_only_expired_selected_records(client_: Client) -> None:
@@ -414,14 +699,17 @@ def test_actions_offered(client_: Client) -> None:
 
     response = client_.get(reverse(CHANGELIST))
 
-    choices = [name for name, _ in response.context["action_form"].fields["action"].choices]
-    assert choices == ["", "release", "delete_expired"]  # no generic "delete selected"
+    choices = response.context["action_form"].fields["action"].choices
+    assert [name for name, _ in choices] == ["", "release", "force_release", "delete_expired"]
+    assert dict(choices)["force_release"] == (
+        "Force release selected in-progress keys (the view may still be running)"
+    )  # no generic "delete selected"
 
 
 def test_actions_need_the_delete_permission() -> None:
     viewer = UserFactory(username="viewer", is_staff=True)
     viewer.user_permissions.add(Permission.objects.get(codename="view_idempotencyrecord"))
-    record = stuck(key="stuck")
+    record = abandoned(key="stuck")
     client = login(viewer)
 
     response = client.get(reverse(CHANGELIST))
@@ -437,3 +725,35 @@ def test_actions_need_the_delete_permission() -> None:
     client = login(User.objects.get(pk=viewer.pk))
     run_action(client, "release", record)
     assert not IdempotencyRecord.objects.filter(pk=record.pk).exists()
+
+
+# --- the list does not load stored bodies ---------------------------------------------------------
+
+
+def test_changelist_never_reads_stored_bodies(client_: Client) -> None:
+    """A page of records would otherwise read each one's body (up to MAX_RESPONSE_BYTES)."""
+    for number in range(3):
+        completed(key=f"big-{number}", response_body=b"x" * 100_000)
+    stuck(key="running")
+    everything = list(IdempotencyRecord.objects.only("pk"))
+
+    with CaptureQueriesContext(connections["default"]) as queries:
+        response = client_.get(reverse(CHANGELIST), {"state__exact": "completed"})
+        assert response.status_code == 200
+        run_action(client_, "release", *everything)
+        run_action(client_, "force_release", *everything)  # its confirmation page
+
+    assert {r.key for r in response.context["cl"].result_list} == {"big-0", "big-1", "big-2"}
+    record_queries = [q["sql"] for q in queries if IdempotencyRecord._meta.db_table in q["sql"]]
+    assert record_queries
+    assert not [sql for sql in record_queries if "response_body" in sql]
+
+
+def test_the_detail_page_still_shows_the_body(client_: Client) -> None:
+    record = completed(response_body=b'{"id": "ch_1"}')
+
+    with CaptureQueriesContext(connections["default"]) as queries:
+        html = client_.get(reverse(CHANGE, args=[record.pk])).content.decode()
+
+    assert "&quot;id&quot;: &quot;ch_1&quot;" in html
+    assert [q for q in queries if "response_body" in q["sql"]]
