@@ -11,6 +11,7 @@ from django.db import models
 ACCOUNT_MAX_LENGTH = 128
 ENDPOINT_MAX_LENGTH = 255
 KEY_MAX_LENGTH = 255
+FINGERPRINT_MAX_LENGTH = 80
 
 
 class ExactCharField(models.CharField):  # type: ignore[type-arg]
@@ -38,7 +39,9 @@ class IdempotencyRecord(models.Model):
     account = ExactCharField(max_length=ACCOUNT_MAX_LENGTH)
     endpoint = ExactCharField(max_length=ENDPOINT_MAX_LENGTH)
     key = ExactCharField(max_length=KEY_MAX_LENGTH)
-    fingerprint = models.CharField(max_length=64)
+    # "<version>:<sha256 hex>" (66 characters today; 64 hex digits without a version were
+    # written before versions), with room for a longer version or digest name.
+    fingerprint = models.CharField(max_length=FINGERPRINT_MAX_LENGTH)
     state = models.CharField(max_length=16, choices=State.choices, default=State.IN_PROGRESS)
     # A new random token per claim: completion, renewal and release only touch the
     # row while it still carries the token of the claim that wants to write it.

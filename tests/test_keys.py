@@ -237,14 +237,35 @@ def fingerprint(
     )
 
 
-def test_fingerprint_is_a_sha256_hex_digest(rf: RequestFactory) -> None:
+def test_fingerprint_is_version_2_and_a_sha256_hex_digest(rf: RequestFactory) -> None:
     value = fingerprint(rf, b'{"amount": 10}')
-    assert len(value) == 64
-    assert int(value, 16) >= 0
+    version, _, hexdigest = value.partition(":")
+    assert version == "2"
+    assert len(hexdigest) == 64
+    assert int(hexdigest, 16) >= 0
 
 
-def test_fingerprint_is_deterministic(rf: RequestFactory) -> None:
-    assert fingerprint(rf, b'{"amount": 10}') == fingerprint(rf, b'{"amount": 10}')
+def test_fingerprint_is_the_documented_canonical_form(rf: RequestFactory) -> None:
+    """Pins version 2: a change to any part of the canonical form fails here, and must come
+    with a new version (see ``keys.fingerprints_match``)."""
+    request = rf.generic(
+        "POST",
+        "/orders/?b=%41&a=2&a=1",
+        data=b'{"note": "caf\xc3\xa9", "amount": 1.50, "items": [10, null, true]}',
+        content_type="application/json; charset=utf-8",
+    )
+    parts = [
+        b"POST",
+        b"POST /orders/",
+        b'[["a","2"],["a","1"],["b","A"]]',
+        b"application/json",
+        b'json:{"amount":15e-1,"items":[1e1,null,true],"note":"caf\xc3\xa9"}',
+    ]
+    prefixed = b"".join(len(part).to_bytes(8, "big") + part for part in parts)
+
+    assert keys.default_fingerprint(request, "POST /orders/") == (
+        "2:" + hashlib.sha256(prefixed).hexdigest()
+    )
 
 
 def test_fingerprint_ignores_json_key_order_and_whitespace(rf: RequestFactory) -> None:
@@ -299,6 +320,12 @@ def test_fingerprint_ignores_query_parameter_order(rf: RequestFactory) -> None:
     )
 
 
+def test_fingerprint_keeps_the_order_of_repeated_query_values(rf: RequestFactory) -> None:
+    assert fingerprint(rf, b"{}", path="/orders/?a=1&a=2") != fingerprint(
+        rf, b"{}", path="/orders/?a=2&a=1"
+    )
+
+
 def test_fingerprint_decodes_the_query_string(rf: RequestFactory) -> None:
     assert fingerprint(rf, b"{}", path="/orders/?a=%41") == fingerprint(
         rf, b"{}", path="/orders/?a=A"
@@ -331,7 +358,7 @@ def test_fingerprint_parses_json_with_a_charset_parameter(rf: RequestFactory) ->
 
 def test_fingerprint_invalid_json_falls_back_to_raw_bytes(rf: RequestFactory) -> None:
     broken = b'{"amount": 10,'
-    assert fingerprint(rf, broken) == fingerprint(rf, broken)
+    assert keys.canonical_body(rf.post("/", broken, JSON)) == b"raw:" + broken
     assert fingerprint(rf, broken) != fingerprint(rf, b'{"amount": 11,')
     # Raw bytes: whitespace now counts.
     assert fingerprint(rf, broken) != fingerprint(rf, b'{"amount":10,')
@@ -345,10 +372,11 @@ def test_fingerprint_survives_a_lone_surrogate_escape_in_json(rf: RequestFactory
     assert fingerprint(rf, b'{"a": "\\ud800"}') != fingerprint(rf, b'{"a": "\\ud801"}')
 
 
-def test_fingerprint_survives_deeply_nested_json(rf: RequestFactory) -> None:
+def test_fingerprint_of_deeply_nested_json_is_its_bytes(rf: RequestFactory) -> None:
     depth = 100_000
     body = b"[" * depth + b"]" * depth
-    assert fingerprint(rf, body) == fingerprint(rf, body)
+    assert keys.canonical_body(rf.post("/", body, JSON)) == b"raw:" + body
+    assert fingerprint(rf, body) != fingerprint(rf, b"[" * (depth - 1) + b"]" * (depth - 1))
 
 
 def test_fingerprint_ignores_form_field_order(rf: RequestFactory) -> None:
@@ -483,12 +511,17 @@ def test_digest_is_length_prefixed() -> None:
 
 def test_canonical_body_is_sorted_compact_json(rf: RequestFactory) -> None:
     request = rf.generic("POST", "/", data=b'{"b": 1, "a": [1, 2]}', content_type=JSON)
-    assert keys.canonical_body(request) == b'{"a":[1,2],"b":1}'
+    assert keys.canonical_body(request) == b'json:{"a":[1,2],"b":1}'
+
+
+def test_canonical_body_of_a_form(rf: RequestFactory) -> None:
+    request = rf.generic("POST", "/", data=b"b=2&a=1&b=1", content_type=FORM)
+    assert keys.canonical_body(request) == b'form:{"a":["1"],"b":["2","1"]}'
 
 
 def test_canonical_body_returns_raw_bytes_for_other_types(rf: RequestFactory) -> None:
     request = rf.generic("POST", "/", data=b'{"b": 1}', content_type="text/plain")
-    assert keys.canonical_body(request) == b'{"b": 1}'
+    assert keys.canonical_body(request) == b'raw:{"b": 1}'
 
 
 def test_fingerprint_ignores_media_type_parameters_on_a_drf_style_request(
@@ -524,5 +557,7 @@ def test_fingerprint_of_a_multipart_body_already_parsed(rf: RequestFactory) -> N
         assert request.POST["note"] == note  # reads the stream: .body is gone now
         return keys.default_fingerprint(request, "POST /o/")
 
-    assert parsed("a") == parsed("a")
     assert parsed("a") != parsed("b")
+    # Parsed first or not, the same form is the same request.
+    unparsed = rf.post("/o/", data={"note": "a", "amount": "1"})
+    assert parsed("a") == keys.default_fingerprint(unparsed, "POST /o/")

@@ -1,0 +1,863 @@
+"""Fingerprints that tell retries from different requests: multipart bodies (whatever the
+boundary, whoever parsed them), exact JSON numbers, repeated query values, absent fields,
+hostile bodies, task arguments at full precision, and the fingerprint's version."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping
+from datetime import date, datetime, time, timedelta, timezone
+from decimal import Decimal
+from typing import Any
+
+import pytest
+import requests
+from django.contrib.auth.models import User
+from django.core.files.uploadedfile import SimpleUploadedFile, UploadedFile
+from django.http import HttpRequest, QueryDict
+from django.http.multipartparser import MultiPartParserError
+from django.http.request import RawPostDataException
+from django.test import Client, RequestFactory, override_settings
+from django.test.client import encode_multipart
+from django.utils.datastructures import MultiValueDict
+from django.utils.functional import lazy
+from django.utils.safestring import mark_safe
+from rest_framework.exceptions import ParseError, UnsupportedMediaType
+from rest_framework.parsers import BaseParser, JSONParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.test import APIClient
+
+from idempotency_django import keys
+from idempotency_django.models import FINGERPRINT_MAX_LENGTH, IdempotencyRecord
+from tests.conftest import effects
+
+JSON = "application/json"
+FORM = "application/x-www-form-urlencoded"
+VERSION_2 = re.compile(r"2:[0-9a-f]{64}")
+
+
+def fingerprint(request: Any, fields: tuple[str, ...] | None = None) -> str:
+    return keys.default_fingerprint(request, "POST /o/", fields=fields)
+
+
+def json_request(rf: RequestFactory, body: bytes, path: str = "/o/") -> HttpRequest:
+    return rf.generic("POST", path, data=body, content_type=JSON)
+
+
+# -- multipart ------------------------------------------------------------------------------
+
+
+def multipart_body(
+    boundary: str,
+    fields: Mapping[str, str | list[str]] | None = None,
+    files: Mapping[str, tuple[str, bytes, str]] | None = None,
+) -> tuple[bytes, str]:
+    """A multipart/form-data body and its Content-Type, with this boundary."""
+    data: dict[str, Any] = dict(fields or {})
+    for name, (filename, content, content_type) in (files or {}).items():
+        data[name] = SimpleUploadedFile(filename, content, content_type)
+    return encode_multipart(boundary, data), f"multipart/form-data; boundary={boundary}"
+
+
+def multipart_request(
+    rf: RequestFactory,
+    boundary: str = "boundary-one",
+    fields: Mapping[str, str | list[str]] | None = None,
+    files: Mapping[str, tuple[str, bytes, str]] | None = None,
+    *,
+    method: str = "POST",
+    parsed_first: bool = False,
+) -> HttpRequest:
+    body, content_type = multipart_body(boundary, fields, files)
+    request = rf.generic(method, "/o/", data=body, content_type=content_type)
+    if parsed_first:
+        assert request.POST is not None  # CsrfViewMiddleware does this; .body is gone now
+    return request
+
+
+RECEIPT = {"doc": ("receipt.txt", b"paid 10 EUR", "text/plain")}
+SAME_SIZE = {"doc": ("receipt.txt", b"paid 99 EUR", "text/plain")}
+NOTE = {"note": "first", "amount": "10"}
+
+
+@pytest.mark.parametrize("parsed_first", [False, True], ids=["unparsed", "parsed-first"])
+def test_multipart_boundary_does_not_count(rf: RequestFactory, parsed_first: bool) -> None:
+    one = multipart_request(rf, "boundary-one", NOTE, RECEIPT, parsed_first=parsed_first)
+    two = multipart_request(rf, "----WebKitFormBoundary7MA4YWxk", NOTE, RECEIPT)
+
+    assert fingerprint(one) == fingerprint(two)
+
+
+def test_multipart_retries_from_requests_with_random_boundaries_match(rf: RequestFactory) -> None:
+    def sent_by_requests() -> tuple[HttpRequest, str]:
+        prepared = requests.Request(
+            "POST",
+            "http://testserver/o/",
+            data={"amount": "10"},
+            files={"doc": ("receipt.txt", b"paid 10 EUR", "text/plain")},
+        ).prepare()
+        content_type = str(prepared.headers["Content-Type"])
+        body = prepared.body
+        assert isinstance(body, bytes)
+        return rf.generic("POST", "/o/", data=body, content_type=content_type), content_type
+
+    first, first_type = sent_by_requests()
+    retry, retry_type = sent_by_requests()
+
+    assert first_type != retry_type  # a new random boundary
+    assert fingerprint(first) == fingerprint(retry)
+
+
+@pytest.mark.parametrize(
+    ("first_parsed", "second_parsed"), [(False, False), (True, True), (True, False)]
+)
+def test_multipart_file_contents_count_not_just_name_and_size(
+    rf: RequestFactory, first_parsed: bool, second_parsed: bool
+) -> None:
+    first = multipart_request(rf, fields=NOTE, files=RECEIPT, parsed_first=first_parsed)
+    other = multipart_request(rf, fields=NOTE, files=SAME_SIZE, parsed_first=second_parsed)
+
+    assert fingerprint(first) != fingerprint(other)
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        {"fields": {**NOTE, "amount": "11"}},
+        {"fields": {"note": "first"}},
+        {"files": {"doc": ("other.txt", b"paid 10 EUR", "text/plain")}},
+        {"files": {"doc": ("receipt.txt", b"paid 10 EUR", "application/pdf")}},
+        {"files": {"scan": ("receipt.txt", b"paid 10 EUR", "text/plain")}},
+        {"files": {}},
+    ],
+    ids=["field-value", "field-missing", "file-name", "file-type", "file-field", "no-file"],
+)
+def test_multipart_fingerprint_changes_with_any_field_or_file(
+    rf: RequestFactory, changed: dict[str, Any]
+) -> None:
+    base = fingerprint(multipart_request(rf, fields=NOTE, files=RECEIPT))
+    parts: dict[str, Any] = {"fields": NOTE, "files": RECEIPT, **changed}
+
+    assert fingerprint(multipart_request(rf, "other-boundary", **parts)) != base
+
+
+def test_multipart_keeps_the_order_of_repeated_values(rf: RequestFactory) -> None:
+    ordered = multipart_request(rf, fields={"item": ["a", "b"]})
+    reversed_ = multipart_request(rf, fields={"item": ["b", "a"]})
+
+    assert fingerprint(ordered) != fingerprint(reversed_)
+
+
+def test_multipart_is_not_the_same_request_as_a_url_encoded_form(rf: RequestFactory) -> None:
+    """Different media types: the view may treat them differently, so they are different."""
+    as_multipart = multipart_request(rf, fields={"amount": "10"})
+    as_form = rf.post("/o/", data="amount=10", content_type=FORM)
+
+    assert as_multipart.POST == as_form.POST
+    assert fingerprint(as_multipart) != fingerprint(as_form)
+
+
+def test_multipart_uploads_are_rewound_for_the_view(rf: RequestFactory) -> None:
+    request = multipart_request(rf, fields=NOTE, files=RECEIPT)
+
+    fingerprint(request)
+
+    assert request.FILES["doc"].read() == b"paid 10 EUR"
+
+
+class ChunksOnly(UploadedFile):  # type: ignore[type-arg]
+    """An upload that refuses to be read whole: only ``chunks()`` may read it."""
+
+    def __init__(self, content: bytes) -> None:
+        super().__init__(io.BytesIO(content), "big.bin", "application/octet-stream", len(content))
+        self.sizes: list[int] = []
+
+    def read(self, size: int | None = -1) -> bytes:
+        assert size is not None, "read the whole upload into memory"
+        assert size > 0, "read the whole upload into memory"
+        self.sizes.append(size)
+        return self.file.read(size)  # type: ignore[union-attr,no-any-return]
+
+
+def test_multipart_uploads_are_hashed_chunk_by_chunk(rf: RequestFactory) -> None:
+    content = bytes(range(256)) * 1024  # 256 KiB: four 64 KiB chunks
+    streamed = rf.post("/o/", data=b"--b--", content_type="multipart/form-data; boundary=b")
+    upload = ChunksOnly(content)
+    streamed._post, streamed._files = QueryDict(), MultiValueDict({"doc": [upload]})  # type: ignore[attr-defined]
+    parsed = multipart_request(rf, files={"doc": ("big.bin", content, "application/octet-stream")})
+
+    assert fingerprint(streamed) == fingerprint(parsed)
+    assert len(upload.sizes) >= 4
+    assert upload.tell() == 0
+
+
+@override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=1024, FILE_UPLOAD_MAX_MEMORY_SIZE=1024)
+def test_multipart_uploads_beyond_the_body_size_limit_are_fingerprinted(
+    rf: RequestFactory,
+) -> None:
+    big = {"doc": ("big.bin", b"x" * 100_000, "application/octet-stream")}
+    bigger = {"doc": ("big.bin", b"x" * 99_999 + b"y", "application/octet-stream")}
+
+    first = multipart_request(rf, "one", NOTE, big)
+    assert fingerprint(first) == fingerprint(multipart_request(rf, "two", NOTE, big))
+    assert fingerprint(first) != fingerprint(multipart_request(rf, "two", NOTE, bigger))
+    assert first.FILES["doc"].read() == b"x" * 100_000  # spooled to disk, and rewound
+
+
+def test_multipart_fields_limit_fields_and_files(rf: RequestFactory) -> None:
+    fields = ("amount", "doc")
+    base = multipart_request(rf, fields=NOTE, files=RECEIPT)
+    other_note = multipart_request(rf, fields={**NOTE, "note": "second"}, files=RECEIPT)
+    other_doc = multipart_request(rf, fields=NOTE, files=SAME_SIZE)
+    no_amount = multipart_request(rf, fields={"note": "first"}, files=RECEIPT)
+    empty_amount = multipart_request(rf, fields={"note": "first", "amount": ""}, files=RECEIPT)
+
+    assert fingerprint(base, fields) == fingerprint(other_note, fields)
+    assert fingerprint(base, fields) != fingerprint(other_doc, fields)
+    assert fingerprint(no_amount, fields) != fingerprint(empty_amount, fields)
+
+
+def test_a_malformed_multipart_post_raises_as_it_would_in_the_view(rf: RequestFactory) -> None:
+    """Swallowing it would run the view with the empty POST Django leaves behind."""
+    request = rf.generic(
+        "POST", "/o/", data=b"no boundary here", content_type="multipart/form-data"
+    )
+
+    with pytest.raises(MultiPartParserError):
+        fingerprint(request)
+
+
+@pytest.mark.parametrize("method", ["PATCH", "PUT"])
+def test_multipart_patch_is_parsed_from_a_copy(rf: RequestFactory, method: str) -> None:
+    """Django parses multipart for POST only; the view gets its request untouched."""
+    first = multipart_request(rf, "one", NOTE, RECEIPT, method=method)
+    retry = multipart_request(rf, "two", NOTE, RECEIPT, method=method)
+    other = multipart_request(rf, "two", NOTE, SAME_SIZE, method=method)
+
+    assert fingerprint(first) == fingerprint(retry)
+    assert fingerprint(first) != fingerprint(other)
+    assert b"paid 10 EUR" in first.body
+    assert not first.POST
+    assert not first.FILES
+
+
+def test_a_malformed_multipart_patch_is_compared_as_bytes(rf: RequestFactory) -> None:
+    def patch(body: bytes) -> HttpRequest:
+        return rf.generic("PATCH", "/o/", data=body, content_type="multipart/form-data")
+
+    assert keys.canonical_body(patch(b"one")) == b"raw:one"
+    assert fingerprint(patch(b"one")) != fingerprint(patch(b"two"))
+
+
+def test_multipart_patch_the_application_parsed_itself(rf: RequestFactory) -> None:
+    def parsed_by_the_app(files: dict[str, tuple[str, bytes, str]]) -> HttpRequest:
+        request = multipart_request(rf, fields=NOTE, files=files, method="PATCH")
+        request._post, request._files = request.parse_file_upload(request.META, request)  # type: ignore[attr-defined]
+        return request
+
+    assert fingerprint(parsed_by_the_app(RECEIPT)) == fingerprint(
+        multipart_request(rf, "other", NOTE, RECEIPT, method="PATCH")
+    )
+    assert fingerprint(parsed_by_the_app(RECEIPT)) != fingerprint(parsed_by_the_app(SAME_SIZE))
+
+
+# -- Django REST framework's Request --------------------------------------------------------
+
+
+def drf(request: HttpRequest, *parsers: BaseParser) -> Request:
+    return Request(request, parsers=list(parsers))
+
+
+@pytest.mark.parametrize("data_first", [False, True], ids=["unparsed", "data-read-first"])
+def test_drf_multipart_matches_the_plain_request(rf: RequestFactory, data_first: bool) -> None:
+    wrapped = drf(multipart_request(rf, "one", NOTE, RECEIPT), MultiPartParser())
+    if data_first:
+        assert wrapped.data["note"] == "first"
+
+    assert fingerprint(wrapped) == fingerprint(multipart_request(rf, "two", NOTE, RECEIPT))
+    assert wrapped.data["doc"].read() == b"paid 10 EUR"
+
+
+def test_drf_multipart_after_django_parsed_it(rf: RequestFactory) -> None:
+    wrapped = drf(multipart_request(rf, "one", NOTE, RECEIPT, parsed_first=True), MultiPartParser())
+    other = drf(multipart_request(rf, "two", NOTE, SAME_SIZE, parsed_first=True), MultiPartParser())
+
+    assert fingerprint(wrapped) == fingerprint(multipart_request(rf, "two", NOTE, RECEIPT))
+    assert fingerprint(wrapped) != fingerprint(other)
+
+
+def test_drf_malformed_multipart_raises_drfs_parse_error(rf: RequestFactory) -> None:
+    request = rf.generic("POST", "/o/", data=b"no boundary", content_type="multipart/form-data")
+
+    with pytest.raises(ParseError):
+        fingerprint(drf(request, MultiPartParser()))
+
+
+def test_drf_view_without_a_multipart_parser_keeps_its_415(rf: RequestFactory) -> None:
+    first = drf(multipart_request(rf, "one", NOTE, RECEIPT), JSONParser())
+    retry = drf(multipart_request(rf, "two", NOTE, RECEIPT), JSONParser())
+    other = drf(multipart_request(rf, "two", NOTE, SAME_SIZE), JSONParser())
+
+    assert fingerprint(first) == fingerprint(retry)
+    assert fingerprint(first) != fingerprint(other)
+    with pytest.raises(UnsupportedMediaType):
+        first.data  # noqa: B018 - the view still gets DRF's answer
+
+
+class StreamingJSONParser(BaseParser):
+    """A parser that reads the stream itself (DRF's own JSONParser reads ``request.body``)."""
+
+    media_type = JSON
+
+    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
+        return json.load(stream)
+
+
+def test_drf_body_consumed_by_a_parser_is_fingerprinted_by_its_data(rf: RequestFactory) -> None:
+    def parsed(body: bytes) -> Request:
+        wrapped = drf(json_request(rf, body), StreamingJSONParser())
+        assert wrapped.data is not None
+        with pytest.raises(RawPostDataException):
+            wrapped.body  # noqa: B018
+        return wrapped
+
+    compact = parsed(b'{"amount":10,"items":["a","b"]}')
+    spaced = parsed(b'{"items": ["a", "b"], "amount": 10}')
+
+    assert keys.canonical_body(compact) == b'data:{"amount":1e1,"items":["a","b"]}'
+    assert fingerprint(compact) == fingerprint(spaced)
+    assert fingerprint(compact) != fingerprint(parsed(b'{"amount":11,"items":["a","b"]}'))
+    assert fingerprint(compact, ("amount",)) == fingerprint(
+        parsed(b'{"amount":10,"items":[]}'), ("amount",)
+    )
+
+
+class StreamingFormParser(BaseParser):
+    """A form parser that reads the stream itself, as DRF's own did before 3.16."""
+
+    media_type = FORM
+
+    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
+        return QueryDict(stream.read())
+
+
+def test_drf_form_consumed_by_a_parser_counts_every_value(rf: RequestFactory) -> None:
+    def parsed(body: bytes) -> Request:
+        wrapped = drf(rf.post("/o/", body, FORM), StreamingFormParser())
+        assert wrapped.data is not None
+        return wrapped
+
+    assert keys.canonical_body(parsed(b"b=1&a=1&a=2")) == b'data:{"a":["1","2"],"b":["1"]}'
+    assert fingerprint(parsed(b"a=1&a=2")) != fingerprint(parsed(b"a=2&a=1"))
+
+
+class Odd:
+    def __str__(self) -> str:
+        return "odd"
+
+
+def test_drf_parsed_data_of_other_types_still_fingerprints(rf: RequestFactory) -> None:
+    values = [float("nan"), Decimal("Infinity"), Odd(), SimpleUploadedFile("a.txt", b"a")]
+    wrapped = drf(json_request(rf, b"{}"))
+    wrapped._request._read_started = True  # type: ignore[attr-defined]
+    wrapped._full_data = {"values": values}
+
+    assert keys.canonical_body(wrapped) == (
+        b'data:{"values":[nan,Infinity,object:"tests.test_fingerprints.Odd:odd",'
+        b'file:["a.txt","text/plain",null,"' + hashlib.sha256(b"a").hexdigest().encode() + b'"]]}'
+    )
+
+
+def test_a_plain_request_whose_stream_was_read_cannot_be_fingerprinted(
+    rf: RequestFactory,
+) -> None:
+    """Counting every such body as the same request would replay one response to another."""
+    request = json_request(rf, b'{"amount": 10}')
+    request.read()
+
+    with pytest.raises(RawPostDataException, match="fingerprint="):
+        fingerprint(request)
+
+
+# -- query strings, JSON numbers and fields -------------------------------------------------
+
+
+def test_repeated_query_values_keep_their_order(rf: RequestFactory) -> None:
+    def query(path: str) -> str:
+        return fingerprint(json_request(rf, b"{}", path))
+
+    assert query("/o/?a=1&a=2") != query("/o/?a=2&a=1")
+    assert query("/o/?a=1&b=3&a=2") == query("/o/?b=3&a=1&a=2")
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        (b"0.1", b"0.1000000000000000055511151231257827"),
+        (b"1", b"1.0000000000000000000000000001"),
+        (b"1e400", b"1e401"),
+        (str(10**400).encode(), str(10**400 + 1).encode()),
+        (b"9007199254740993", b"9007199254740992"),
+    ],
+)
+def test_json_numbers_are_compared_exactly(rf: RequestFactory, one: bytes, other: bytes) -> None:
+    def amount(number: bytes) -> str:
+        return fingerprint(json_request(rf, b'{"amount": ' + number + b"}"))
+
+    assert amount(one) != amount(other)
+
+
+@pytest.mark.parametrize("spelling", [b"1.0", b"1e0", b"10e-1", b"1.000E+0", b"0.01e2"])
+def test_one_json_number_value_has_one_fingerprint(rf: RequestFactory, spelling: bytes) -> None:
+    def amount(number: bytes) -> bytes:
+        return keys.canonical_body(json_request(rf, b'{"amount": ' + number + b"}"))
+
+    assert amount(spelling) == amount(b"1") == b'json:{"amount":1}'
+
+
+def test_json_zero_has_one_fingerprint(rf: RequestFactory) -> None:
+    bodies = [b"[0]", b"[-0]", b"[0.0]", b"[-0e5]"]
+
+    assert {keys.canonical_body(json_request(rf, body)) for body in bodies} == {b"json:[0]"}
+
+
+def test_canonical_json_numbers(rf: RequestFactory) -> None:
+    body = b"[100, -120, 0.5, 1e400, 123456789012345678901234567890, 2.50]"
+
+    assert keys.canonical_body(json_request(rf, body)) == (
+        b"json:[1e2,-12e1,5e-1,1e400,12345678901234567890123456789e1,25e-1]"
+    )
+
+
+def test_an_absent_field_and_null_differ_under_fields(rf: RequestFactory) -> None:
+    fields = ("amount", "note")
+    absent = json_request(rf, b'{"amount": 1}')
+    null = json_request(rf, b'{"amount": 1, "note": null}')
+
+    assert fingerprint(absent, fields) != fingerprint(null, fields)
+    assert fingerprint(absent, fields) == fingerprint(
+        json_request(rf, b'{"amount": 1, "other": 2}'), fields
+    )
+
+
+def test_an_absent_form_field_and_an_empty_one_differ_under_fields(rf: RequestFactory) -> None:
+    fields = ("amount", "note")
+
+    assert fingerprint(rf.post("/o/", "amount=1", FORM), fields) != fingerprint(
+        rf.post("/o/", "amount=1&note=", FORM), fields
+    )
+
+
+# -- hostile bodies -------------------------------------------------------------------------
+
+DEEP = b"[" * 5000 + b"]" * 5000
+
+HOSTILE_JSON = [
+    pytest.param(DEEP, b"[" * 4999 + b"]" * 4999, id="deep-5000"),
+    pytest.param(b"[" * 129 + b"]" * 129, b"[" * 130 + b"]" * 130, id="deeper-than-the-limit"),
+    pytest.param(b'{"a": ' + b"9" * 5000 + b"}", b'{"a": ' + b"9" * 4999 + b"}", id="5000-digits"),
+    pytest.param(b'{"a": 1e999999999999999999999}', b'{"a": 1e99999999999999999999}', id="exp"),
+    pytest.param(b'{"a": NaN}', b'{"a": Infinity}', id="nan"),
+    pytest.param(b'{"a": -Infinity}', b'{"a": Infinity}', id="infinity"),
+    pytest.param(b'{"a": "\xff"}', b'{"a": "\xfe"}', id="invalid-utf8"),
+    # Without the kind tag, the raw bytes would equal the canonical form of the escape.
+    pytest.param(b'{"a":"\xed\xa0\x80"}', b'{"a":"\\ud800"}', id="encoded-surrogate"),
+    pytest.param(b'{"a": "\\ud800"}', b'{"a": "\\udc00"}', id="lone-surrogate"),
+    pytest.param(b'{"a": "\\ud800\\udc00"}', b'{"a": "\\udc00\\ud800"}', id="surrogate-pair"),
+    pytest.param(b'{"a": "\\u0000"}', b'{"a": ""}', id="nul-escape"),
+    pytest.param(b'{"a": "\x00"}', b'{"a": "\\u0000"}', id="raw-nul"),
+    pytest.param(b"\x00", b"", id="nul-body"),
+    pytest.param(b"\xef\xbb\xbf{}", b"{}", id="bom"),
+]
+
+
+@pytest.mark.parametrize(("body", "near"), HOSTILE_JSON)
+def test_hostile_json_gets_a_defined_fingerprint(
+    rf: RequestFactory, body: bytes, near: bytes
+) -> None:
+    value = fingerprint(json_request(rf, body))
+
+    assert VERSION_2.fullmatch(value)
+    assert value == fingerprint(json_request(rf, bytes(body)))
+    assert value != fingerprint(json_request(rf, near))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        DEEP,
+        b"[" * 129 + b"]" * 129,
+        b'{"a": NaN}',
+        b'{"a": 1e999999999999999999999}',
+        b'{"a": "\xff"}',
+        b'{"a": "\x00"}',
+        b'{"a": "\xed\xa0\x80"}',
+        b"\xef\xbb\xbf{}",
+        '{"a": 1}'.encode("utf-16"),
+    ],
+)
+def test_json_that_is_not_rfc_8259_is_compared_as_bytes(rf: RequestFactory, body: bytes) -> None:
+    assert keys.canonical_body(json_request(rf, body)) == b"raw:" + body
+
+
+def test_json_up_to_the_depth_limit_is_canonical(rf: RequestFactory) -> None:
+    depth = keys.MAX_JSON_DEPTH
+    nested = b"[" * depth + b"]" * depth
+
+    assert keys.canonical_body(json_request(rf, nested + b" ")) == b"json:" + nested
+
+
+@pytest.mark.parametrize(
+    ("body", "near"),
+    [
+        pytest.param(b"a=%FF", b"a=%FE", id="invalid-utf8-escape"),
+        pytest.param(b"a=\xff", b"a=\xfe", id="invalid-utf8-byte"),
+        pytest.param(b"a=%ED%A0%80", b"a=%ED%B0%80", id="encoded-surrogate"),
+        pytest.param(b"a=%00", b"a=", id="nul-escape"),
+        pytest.param(b"a=\x00", b"a=", id="nul-byte"),
+        pytest.param(b"%00=1", b"=1", id="nul-name"),
+        pytest.param(b"a=" + b"9" * 5000, b"a=" + b"9" * 4999, id="long-value"),
+        pytest.param(b"&&&=&=%", b"=", id="junk"),
+    ],
+)
+def test_hostile_forms_get_a_defined_fingerprint(
+    rf: RequestFactory, body: bytes, near: bytes
+) -> None:
+    def form(payload: bytes) -> str:
+        return fingerprint(rf.generic("POST", "/o/", data=payload, content_type=FORM))
+
+    assert VERSION_2.fullmatch(form(body))
+    assert form(body) == form(bytes(body))
+    assert form(body) != form(near)
+
+
+@pytest.mark.parametrize(
+    ("query", "near"),
+    [("a=%FF", "a=%FE"), ("a=%00", "a="), ("a=%ED%A0%80", "a=%ED%B0%80"), ("a=%", "a=")],
+)
+def test_hostile_query_strings_get_a_defined_fingerprint(
+    rf: RequestFactory, query: str, near: str
+) -> None:
+    def with_query(value: str) -> str:
+        return fingerprint(json_request(rf, b"{}", f"/o/?{value}"))
+
+    assert VERSION_2.fullmatch(with_query(query))
+    assert with_query(query) != with_query(near)
+
+
+def test_hostile_multipart_values_get_a_defined_fingerprint(rf: RequestFactory) -> None:
+    nul = multipart_request(rf, fields={"a": "\x00"}, files={"f\x00": ("n\x00", b"\x00", "x/y")})
+    empty = multipart_request(rf, fields={"a": ""}, files={"f": ("n", b"", "x/y")})
+
+    assert VERSION_2.fullmatch(fingerprint(nul))
+    assert fingerprint(nul) != fingerprint(empty)
+
+
+# -- the canonical writer -------------------------------------------------------------------
+
+
+def test_a_canonical_form_never_equals_another_kinds_bytes(rf: RequestFactory) -> None:
+    """``{"a":1}`` parsed, and the same bytes sent as text/plain, are different requests even
+    under one media type label: each body form is tagged with its kind."""
+    as_json = keys.canonical_body(json_request(rf, b'{"a":1}'))
+    as_raw = keys.canonical_body(rf.generic("POST", "/o/", data=b'{"a":1}', content_type="x/y"))
+
+    assert as_json == b'json:{"a":1}'
+    assert as_raw == b'raw:{"a":1}'
+
+
+# -- task fingerprints ----------------------------------------------------------------------
+
+LABEL = "Task 'tests.refund'"
+
+
+def task(work: Any, endpoint: str = "task:tests.refund") -> str:
+    return keys.task_fingerprint(endpoint, work, LABEL)
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        pytest.param(
+            datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=timezone.utc),
+            datetime(2024, 5, 1, 12, 0, 0, 123999, tzinfo=timezone.utc),
+            id="datetime-microseconds",
+        ),
+        pytest.param(time(12, 0, 0, 1), time(12, 0, 0, 2), id="time-microseconds"),
+        pytest.param(
+            datetime(2024, 5, 1, 12, tzinfo=timezone.utc), datetime(2024, 5, 1, 12), id="aware"
+        ),
+        pytest.param(Decimal("0.1"), 0.1, id="decimal-vs-float"),
+        pytest.param(
+            Decimal("0.1"), Decimal("0.1000000000000000000000000000001"), id="decimal-exact"
+        ),
+        pytest.param(timedelta(microseconds=1), timedelta(microseconds=2), id="timedelta"),
+        pytest.param(date(2024, 5, 1), "2024-05-01", id="date-vs-string"),
+        pytest.param(datetime(2024, 5, 1, 12, 30), "2024-05-01T12:30:00", id="datetime-vs-string"),
+        pytest.param(uuid.UUID(int=1), "00000000-0000-0000-0000-000000000001", id="uuid-vs-string"),
+        pytest.param(Decimal("1.5"), "1.5", id="decimal-vs-string"),
+        pytest.param({1: "a"}, {"1": "a"}, id="int-key-vs-str-key"),
+        pytest.param({True: "a"}, {"true": "a"}, id="bool-key-vs-str-key"),
+        pytest.param({None: "a"}, {"null": "a"}, id="none-key-vs-str-key"),
+        pytest.param({2.5: "a"}, {"2.5": "a"}, id="float-key-vs-str-key"),
+        pytest.param(True, 1, id="bool-vs-int"),
+        pytest.param([1, 2], [2, 1], id="list-order"),
+    ],
+)
+def test_task_fingerprint_tells_different_work_apart(one: Any, other: Any) -> None:
+    assert task({"value": one}) != task({"value": other})
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        pytest.param(Decimal("1.50"), Decimal("1.5"), id="decimal-trailing-zero"),
+        pytest.param(1, 1.0, id="int-vs-float"),
+        pytest.param(Decimal("2"), 2, id="decimal-vs-int"),
+        pytest.param((1, "a"), [1, "a"], id="tuple-vs-list"),
+        pytest.param(lazy(lambda: "text", str)(), "text", id="lazy-string"),
+        pytest.param(mark_safe("text"), "text", id="str-subclass"),
+        pytest.param(OrderedDict(b=1, a=2), {"a": 2, "b": 1}, id="dict-subclass"),
+        pytest.param({"b": 1, "a": 2}, {"a": 2, "b": 1}, id="key-order"),
+    ],
+)
+def test_task_fingerprint_equal_values_are_the_same_work(one: Any, other: Any) -> None:
+    assert task({"value": one}) == task({"value": other})
+
+
+def test_task_fingerprint_is_versioned_and_counts_the_endpoint() -> None:
+    assert VERSION_2.fullmatch(task({"order": 7}))
+    assert VERSION_2.fullmatch(task(b"raw"))
+    assert task({"order": 7}) != task({"order": 7}, endpoint="task:tests.other")
+    assert task(b"1") != task("1")
+
+
+def test_task_fingerprint_writes_full_precision() -> None:
+    at = datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=timezone.utc)
+    work = {"at": at, "amount": Decimal("10.50"), "ref": uuid.UUID(int=1), "n": 2**70}
+    expected = (
+        b'{"amount":105e-1,"at":datetime:"2024-05-01T12:00:00.123456+00:00",'
+        b'"n":1180591620717411303424,"ref":uuid:"00000000-0000-0000-0000-000000000001"}'
+    )
+    parts = [b"task", b"task:tests.refund", b"json", expected]
+    prefixed = b"".join(len(part).to_bytes(8, "big") + part for part in parts)
+
+    assert task(work) == "2:" + hashlib.sha256(prefixed).hexdigest()
+
+
+def test_task_fingerprint_of_deeply_nested_work() -> None:
+    deep: list[Any] = []
+    for _ in range(10_000):
+        deep = [deep]
+
+    assert VERSION_2.fullmatch(task(deep))
+
+
+def test_task_fingerprint_names_an_argument_it_cannot_write() -> None:
+    with pytest.raises(TypeError) as excinfo:
+        task({"order": 7, "user": object()})
+
+    assert str(excinfo.value) == (
+        f"{LABEL}: cannot fingerprint its arguments (argument 'user', a object): Object of "
+        "type object is not JSON serializable. Name the arguments that define the work "
+        "with fingerprint_args=, or give fingerprint=."
+    )
+
+
+def cyclic() -> list[Any]:
+    loop: list[Any] = []
+    loop.append(loop)
+    return loop
+
+
+@pytest.mark.parametrize(
+    "work",
+    [
+        pytest.param(float("nan"), id="nan"),
+        pytest.param(float("inf"), id="inf"),
+        pytest.param(Decimal("NaN"), id="decimal-nan"),
+        pytest.param({1: "mixed", "key": "types"}, id="mixed-keys"),
+        pytest.param({(1, 2): "tuple key"}, id="tuple-key"),
+        pytest.param({float("nan"): 1}, id="nan-key"),
+        pytest.param(cyclic(), id="cycle"),
+        pytest.param({1, 2}, id="set"),
+    ],
+)
+def test_task_fingerprint_refuses_what_has_no_canonical_form(work: Any) -> None:
+    with pytest.raises(TypeError, match=r"^Task 'tests.refund': cannot fingerprint its arguments"):
+        task(work)
+
+
+# -- versions -------------------------------------------------------------------------------
+
+
+def test_default_fingerprint_is_version_2_and_fits_the_column(rf: RequestFactory) -> None:
+    value = fingerprint(json_request(rf, b"{}"))
+
+    assert VERSION_2.fullmatch(value)
+    assert len(value) <= FINGERPRINT_MAX_LENGTH
+    assert IdempotencyRecord._meta.get_field("fingerprint").max_length == FINGERPRINT_MAX_LENGTH
+
+
+LEGACY = "a" * 64
+V2 = "2:" + "b" * 64
+
+
+@pytest.mark.parametrize(
+    ("stored", "current", "match"),
+    [
+        pytest.param(V2, V2, True, id="equal"),
+        pytest.param(LEGACY, LEGACY, True, id="equal-legacy"),
+        pytest.param(V2, "2:" + "c" * 64, False, id="same-version-differs"),
+        pytest.param(LEGACY, "c" * 64, False, id="legacy-differs"),
+        pytest.param(LEGACY, V2, True, id="legacy-vs-2"),
+        pytest.param(V2, LEGACY, True, id="2-vs-legacy"),
+        pytest.param("3:" + "d" * 64, V2, True, id="3-vs-2"),
+        pytest.param("custom", V2, False, id="unversioned-vs-2"),
+        pytest.param(V2, "custom", False, id="2-vs-unversioned"),
+        pytest.param("A" * 64, V2, False, id="uppercase-hex-is-not-legacy"),
+        pytest.param("a" * 63, V2, False, id="63-hex-is-not-legacy"),
+        pytest.param("custom", "other", False, id="unversioned"),
+    ],
+)
+def test_fingerprints_match(stored: str, current: str, match: bool) -> None:
+    assert keys.fingerprints_match(stored, current) is match
+
+
+# -- through @idempotent and IdempotentMixin ------------------------------------------------
+
+UPLOAD_ROUTES = ["/upload/", "/api/upload/", "/api/upload-parsed/"]
+
+
+def send(client: Client, path: str, body: bytes, content_type: str, key: str = "k1") -> Any:
+    return client.post(
+        path,
+        data=body,
+        content_type=content_type,
+        headers={"Idempotency-Key": key, "X-User": "alice"},
+    )
+
+
+@pytest.fixture
+def api(alice: User) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(alice)
+    return client
+
+
+@pytest.mark.urls("tests.fingerprint_urls")
+@pytest.mark.django_db(transaction=True)
+class TestMultipartThroughViews:
+    @pytest.fixture
+    def sender(self, alice: User, api: APIClient, client: Client) -> Any:
+        def post(path: str, *args: Any, **kwargs: Any) -> Any:
+            return send(api if path.startswith("/api/") else client, path, *args, **kwargs)
+
+        return post
+
+    @pytest.mark.parametrize("path", UPLOAD_ROUTES)
+    def test_a_retry_with_a_new_boundary_is_replayed(self, sender: Any, path: str) -> None:
+        first = sender(path, *multipart_body("boundary-one", NOTE, RECEIPT))
+        retry = sender(path, *multipart_body("----WebKitFormBoundaryQ2x", NOTE, RECEIPT))
+
+        assert first.status_code == retry.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert effects() == 1
+        assert json.loads(first.content)["files"]["doc"][0]["sha256"] == (
+            hashlib.sha256(b"paid 10 EUR").hexdigest()
+        )
+
+    @pytest.mark.parametrize("path", UPLOAD_ROUTES)
+    def test_other_contents_under_the_same_name_and_size_are_422(
+        self, sender: Any, path: str
+    ) -> None:
+        sender(path, *multipart_body("boundary-one", NOTE, RECEIPT))
+        other = sender(path, *multipart_body("boundary-one", NOTE, SAME_SIZE))
+
+        assert other.status_code == 422
+        assert "Idempotent-Replayed" not in other
+        assert effects() == 1
+
+    @pytest.mark.parametrize("path", UPLOAD_ROUTES)
+    @override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=1024, FILE_UPLOAD_MAX_MEMORY_SIZE=1024)
+    def test_an_upload_larger_than_the_body_limit_is_fingerprinted_not_refused(
+        self, sender: Any, path: str
+    ) -> None:
+        content = bytes(range(256)) * 400  # 100 KiB, spooled to a temporary file
+        files = {"doc": ("scan.bin", content, "application/octet-stream")}
+        first = sender(path, *multipart_body("one", NOTE, files))
+        retry = sender(path, *multipart_body("two", NOTE, files))
+
+        assert first.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        seen = json.loads(first.content)["files"]["doc"][0]
+        assert seen == {
+            "name": "scan.bin",
+            "sha256": hashlib.sha256(content).hexdigest(),
+            "spooled": True,
+        }
+        assert effects() == 1
+
+    def test_a_malformed_multipart_post_is_400_and_claims_nothing(self, sender: Any) -> None:
+        response = sender("/upload/", b"no boundary", "multipart/form-data")
+
+        assert response.status_code == 400
+        assert effects() == 0
+        assert not IdempotencyRecord.objects.exists()
+
+    @pytest.mark.parametrize("body", [DEEP, b'{"a": NaN}', b'{"a": "\\ud800\xff"}', b"\x00"])
+    def test_hostile_json_is_fingerprinted_not_refused(self, sender: Any, body: bytes) -> None:
+        first = sender("/upload/", body, JSON)
+        retry = sender("/upload/", body, JSON)
+
+        assert first.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        assert IdempotencyRecord.objects.get().fingerprint.startswith("2:")
+
+
+@pytest.mark.urls("tests.fingerprint_urls")
+@pytest.mark.django_db(transaction=True)
+class TestAfterCsrfViewMiddleware:
+    """``csrf_protect`` reads the token from ``request.POST``: the multipart body is parsed
+    before ``@idempotent`` sees it, as under ``CsrfViewMiddleware``."""
+
+    TOKEN = "a" * 32
+
+    @pytest.fixture
+    def csrf_client(self, alice: User) -> Client:
+        client = Client(enforce_csrf_checks=True)
+        client.cookies["csrftoken"] = self.TOKEN
+        return client
+
+    def form(self, boundary: str, files: dict[str, tuple[str, bytes, str]]) -> tuple[bytes, str]:
+        return multipart_body(boundary, {**NOTE, "csrfmiddlewaretoken": self.TOKEN}, files)
+
+    def test_the_token_is_read_from_the_multipart_body(self, csrf_client: Client) -> None:
+        body, content_type = multipart_body("one", {**NOTE, "csrfmiddlewaretoken": "b" * 32})
+
+        response = send(csrf_client, "/upload-after-csrf/", body, content_type)
+
+        assert response.status_code == 403
+        assert effects() == 0
+
+    def test_a_retry_with_a_new_boundary_is_replayed(self, csrf_client: Client) -> None:
+        first = send(csrf_client, "/upload-after-csrf/", *self.form("one", RECEIPT))
+        retry = send(csrf_client, "/upload-after-csrf/", *self.form("two", RECEIPT))
+
+        assert first.status_code == retry.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert effects("upload_after_csrf") == 1
+
+    def test_other_contents_under_the_same_name_and_size_are_422(self, csrf_client: Client) -> None:
+        send(csrf_client, "/upload-after-csrf/", *self.form("one", RECEIPT))
+        other = send(csrf_client, "/upload-after-csrf/", *self.form("two", SAME_SIZE))
+
+        assert other.status_code == 422
+        assert effects("upload_after_csrf") == 1
