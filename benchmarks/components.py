@@ -48,7 +48,8 @@ def measure(calls: int) -> list[tuple[str, float]]:
     from idempotency_django import engine
     from idempotency_django.heartbeat import heartbeat
     from idempotency_django.protect import Guard, ViewOptions
-    from idempotency_django.responses import capture, problem_response
+    from idempotency_django.responses import capture
+    from idempotency_django.store import store
 
     factory = RequestFactory()
     alice = User.objects.get(username="alice")
@@ -65,13 +66,13 @@ def measure(calls: int) -> list[tuple[str, float]]:
         return request(str(uuid.uuid4()))
 
     def guard() -> Guard:
-        made = Guard.for_request(new_request(), options, problem_response)
+        made = Guard.for_request(new_request(), options)
         assert made is not None
         return made
 
     def claim() -> engine.Claim:
         g = guard()
-        began = engine.begin(g.scope, g.fingerprint, g.engine_options)
+        began = engine.begin(g.scope, g.fingerprint, g.policy.options)
         assert isinstance(began, engine.Claim)
         return began
 
@@ -91,7 +92,7 @@ def measure(calls: int) -> list[tuple[str, float]]:
     connection.ensure_connection()
     stored = views.commit(request("components-replay"))
     outcome = capture(stored)
-    replay = Guard.for_request(request("components-replay"), options, problem_response)
+    replay = Guard.for_request(request("components-replay"), options)
     assert replay is not None
     nothing: Callable[[], None] = lambda: None  # noqa: E731
 
@@ -103,12 +104,12 @@ def measure(calls: int) -> list[tuple[str, float]]:
     cpu("@idempotent view, replay", views.commit, lambda: request("components-replay"))
     cpu(
         "  Guard.for_request: parse, scope, fingerprint",
-        lambda r: Guard.for_request(r, options, problem_response),
+        lambda r: Guard.for_request(r, options),
         new_request,
     )
     cpu(
         "  engine.begin, new key: the claim INSERT",
-        lambda g: engine.begin(g.scope, g.fingerprint, g.engine_options),
+        lambda g: engine.begin(g.scope, g.fingerprint, g.policy.options),
         guard,
     )
     cpu(
@@ -124,12 +125,12 @@ def measure(calls: int) -> list[tuple[str, float]]:
     cpu("  heartbeat.register + unregister", beat, claim)
     cpu(
         "  engine.begin, replay: INSERT attempt + read",
-        lambda _: engine.begin(replay.scope, replay.fingerprint, replay.engine_options),
+        lambda _: engine.begin(replay.scope, replay.fingerprint, replay.policy.options),
         nothing,
     )
     cpu(
-        "  engine._read alone (ORM .filter().first())",
-        lambda _: engine._read(replay.scope, replay.alias),
+        "  store.read alone (ORM, only the columns needed)",
+        lambda _: store.read(replay.policy.alias, replay.scope.lookup(), replay.fingerprint),
         nothing,
     )
 
