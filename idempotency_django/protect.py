@@ -26,7 +26,11 @@ from idempotency_django.exceptions import (
     IdempotencyError,
     KeyMissing,
 )
-from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH
+from idempotency_django.models import (
+    ACCOUNT_MAX_LENGTH,
+    ENDPOINT_MAX_LENGTH,
+    FINGERPRINT_MAX_LENGTH,
+)
 from idempotency_django.responses import StoredResponse, capture, problem_response, replay
 
 logger = logging.getLogger("idempotency_django")
@@ -210,7 +214,8 @@ class Guard:
                 endpoint=keys.fit(endpoint, ENDPOINT_MAX_LENGTH),
                 key=key,
             ),
-            fingerprint=fingerprint,
+            # A custom FINGERPRINT may return anything: keep it within its column.
+            fingerprint=keys.fit(str(fingerprint), FINGERPRINT_MAX_LENGTH),
             policy=options.policy(),
             store_statuses=status_predicate(options.pick("store_statuses", "STORE_STATUSES")),
         )

@@ -30,7 +30,6 @@ from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, cast
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.serializers.json import DjangoJSONEncoder
 
 from idempotency_django import engine, keys, lifecycle, signals
 from idempotency_django.conf import check_argument, conf
@@ -298,7 +297,8 @@ def claim_once(
     )
     endpoint = _endpoint(name)
     task_scope = engine.Scope(_account(scope), endpoint, task_key(key))
-    return ClaimOnce(task_scope, _fingerprint(endpoint, fingerprint, label), options, label)
+    work = keys.task_fingerprint(endpoint, fingerprint, label)
+    return ClaimOnce(task_scope, work, options, label)
 
 
 def idempotent_task(
@@ -371,7 +371,7 @@ def idempotent_task(
             else:
                 work = {arg: value for arg, value in bound.arguments.items() if arg != key}
             task_scope = engine.Scope(_account(raw_scope), endpoint, task_key(raw_key))
-            return task_scope, _fingerprint(endpoint, work, label)
+            return task_scope, keys.task_fingerprint(endpoint, work, label)
 
         @functools.wraps(func)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -413,39 +413,3 @@ def _account(scope: object) -> str:
 def _endpoint(name: str) -> str:
     """``task:<name>``, or ``task`` for an unnamed ``claim_once`` block."""
     return keys.fit(f"{ENDPOINT_PREFIX}{name}" if name else "task", ENDPOINT_MAX_LENGTH)
-
-
-def _fingerprint(endpoint: str, work: Any, label: str) -> str:
-    """SHA-256 over the endpoint and a canonical form of the work: JSON with sorted keys
-    (datetimes, decimals and UUIDs as Django's JSON encoder writes them), or raw bytes."""
-    if isinstance(work, bytes):
-        kind, payload = b"bytes", work
-    else:
-        kind, payload = b"json", _canonical_json(work, label)
-    return keys.digest(b"task", endpoint.encode("utf-8", "surrogatepass"), kind, payload)
-
-
-def _canonical_json(work: Any, label: str) -> bytes:
-    try:
-        text = json.dumps(
-            work,
-            cls=DjangoJSONEncoder,
-            sort_keys=True,
-            separators=(",", ":"),
-            ensure_ascii=False,
-            allow_nan=False,
-        )
-    except (TypeError, ValueError) as error:
-        culprit = ""
-        if isinstance(work, dict):
-            for arg, value in work.items():
-                try:
-                    json.dumps(value, cls=DjangoJSONEncoder, sort_keys=True, allow_nan=False)
-                except (TypeError, ValueError):
-                    culprit = f" (argument {arg!r}, a {type(value).__name__})"
-                    break
-        raise TypeError(
-            f"{label}: cannot fingerprint its arguments{culprit}: {error}. Name the "
-            "arguments that define the work with fingerprint_args=, or give fingerprint=."
-        ) from error
-    return text.encode("utf-8", "surrogatepass")

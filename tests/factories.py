@@ -25,7 +25,7 @@ class IdempotencyRecordFactory(factory.django.DjangoModelFactory[IdempotencyReco
     account = "1"
     endpoint = "POST /effect/"
     key = factory.Sequence(lambda n: f"key-{n}")
-    fingerprint = "0" * 64
+    fingerprint = "2:" + "0" * 64  # the current canonical form's version
     token = factory.Sequence(lambda n: f"{n:032x}")
     state = IdempotencyRecord.State.IN_PROGRESS
     created_at = factory.LazyFunction(timezone.now)
