@@ -232,6 +232,18 @@ def test_register_racing_stop_leaves_exactly_one_live_thread(
     assert list(only_beat._entries) == [later.token]
 
 
+def test_a_thread_that_died_is_replaced(only_beat: Heartbeat) -> None:
+    dead = threading.Thread(target=lambda: None, name=THREAD_NAME)
+    dead.start()
+    dead.join()
+    only_beat._worker = heartbeat_module._Worker(dead, threading.Event(), threading.Event())
+
+    only_beat.register(claim("a"), lease=30, max_run=60)
+
+    assert only_beat._thread is not dead
+    assert heartbeat_threads() == [only_beat._thread]
+
+
 def test_an_unexpected_error_does_not_end_the_renewals(
     only_beat: Heartbeat, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -310,8 +322,13 @@ def test_a_failed_statement_for_several_claims_renews_them_one_by_one(
     assert [r.idempotency_key for r in failed] == ["bad"]  # type: ignore[attr-defined]
 
 
+def broken_check() -> bool:
+    raise ConnectionResetError("the check itself failed")
+
+
+@pytest.mark.parametrize("is_usable", [lambda: False, broken_check], ids=["no", "raises"])
 def test_a_lost_connection_is_not_retried_claim_by_claim(
-    beat: Heartbeat, monkeypatch: pytest.MonkeyPatch
+    beat: Heartbeat, monkeypatch: pytest.MonkeyPatch, is_usable: Callable[[], bool]
 ) -> None:
     from django.db import OperationalError
 
@@ -324,7 +341,7 @@ def test_a_lost_connection_is_not_retried_claim_by_claim(
         raise OperationalError("server closed the connection unexpectedly")
 
     monkeypatch.setattr(heartbeat_module, "_renew", lost)
-    monkeypatch.setattr(connections["default"], "is_usable", lambda: False)
+    monkeypatch.setattr(connections["default"], "is_usable", is_usable)
 
     assert beat.renew_once() == 0
     assert calls == [2]
