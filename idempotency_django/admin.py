@@ -44,6 +44,7 @@ from django.utils.safestring import SafeString
 from idempotency_django import engine, signals
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.purge import purge_records
+from idempotency_django.store import lapsed_q
 
 logger = logging.getLogger("idempotency_django")
 
@@ -205,7 +206,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         it would let a retry run alongside the first attempt.
         """
         selected = queryset.count()
-        released = _delete_returning(queryset.filter(_in_progress(), _lapsed(timezone.now())))
+        released = _delete_returning(queryset.filter(lapsed_q(timezone.now())))
         self._record_releases(request, released, forced=False)
         # What the statement left, for the messages only (read after it, decides nothing).
         running = queryset.filter(_in_progress()).count()
@@ -364,11 +365,6 @@ def _their(count: int) -> str:
 
 def _in_progress() -> Q:
     return Q(state=State.IN_PROGRESS)
-
-
-def _lapsed(now: datetime) -> Q:
-    """No live lease: none at all, or one that expired (what lets the engine take over)."""
-    return Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
 
 
 def _has_lapsed(lease_expires_at: datetime | None, now: datetime) -> bool:

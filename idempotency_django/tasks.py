@@ -224,7 +224,7 @@ class ClaimOnce:
         run._result = json.loads(body)
 
     def _task_error(self, error: Exception) -> Exception:
-        key = self.scope.key
+        key = signals.log_key(self.scope.key)  # these messages end up in worker logs
         if isinstance(error, InFlight):
             retry_after = error.retry_after if error.retry_after is not None else 1
             return TaskInFlight(
@@ -254,7 +254,8 @@ class ClaimOnce:
         except (TypeError, ValueError) as error:
             raise TypeError(
                 f"{self._label} returned a result that is not JSON-serialisable ({error}); "
-                f"the key {self.scope.key!r} was released, so the next delivery runs again. "
+                f"the key {signals.log_key(self.scope.key)!r} was released, so the next "
+                "delivery runs again. "
                 "Return JSON values: dict, list, str, int, float, bool or None."
             ) from error
 

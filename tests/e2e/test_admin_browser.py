@@ -196,10 +196,21 @@ def test_operator_releases_a_stuck_key_and_the_retry_runs(
     assert refused.status_code == 409, refused.text
     assert refused.json()["type"] == "urn:idempotency-django:problem:in-flight"
 
-    # The operator releases it from the admin.
+    # "Release" refuses: the dead worker's lease is still live in the database.
     assert admin.search(key) == rows
     messages = admin.run_action_on_all_rows("release")
-    assert messages == ["Released 1 record: the next retry with its key runs the view."]
+    assert len(messages) == 1
+    assert messages[0].startswith("Skipped 1 record still running"), messages
+    assert admin.search(key) == rows
+    # The operator knows the worker is dead, and force-releases it after a confirmation.
+    admin.run_action_on_all_rows("force_release")
+    assert "live: the view may still be running" in admin.find("#force-release-records").text
+    admin.submit_and_wait(admin.find("form input[type=submit]"))
+    messages = [message.text for message in admin.find_all("ul.messagelist li")]
+    assert messages == [
+        "Force-released 1 record: the next retry with its key runs the view, even if the "
+        "first attempt is still running."
+    ]
     assert admin.search(key) == []
 
     # The client's next retry runs: one new charge, not a replay.
