@@ -481,40 +481,106 @@ def test_ttl_and_lease_come_from_the_settings_or_the_arguments(settings: Any) ->
     assert record().expires_at - record().completed_at == timedelta(seconds=60)
 
 
-def test_the_heartbeat_renews_the_claim_while_the_function_runs(
-    monkeypatch: pytest.MonkeyPatch, settings: Any
+@pytest.mark.concurrency
+def test_the_heartbeat_keeps_a_task_that_runs_past_its_lease_the_owner_of_its_key() -> None:
+    @idempotent_task(scope="s", key="message_id", name="slow", lease_seconds=1)
+    def slow(message_id: str) -> dict[str, Any]:
+        gate.pass_through()
+        return {"effect": SideEffect.objects.create(label="slow").pk}
+
+    thread, results = in_thread(slow, "msg-1")
+    assert gate.entered.wait(20)
+    claimed = record()
+    original = claimed.lease_expires_at
+    # Real time runs past the lease it claimed with; the heartbeat, beating every third of
+    # it, pushes the lease on meanwhile. (Waiting for time to pass is the point here.)
+    assert wait_until(lambda: timezone.now() > original, timeout=5)
+    assert wait_until(lambda: record().lease_expires_at > original, timeout=5), (
+        "the lease was not renewed"
+    )
+
+    # Delivered again after the first lease would have lapsed: still the first one's.
+    with pytest.raises(TaskInFlight):
+        slow("msg-1")
+    assert thread.is_alive()
+    assert record().token == claimed.token
+    assert record().lease_expires_at > original
+    assert claimed.token in heartbeat._entries
+    gate.release.set()
+    thread.join(20)
+
+    first = results.get(timeout=5)
+    assert first == {"effect": SideEffect.objects.get(label="slow").pk}
+    assert effects() == 1
+    assert record().state == State.COMPLETED
+    assert claimed.token not in heartbeat._entries  # done: nothing left to renew
+    assert slow("msg-1") == first
+    assert effects() == 1
+
+
+@pytest.mark.concurrency
+def test_past_max_run_seconds_the_lease_is_no_longer_renewed_and_a_redelivery_runs(
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    runs: list[int] = []
+
+    @idempotent_task(scope="s", key="message_id", name="wedged", lease_seconds=1, max_run_seconds=2)
+    def wedged(message_id: str) -> int:
+        run = len(runs) + 1
+        runs.append(run)
+        if run == 1:
+            gate.pass_through()  # the first delivery is wedged until the test lets it go
+        SideEffect.objects.create(label="wedged")
+        return run
+
+    thread, results = in_thread(wedged, "msg-1")
+    assert gate.entered.wait(20)
+    claimed = record()
+    original = claimed.lease_expires_at
+    # Renewed while it runs for less than max_run_seconds…
+    assert wait_until(lambda: record().lease_expires_at > original, timeout=5), (
+        "the lease was not renewed"
+    )
+    # …then dropped by the heartbeat while it still runs, and its lease lapses.
+    assert wait_until(lambda: claimed.token not in heartbeat._entries, timeout=10)
+    assert thread.is_alive()
+    assert "ran past MAX_RUN_SECONDS" in caplog.text
+    assert wait_until(lambda: record().lease_expires_at <= timezone.now(), timeout=10)
+
+    assert wedged("msg-1") == 2  # a redelivery takes the key over and runs
+    gate.release.set()
+    thread.join(20)
+
+    assert results.get(timeout=5) == 1  # the wedged run returns, but cannot store its result
+    assert effects("wedged") == 2
+    assert record().state == State.COMPLETED
+    assert record().token != claimed.token
+    assert heartbeat._entries == {}
+
+
+def test_a_task_s_claim_is_registered_for_renewal_only_while_it_runs(settings: Any) -> None:
     settings.IDEMPOTENCY = {"MAX_RUN_SECONDS": 900}
-    calls: list[tuple[str, Any]] = []
-    monkeypatch.setattr(heartbeat, "register", lambda *a: calls.append(("register", a)))
-    monkeypatch.setattr(heartbeat, "unregister", lambda *a: calls.append(("unregister", a)))
+    renewing: list[tuple[str, float, int]] = []
 
     @idempotent_task(scope="s", key="message_id", lease_seconds=3)
-    def long_running(message_id: str, fail: bool) -> None:
-        calls.append(("run", ()))
+    def task(message_id: str, fail: bool) -> None:
+        now = time.monotonic()
+        # Every claim being renewed: its key, its lease, for how much longer (MAX_RUN_SECONDS).
+        renewing.extend(
+            (entry.claim.scope.key, entry.lease, round(entry.stop_renewing_at - now))
+            for entry in heartbeat._entries.values()
+        )
         if fail:
             raise ValueError("failed")
 
-    @idempotent_task(scope="s", key="message_id", max_run_seconds=60)
-    def bounded(message_id: str) -> None:
-        calls.append(("run", ()))
-
-    long_running("msg-1", False)
+    task("msg-1", False)
+    assert heartbeat._entries == {}
     with pytest.raises(ValueError, match="failed"):
-        long_running("msg-2", True)
-    bounded("msg-3")
-    long_running("msg-1", False)  # a replay claims nothing
+        task("msg-2", True)
+    assert heartbeat._entries == {}
+    task("msg-1", False)  # a replay claims nothing, runs nothing
 
-    claims = [args[0] for name, args in calls if name != "run"]
-    assert [name for name, _ in calls] == ["register", "run", "unregister"] * 3
-    assert [claim.scope.key for claim in claims] == ["msg-1", "msg-1", "msg-2", "msg-2"] + [
-        "msg-3"
-    ] * 2
-    assert [args[1:] for name, args in calls if name == "register"] == [
-        (3.0, 900.0),
-        (3.0, 900.0),
-        (10.0, 60.0),
-    ]
+    assert renewing == [("msg-1", 3.0, 900), ("msg-2", 3.0, 900)]
 
 
 def test_a_function_that_lost_its_claim_returns_but_does_not_overwrite(
@@ -580,10 +646,13 @@ def test_a_store_failure_when_releasing_is_logged_and_the_error_propagates(
 
 
 def test_inside_an_open_transaction_it_runs_atomically_and_warns(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    registered: list[Any] = []
-    monkeypatch.setattr(heartbeat, "register", lambda *a: registered.append(a))
+    renewing: list[dict[str, Any]] = []
+
+    @idempotent_task(scope="orders", key="message_id", name="observed")
+    def observed(message_id: str) -> None:
+        renewing.append(dict(heartbeat._entries))
 
     with transaction.atomic():
         first = charge("msg-1", 5)
@@ -592,13 +661,16 @@ def test_inside_an_open_transaction_it_runs_atomically_and_warns(
             charge("msg-1", 6)
         with pytest.raises(ValueError, match="negative amount"):
             charge("msg-2", -1)  # rolls back its claim and its side effect
+        observed("msg-3")
         assert effects("charge") == 1
 
     assert "for Task 'tests.test_tasks.charge' inside an open transaction" in caplog.text
-    assert registered == []  # nothing to renew: nobody else can see the claim
+    assert renewing == [{}]  # nothing to renew: nobody else can see the claim
     assert effects("charge") == 1
-    assert record().key == "msg-1"
-    assert record().state == State.COMPLETED
+    assert sorted(IdempotencyRecord.objects.values_list("key", "state")) == [
+        ("msg-1", State.COMPLETED),
+        ("msg-3", State.COMPLETED),
+    ]
 
 
 def test_an_outer_rollback_takes_the_claim_with_it() -> None:

@@ -4,9 +4,9 @@ talk to it.
 Nothing here uses Django's database connections: the e2e database is created and dropped
 with the driver (psycopg or MySQLdb) against the server named by ``DATABASE_URL``, the
 example is migrated and served in subprocesses, and the tests speak HTTP. A few tests also
-look at the e2e database directly, with the driver (``record_states``, ``lock_waits``), or
-hold locks in it to make the servers' statements wait (``charges_locked``,
-``records_locked``).
+look at the e2e database directly, with the driver (``record_states``, ``record_lease``,
+``lock_waits``), or hold locks in it to make the servers' statements wait
+(``charges_locked``, ``records_locked``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -211,6 +212,25 @@ def record_states(database: Database, keys: Collection[str]) -> dict[str, str]:
             list(keys),
         )
         return {str(key): str(state) for key, state in cursor.fetchall()}
+
+
+def record_lease(database: Database, key: str) -> datetime | None:
+    """The ``lease_expires_at`` of the idempotency record with this key, as an aware UTC
+    datetime (``None`` once it completed), read from the e2e database. The servers run on
+    this machine: compare it with ``datetime.now(timezone.utc)``."""
+    column = _quote(database, "key")
+    with _connect(database, database.name) as connection:
+        cursor = connection.cursor()
+        cursor.execute(f"SELECT lease_expires_at FROM {RECORDS_TABLE} WHERE {column} = %s", [key])
+        rows = cursor.fetchall()
+    assert len(rows) == 1, f"{len(rows)} records for key {key!r}"
+    (lease,) = rows[0]
+    if lease is None:
+        return None
+    assert isinstance(lease, datetime), lease
+    if lease.tzinfo is None:  # MariaDB/MySQL: Django stores UTC in a naive DATETIME
+        return lease.replace(tzinfo=timezone.utc)
+    return lease.astimezone(timezone.utc)
 
 
 class HeldLock:

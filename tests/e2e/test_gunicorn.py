@@ -9,22 +9,26 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 import requests
 
 from tests.e2e.server import (
     BOB,
+    COMPLETED,
     REPLAYED,
     SUPPORTED_VENDORS,
     WORKERS,
+    Database,
     Server,
     assert_in_flight,
     assert_problem,
     charge_body,
     database_vendor,
     race_duplicates,
+    record_lease,
+    record_states,
     retry_until,
 )
 
@@ -43,6 +47,29 @@ def assert_replay_of(response: requests.Response, status: int, charge_id: str) -
     assert response.status_code == status, (response.status_code, response.text)
     assert response.headers.get(REPLAYED) == "true", response.headers
     assert response.json()["id"] == charge_id
+
+
+def now() -> datetime:
+    """This machine's clock, which the servers (on this machine) stamp leases with."""
+    return datetime.now(timezone.utc)
+
+
+def sleep_past(moment: datetime) -> None:
+    """Let real time pass ``moment`` (a lease's expiry): what the tests using it are about."""
+    time.sleep(max(0.0, (moment - now()).total_seconds()) + 0.05)
+    assert now() > moment
+
+
+def renewed_lease(database: Database, key: str, *, past: datetime, within: float) -> datetime:
+    """Poll the record of ``key`` until a heartbeat has pushed its lease beyond ``past``, at
+    most ``within`` seconds (the beats come with real time: waiting for them is the point)."""
+    deadline = time.monotonic() + within
+    while True:
+        lease = record_lease(database, key)
+        if lease is not None and lease > past:
+            return lease
+        assert time.monotonic() < deadline, f"the lease was not renewed within {within}s"
+        time.sleep(0.1)
 
 
 # --- 1. concurrent duplicates -----------------------------------------------------------------
@@ -97,13 +124,14 @@ def test_concurrent_duplicates_make_one_charge(server: Server, key: str) -> None
 
 
 def test_killed_worker_lease_lapses_and_one_retry_takes_over(
-    start_example: Callable[..., Server], key: str
+    start_example: Callable[..., Server], e2e_db: Database, key: str
 ) -> None:
     # The lease must outlast the workers' respawn, or no retry can be answered while the
     # dead worker's claim is still valid. With every worker killed, the replacements import
     # Django at once: 2-4 s on 2 cores, so a 1 s lease lapses before anyone can ask.
     lease = 8.0
-    delay = 4.0
+    # Long enough for the request to be still running when its lease is first renewed.
+    delay = 5.0
     server = start_example(
         EXAMPLE_LEASE_SECONDS=str(lease), EXAMPLE_PROVIDER_DELAY_MS=str(int(delay * 1000))
     )
@@ -114,16 +142,26 @@ def test_killed_worker_lease_lapses_and_one_retry_takes_over(
     running, refused = race_duplicates(server, body, key=key)
     assert refused.outcome is not None, refused.error
     assert_in_flight(refused.outcome)
+    # The running worker's heartbeat renews the lease every lease/3: let it do so once.
+    claimed = record_lease(e2e_db, key)
+    assert claimed is not None
+    renewed = renewed_lease(e2e_db, key, past=claimed, within=lease)
 
     killed = server.kill_workers()
-    killed_at = time.monotonic()
+    killed_at = now()
     assert len(killed) == WORKERS, killed
     running.wait_done()
     assert running.outcome is None, "the request was answered although its worker died"
+    # Nobody renews it any more. Renewed every lease/3 until the kill, it lapses no sooner
+    # than 2/3 of a lease after it (1 s of slack for a late heartbeat).
+    last_lease = record_lease(e2e_db, key)
+    assert last_lease is not None
+    assert last_lease >= renewed
+    assert last_lease - killed_at >= timedelta(seconds=2 * lease / 3 - 1), (killed_at, last_lease)
 
-    def attempt() -> tuple[float, requests.Response]:
+    def attempt() -> tuple[datetime, requests.Response]:
         response = server.post_charge(body, key=key)
-        return time.monotonic() - killed_at, response
+        return now(), response
 
     (answered_at, taken), waited = retry_until(
         attempt, lambda result: result[1].status_code != 409, within=30, every=0.5
@@ -135,11 +173,11 @@ def test_killed_worker_lease_lapses_and_one_retry_takes_over(
     # …and then it is not wedged: a retry takes the key over and runs the charge.
     assert taken.status_code == 201, (taken.status_code, taken.text)
     assert REPLAYED not in taken.headers
-    # The heartbeat renewed the lease every lease/3 until the kill, so it lapsed no sooner
-    # than 2/3 of a lease after it; the takeover ran the provider's delay after that.
-    # (1 s of slack for a late heartbeat.)
-    assert answered_at >= 2 * lease / 3 + delay - 1, (answered_at, waited)
-    assert answered_at < lease + delay + 10, "the key stayed locked long after its lease"
+    # Taken over only once the renewed lease had lapsed (then the provider's delay ran).
+    assert answered_at >= last_lease + timedelta(seconds=delay), (answered_at, last_lease)
+    assert answered_at < last_lease + timedelta(seconds=delay + 10), (
+        "the key stayed locked long after its lease"
+    )
     charge_id = taken.json()["id"]
 
     assert server.charge_count() == before + 1
@@ -153,42 +191,43 @@ def test_killed_worker_lease_lapses_and_one_retry_takes_over(
 
 
 def test_heartbeat_keeps_a_long_request_the_owner_of_its_key(
-    start_example: Callable[..., Server], key: str
+    start_example: Callable[..., Server], e2e_db: Database, key: str
 ) -> None:
+    # A 6 s view with a 2 s lease: its worker's heartbeat renews the lease every 2/3 s, so
+    # duplicates sent after the lease it claimed with, and after the next one, would have
+    # lapsed are still refused, and the view runs once.
     lease = 2.0
     server = start_example(EXAMPLE_LEASE_SECONDS=str(lease), EXAMPLE_PROVIDER_DELAY_MS="6000")
     body = charge_body()
     before = server.charge_count()
 
-    started = time.monotonic()
     running, refused = race_duplicates(server, body, key=key)
     assert refused.outcome is not None, refused.error
     assert_in_flight(refused.outcome)
-    retries: list[tuple[float, requests.Response]] = []
-    while True:
-        assert time.monotonic() - started < 30, "the running request never finished"
-        retries.append((time.monotonic() - started, server.post_charge(body, key=key)))
-        if running.done.wait(1.0):  # a retry every second until the running one answers
-            break
-    running.wait_done()
+    leases = [record_lease(e2e_db, key)]
+    for _ in range(2):
+        previous = leases[-1]
+        assert previous is not None
+        sleep_past(previous)  # real time runs past the lease last read: that is the point
+        assert not running.done.is_set(), "the view finished too early for this test"
+        duplicate = server.post_charge(body, key=key)
+        refused_at = now()
+        assert_in_flight(duplicate)
+        # The heartbeat moved the lease on while the view ran: it was valid when refused.
+        current = record_lease(e2e_db, key)
+        assert current is not None
+        assert current > previous, leases
+        assert current > refused_at, (current, refused_at)
+        leases.append(current)
 
+    running.wait_done()
     assert running.error is None, running.error
     assert running.outcome is not None
     assert running.outcome.status_code == 201, running.outcome
     assert REPLAYED not in running.outcome.headers
     charge_id = running.outcome.json()["id"]
-    for _, response in retries:
-        if response.status_code == 409:
-            assert_in_flight(response)
-        else:
-            # Only a retry that reached the server after the running one completed may see
-            # its outcome, and then as a replay: no retry ran the view.
-            assert_replay_of(response, 201, charge_id)
-    conflicts = [at for at, response in retries if response.status_code == 409]
-    assert len(conflicts) >= 4, retries
-    # Refused well after the first lease would have lapsed: the heartbeat renewed it.
-    assert max(conflicts) > 2 * lease, conflicts
 
+    assert record_states(e2e_db, [key]) == {key: COMPLETED}
     assert server.charge_count() == before + 1
     assert server.charge_ids().count(charge_id) == 1
     assert_replay_of(server.post_charge(body, key=key), 201, charge_id)
