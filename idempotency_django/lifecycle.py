@@ -284,16 +284,9 @@ class Protected:
         return began
 
     def _store_failed(self, error: DatabaseError) -> Refused | None:
-        """Fail open only when the store cannot be reached; otherwise 503 (or 409, for a
-        concurrent transaction that holds the key)."""
+        """Fail open only when the store cannot be reached; otherwise 503. (Contention never
+        gets here: the engine answers it as a request in flight.)"""
         kind = store.failure_kind(self.alias, error)
-        if kind == "contention":
-            return Refused(
-                InFlight(
-                    "A request with this Idempotency-Key is still being processed.",
-                    retry_after=self.policy.options.retry_after,
-                )
-            )
         policy = self.policy.on_store_error if kind == "unreachable" else "closed"
         logger.error(
             "Idempotency store failed while claiming a key (%s; fail %s).",

@@ -457,3 +457,138 @@ def test_an_insert_error_other_than_a_duplicate_is_not_a_409() -> None:
     }
     with pytest.raises(DatabaseError):
         store.claim("default", values)
+
+
+# --- what the lifecycle does when the work's own transaction is rolled back or unknown -------
+
+
+def test_drf_atomic_mode_under_atomic_requests_stores_its_validation_error(
+    alice: User, post: Post, atomic_requests: None
+) -> None:
+    """DRF asks for the transaction (claim included) to be rolled back when it answers an
+    exception; the definitive 400 is stored all the same, by a new claim."""
+    invalid = post("/api/atomic-charge/", {"amount": 0})
+    retry = post("/api/atomic-charge/", {"amount": 0})
+
+    assert invalid.status_code == 400
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == invalid.content
+    assert effects("drf-atomic") == 0
+    assert IdempotencyRecord.objects.get().response_status == 400
+
+
+@contextmanager
+def connection_killed_at_commit(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
+    """Kill the connection just before Django sends COMMIT: the client cannot know whether
+    the transaction committed, as when a server crashes during the commit."""
+    killed: list[bool] = []
+    wrapper_class = type(connections["default"])
+    original = wrapper_class._commit
+
+    def commit_after_a_kill(self: Any) -> None:
+        if not killed and self.alias == "default":
+            killed.append(True)
+            if self.vendor == "sqlite":
+                raise OperationalError("server closed the connection unexpectedly")
+            terminate_backend()
+        original(self)
+
+    monkeypatch.setattr(wrapper_class, "_commit", commit_after_a_kill)
+    yield killed
+
+
+def test_a_commit_whose_outcome_is_unknown_is_a_503_and_keeps_the_key(
+    alice: User, post: Post, atomic_requests: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with connection_killed_at_commit(monkeypatch) as killed:
+        response = post("/effect/", {"amount": 1})
+    monkeypatch.undo()
+    monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
+
+    assert killed
+    assert response.status_code == 503
+    assert response["Retry-After"] == "1"
+    assert effects() == 0
+    # Did it commit? The app cannot know: the key stays claimed until its lease lapses
+    # (the same rule as a worker that died), so a retry is refused for now, not run twice.
+    assert IdempotencyRecord.objects.get().state == State.IN_PROGRESS
+    assert post("/effect/", {"amount": 1}).status_code == 409
+    assert effects() == 0
+
+
+def test_a_record_of_an_older_fingerprint_version_is_replayed(alice: User, post: Post) -> None:
+    """A retry across an upgrade of the canonical form gets its replay, not a 422."""
+    now = timezone.now()
+    IdempotencyRecord.objects.create(
+        account=str(alice.pk),
+        endpoint="POST /effect/",
+        key="k1",
+        fingerprint="0" * 64,  # version 1
+        state=State.COMPLETED,
+        token="a" * 32,
+        response_status=201,
+        response_headers=[["Content-Type", "application/json"]],
+        response_body=b'{"effect": 41}',
+        created_at=now,
+        completed_at=now,
+        expires_at=now + timedelta(days=1),
+    )
+
+    response = post("/effect/", {"amount": 1})
+
+    assert response.status_code == 201
+    assert response["Idempotent-Replayed"] == "true"
+    assert response.content == b'{"effect": 41}'
+    assert effects() == 0
+
+
+@pytest.mark.concurrency
+def test_under_the_wait_policy_a_contended_claim_waits_then_replays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A duplicate whose insert times out on a lock waits (under ``wait``) and replays once
+    the first attempt commits; it never runs unprotected."""
+    options_dict = connections["default"].settings_dict.setdefault("OPTIONS", {})
+    if connection.vendor == "postgresql":
+        monkeypatch.setitem(options_dict, "options", "-c lock_timeout=200")
+    else:
+        monkeypatch.setitem(
+            options_dict, "init_command", "SET SESSION innodb_lock_wait_timeout = 1"
+        )
+    connections.close_all()
+    from django.db import transaction
+
+    from idempotency_django.responses import StoredResponse
+
+    holding, release = threading.Event(), threading.Event()
+
+    def first_attempt() -> None:
+        try:
+            with transaction.atomic():
+                claim = engine.begin(SCOPE, FINGERPRINT, options())
+                assert isinstance(claim, engine.Claim)
+                holding.set()
+                release.wait(10)
+                assert engine.complete(claim, StoredResponse(201, b"first"))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=first_attempt, daemon=True)
+    thread.start()
+    assert holding.wait(10)
+    contended = threading.Event()
+
+    def let_go_after_the_first_timeout(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        try:
+            return execute(sql, params, many, context)
+        except Exception:
+            contended.set()
+            release.set()
+            raise
+
+    with connection.execute_wrapper(let_go_after_the_first_timeout):
+        outcome = engine.begin(SCOPE, FINGERPRINT, options(in_flight="wait", wait_seconds=10))
+    thread.join(10)
+
+    assert contended.is_set()
+    assert outcome == StoredResponse(201, b"first", [])
