@@ -516,6 +516,35 @@ def test_a_commit_whose_outcome_is_unknown_is_a_503_and_keeps_the_key(
     assert effects() == 0
 
 
+def test_a_commit_whose_answer_is_lost_is_a_503_and_the_retry_gets_the_replay(
+    alice: User, post: Post, atomic_requests: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other unknown outcome: the COMMIT of the work and its completion went through,
+    and the connection broke before its answer came back. Still a 503 (the app cannot know),
+    and the key is kept: the retry gets the committed outcome instead of doing it again."""
+    lost: list[bool] = []
+    wrapper_class = type(connections["default"])
+    original = wrapper_class._commit
+
+    def commit_then_lose_the_answer(self: Any) -> None:
+        original(self)
+        if not lost and self.alias == "default":
+            lost.append(True)
+            raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(wrapper_class, "_commit", commit_then_lose_the_answer)
+    response = post("/effect/", {"amount": 1})
+    monkeypatch.undo()
+
+    assert lost
+    assert response.status_code == 503
+    assert problem(response)["type"].endswith("store-unavailable")
+    retry = post("/effect/", {"amount": 1})
+    assert retry.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert effects() == 1
+
+
 def test_a_record_of_an_older_fingerprint_version_is_replayed(alice: User, post: Post) -> None:
     """A retry across an upgrade of the canonical form gets its replay, not a 422."""
     now = timezone.now()

@@ -10,10 +10,11 @@ import json
 import logging
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import OperationalError, connection
+from django.db import OperationalError, ProgrammingError, connection
 from django.utils import timezone
 
 from idempotency_django.models import IdempotencyRecord
@@ -361,6 +362,41 @@ def test_lapsed_lease_with_another_body_is_still_422(alice: User, post: Post) ->
     assert effects() == 0
 
 
+def test_a_lease_renewed_after_the_read_is_not_taken_over(
+    alice: User, post: Post, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retry reads a lapsed lease, then the first worker's heartbeat renews it before
+    the take-over: the take-over re-checks the lease in its UPDATE, so the first worker
+    keeps its key and the retry is told 409."""
+    from idempotency_django.store import DatabaseStore
+
+    IdempotencyRecord.objects.create(
+        account=str(alice.pk),
+        endpoint="POST /effect/",
+        key="k1",
+        fingerprint=_fingerprint_of(post, {"amount": 1}),
+        token="a" * 32,
+        created_at=timezone.now() - timedelta(seconds=60),
+        lease_expires_at=timezone.now() - timedelta(seconds=1),
+        expires_at=timezone.now() + timedelta(days=1),
+    )
+    read = DatabaseStore.read
+
+    def read_then_renew(self: DatabaseStore, *args: object) -> object:
+        snapshot = read(self, *args)  # type: ignore[arg-type]
+        IdempotencyRecord.objects.update(lease_expires_at=timezone.now() + timedelta(seconds=60))
+        return snapshot
+
+    monkeypatch.setattr(DatabaseStore, "read", read_then_renew)
+    response = post("/effect/", {"amount": 1})
+
+    assert response.status_code == 409
+    assert response["Retry-After"] == "1"
+    assert effects() == 0
+    record = IdempotencyRecord.objects.get()
+    assert (record.token, record.state) == ("a" * 32, State.IN_PROGRESS)
+
+
 def test_completed_key_past_its_ttl_counts_as_absent(alice: User, post: Post) -> None:
     post("/effect/", {"amount": 1})
     IdempotencyRecord.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
@@ -517,6 +553,27 @@ def test_store_down_fails_open_when_configured(
 
     assert response.status_code == 201
     assert effects() == 1
+
+
+def test_a_store_that_answers_with_an_error_fails_closed_even_when_open(
+    alice: User, post: Post, settings: Any
+) -> None:
+    """Failing open is for a store that cannot be reached. A store that answers with an
+    error (a missing table, a broken migration) is not that: the view never runs unclaimed."""
+    settings.IDEMPOTENCY = {"ON_STORE_ERROR": "open"}
+    table = IdempotencyRecord._meta.db_table
+
+    def missing_table(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if table in sql:
+            raise ProgrammingError(f'relation "{table}" does not exist')
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(missing_table):
+        response = post("/effect/", {})
+
+    assert response.status_code == 503
+    assert problem(response)["type"] == "urn:idempotency-django:problem:store-unavailable"
+    assert effects() == 0
 
 
 def test_completion_failure_still_sends_the_response_and_keeps_the_claim(

@@ -10,12 +10,14 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connection
+from django.db import InterfaceError, OperationalError, connection
 from django.test import RequestFactory
 
 from idempotency_django.models import IdempotencyRecord
+from idempotency_django.tasks import TaskInFlight, idempotent_task
 from tests import views
 from tests.conftest import Post, effects
+from tests.models import SideEffect
 
 pytestmark = [pytest.mark.concurrency, pytest.mark.django_db(transaction=True)]
 
@@ -106,4 +108,24 @@ def test_a_view_whose_connection_died_keeps_its_key(
     assert "may have committed" in caplog.text
     assert retry.status_code == 409
     assert effects("dies_mid_write") == 1
+    assert IdempotencyRecord.objects.get().state == IdempotencyRecord.State.IN_PROGRESS
+
+
+@idempotent_task(scope="orders", key="message_id", name="dies-mid-write")
+def task_dies_mid_write(message_id: str) -> None:
+    SideEffect.objects.create(label="task_dies_mid_write")
+    views.terminate_backend()
+    SideEffect.objects.count()  # raises: the server closed the connection
+
+
+def test_a_task_whose_connection_died_keeps_its_key() -> None:
+    """The same rule for tasks: the write committed unacknowledged, so a redelivery is told
+    the work is in flight until the lease lapses, instead of doing it again."""
+    with pytest.raises((OperationalError, InterfaceError)):
+        task_dies_mid_write("msg-1")
+    connection.close()
+
+    with pytest.raises(TaskInFlight):
+        task_dies_mid_write("msg-1")
+    assert effects("task_dies_mid_write") == 1
     assert IdempotencyRecord.objects.get().state == IdempotencyRecord.State.IN_PROGRESS

@@ -1,0 +1,573 @@
+"""Mutation check: break each guarantee on purpose, and require a test to notice.
+
+Coverage says a line ran, not that a test would fail if the line were wrong. Each mutant
+below is one small edit that breaks a promise of DESIGN.md (§7a above all: one execution
+per key, never a 2xx for work that did not commit); the tests named with it must fail
+when it is applied. A mutant that survives is a gap in the suite.
+
+The edits are applied one at a time to a temporary copy of the working tree (the files
+``git ls-files -co --exclude-standard`` lists), never to the checkout itself, and the
+tests run there on PostgreSQL::
+
+    python .ci/mutants.py --database-url postgres://root@127.0.0.1:5432/mutants
+
+Exit status: 0 every mutant killed, 1 a mutant survived (or its run errored), 2 the check
+could not run (a snippet not found exactly once, the tests failing unmutated, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    breaks: str  # the guarantee it breaks, in one line
+    file: str  # under idempotency_django/
+    original: str  # must occur exactly once in the file
+    replacement: str
+    tests: tuple[str, ...]  # pytest node ids or files, under tests/
+
+
+DEC = "test_decorators.py::"
+ATOM = "test_atomicity.py::"
+
+MUTANTS = [
+    Mutant(
+        "takeover-ignores-lease",
+        "take_over no longer re-checks the lease: a claim renewed since the read is stolen",
+        "store.py",
+        ".filter(expired_q(now) | lapsed_q(now), pk=record.pk, token=record.token)",
+        ".filter(pk=record.pk, token=record.token)",
+        (DEC + "test_a_lease_renewed_after_the_read_is_not_taken_over",),
+    ),
+    Mutant(
+        "engine-live-lease-lapsed",
+        "the engine treats a live lease as lapsed and tries to take it over",
+        "engine.py",
+        "lapsed = is_lapsed(record, now)",
+        "lapsed = record.state == State.IN_PROGRESS",
+        ("test_query_budget.py::test_in_flight_conflict_costs_two_statements",),
+    ),
+    Mutant(
+        "completion-unfenced",
+        "completion no longer fenced by the claim's token: a lost claim overwrites the new owner",
+        "store.py",
+        ".filter(token=token, state=State.IN_PROGRESS, **lookup)",
+        ".filter(state=State.IN_PROGRESS, **lookup)",
+        (DEC + "test_claim_lost_completion_does_not_overwrite_the_new_owner",),
+    ),
+    Mutant(
+        "claim-always-succeeds",
+        "the claim reports success on a conflict: every duplicate runs the view",
+        "store.py",
+        "return bool(cursor.rowcount == 1)",
+        "return True",
+        (DEC + "test_retry_replays_status_body_and_allowed_headers",),
+    ),
+    Mutant(
+        "account-constant",
+        "the account is dropped from the scope: one user's key replays another's response",
+        "protect.py",
+        "account=keys.fit(str(account), ACCOUNT_MAX_LENGTH)",
+        'account=keys.fit("everyone", ACCOUNT_MAX_LENGTH)',
+        (DEC + "test_two_accounts_with_one_key_are_independent",),
+    ),
+    Mutant(
+        "anonymous-accepted",
+        "anonymous requests get an account (all of them the same one)",
+        "keys.py",
+        "if user is None or not user.is_authenticated:",
+        "if user is None:",
+        (DEC + "test_anonymous_requests_are_refused_and_cannot_read_stored_responses",),
+    ),
+    Mutant(
+        "atomic-requests-dropped",
+        "ATOMIC_REQUESTS transactions are not given back: the view's work loses its transaction",
+        "protect.py",
+        "def to_reopen(self) -> list[str]:\n        return [",
+        "def to_reopen(self) -> list[str]:\n        return [] if True else [",
+        ("test_transactions.py",),
+    ),
+    Mutant(
+        "store-transaction-never",
+        "under ATOMIC_REQUESTS the completion is written after the commit, not inside it",
+        "lifecycle.py",
+        "self._store_transaction = self.alias in self.reopen",
+        "self._store_transaction = False",
+        (ATOM + "test_atomic_requests_completion_lost_is_a_503_and_the_retry_runs_once",),
+    ),
+    Mutant(
+        "expired-in-use",
+        "an in-progress record past its TTL counts as absent (taken over, purged) while it runs",
+        "store.py",
+        "return Q(expires_at__lte=now if expired_by is None else expired_by) & ~in_use_q(now)",
+        "return Q(expires_at__lte=now if expired_by is None else expired_by)",
+        (ATOM + "test_the_purge_agrees_with_the_engine_on_a_live_lease",),
+    ),
+    Mutant(
+        "engine-expired-in-use",
+        "the engine counts a running record past its TTL as absent",
+        "store.py",
+        "return record.expires_at <= now and not is_in_use(record, now)",
+        "return record.expires_at <= now",
+        (ATOM + "test_a_live_lease_is_never_taken_over_whatever_the_ttl",),
+    ),
+    Mutant(
+        "contention-fails-open",
+        "a lock timeout (a concurrent duplicate) counts as an unreachable store: fails open",
+        "store.py",
+        'if sqlstate in _PG_CONTENTION:\n                return "contention"',
+        'if sqlstate in _PG_CONTENTION:\n                return "unreachable"',
+        (ATOM + "test_a_lock_timeout_on_a_duplicate_is_a_409_even_when_failing_open",),
+    ),
+    Mutant(
+        "any-error-fails-open",
+        "any store error fails open when ON_STORE_ERROR is 'open', not only an unreachable store",
+        "lifecycle.py",
+        'policy = self.policy.on_store_error if kind == "unreachable" else "closed"',
+        "policy = self.policy.on_store_error",
+        (DEC + "test_a_store_that_answers_with_an_error_fails_closed_even_when_open",),
+    ),
+    Mutant(
+        "release-on-lost-connection",
+        "a view that lost its database connection releases its key (its work may have committed)",
+        "lifecycle.py",
+        "if isinstance(error, (OperationalError, InterfaceError)):\n            # A database",
+        "if False:\n            # A database",
+        ("test_store_failures.py::test_a_view_whose_connection_died_keeps_its_key",),
+    ),
+    Mutant(
+        "task-release-on-lost-connection",
+        "a task that lost its database connection releases its key (its work may have committed)",
+        "tasks.py",
+        "if exc is not None:\n            protected.fail(exc)",
+        "if exc is not None:\n            protected.fail(Exception(exc))",
+        ("test_store_failures.py::test_a_task_whose_connection_died_keeps_its_key",),
+    ),
+    Mutant(
+        "purge-in-use",
+        "the purge deletes expired records whose view is still running",
+        "purge.py",
+        "expired = expired_q(now, expired_by=cutoff)",
+        "expired = Q(expires_at__lte=cutoff)",
+        ("test_purge.py::test_a_record_whose_view_still_runs_is_kept_even_past_its_ttl",),
+    ),
+    Mutant(
+        "purge-stale-live",
+        "the purge counts live leases as stale in-progress records",
+        "purge.py",
+        "lease_expires_at__lt=now - stale_after,",
+        "lease_expires_at__lt=now + stale_after,",
+        ("test_purge.py::test_stale_in_progress_records_are_purged_and_counted_apart",),
+    ),
+    Mutant(
+        "admin-release-live",
+        "the admin's release deletes keys whose lease is live",
+        "admin.py",
+        "released = _delete_returning(queryset.filter(lapsed_q(timezone.now())))",
+        "released = _delete_returning(queryset.filter(_in_progress()))",
+        ("test_admin.py::test_release_skips_a_key_whose_lease_is_live",),
+    ),
+    Mutant(
+        "heartbeat-register-noop",
+        "the heartbeat never renews: register() forgets the claim",
+        "heartbeat.py",
+        "self._entries[claim.token] = _Entry(claim, lease, time.monotonic() + max_run)",
+        "_Entry(claim, lease, time.monotonic() + max_run)",
+        ("test_heartbeat.py::test_a_beat_renews_every_registered_claim_in_one_statement",),
+    ),
+    Mutant(
+        "heartbeat-unfenced",
+        "the heartbeat renews a record by scope, not by token: it keeps a new owner's lease alive",
+        "heartbeat.py",
+        "Q(token=c.token, **c.scope.lookup())",
+        "Q(**c.scope.lookup())",
+        ("test_heartbeat.py::test_a_beat_never_renews_a_claim_that_was_taken_over",),
+    ),
+    Mutant(
+        "release-unfenced",
+        "a release no longer fenced by the claim's token: a lost claim deletes the new owner's",
+        "store.py",
+        "deleted, _ = self._records(alias).filter(token=token, **lookup).delete()",
+        "deleted, _ = self._records(alias).filter(**lookup).delete()",
+        (DEC + "test_claim_lost_completion_does_not_overwrite_the_new_owner",),
+    ),
+    Mutant(
+        "unknown-commit-released",
+        "a COMMIT whose answer was lost releases the key: the retry redoes committed work",
+        "lifecycle.py",
+        "if unknown:\n                logger.error(",
+        "if False:\n                logger.error(",
+        (
+            ATOM + "test_a_commit_whose_outcome_is_unknown_is_a_503_and_keeps_the_key",
+            ATOM + "test_a_commit_whose_answer_is_lost_is_a_503_and_the_retry_gets_the_replay",
+        ),
+    ),
+    Mutant(
+        "completion-failure-swallowed",
+        "a completion that fails inside the work's transaction is answered as a success",
+        "lifecycle.py",
+        "        except (_StoreError, _CommitFailed) as failure:\n",
+        "        except _StoreError:\n"
+        "            return None\n"
+        "        except _CommitFailed as failure:\n",
+        (ATOM + "test_atomic_mode_completion_lost_with_the_connection_is_a_503_not_a_201",),
+    ),
+    Mutant(
+        "commit-failure-swallowed",
+        "a COMMIT that fails is answered as a success",
+        "lifecycle.py",
+        "except DatabaseError as error:\n            raise _CommitFailed(error) from error",
+        "except DatabaseError:\n            return",
+        ("test_separate_store.py::test_work_that_fails_to_commit_is_never_replayed_as_a_success",),
+    ),
+    Mutant(
+        "mismatch-undetected",
+        "fingerprints always match: a key reused with another body replays the first response",
+        "keys.py",
+        "    if stored == current:\n        return True\n",
+        "    return True\n",
+        (DEC + "test_key_reused_with_another_body_is_422_and_runs_nothing",),
+    ),
+    Mutant(
+        "lapsed-mismatch-taken-over",
+        "a lapsed lease is taken over by a different request instead of answering 422",
+        "engine.py",
+        "if expired or (lapsed and same):",
+        "if expired or lapsed:",
+        (DEC + "test_lapsed_lease_with_another_body_is_still_422",),
+    ),
+    Mutant(
+        "fingerprint-ignores-body",
+        "the fingerprint ignores the body",
+        "keys.py",
+        "body_part = canonical_body(request, fields)",
+        'body_part = b""',
+        (DEC + "test_key_reused_with_another_body_is_422_and_runs_nothing",),
+    ),
+    Mutant(
+        "fingerprint-ignores-query",
+        "the fingerprint ignores the query string",
+        "keys.py",
+        '_canonical_query(request.META.get("QUERY_STRING", "")),',
+        'b"",',
+        (DEC + "test_key_reused_with_another_query_string_is_422",),
+    ),
+    Mutant(
+        "completed-runs-again",
+        "a completed key runs the view again instead of replaying",
+        "engine.py",
+        "if record.state == State.COMPLETED:\n",
+        "if record.state == State.COMPLETED:\n"
+        "            return Claim(scope, token, options.alias, options.ttl)\n",
+        (DEC + "test_retry_replays_status_body_and_allowed_headers",),
+    ),
+    Mutant(
+        "in-flight-runs",
+        "a duplicate of a request still running runs the view too (in-flight policy ignored)",
+        "engine.py",
+        "assert is_in_use(record, now)",
+        "return Claim(scope, token, options.alias, options.ttl)",
+        (DEC + "test_in_flight_duplicate_gets_409_with_retry_after",),
+    ),
+    Mutant(
+        "any-in-progress-is-ours",
+        "any in-progress record is taken for this request's own unacknowledged claim",
+        "engine.py",
+        "if record.token == token and record.state == State.IN_PROGRESS:",
+        "if record.state == State.IN_PROGRESS:",
+        (DEC + "test_in_flight_duplicate_gets_409_with_retry_after",),
+    ),
+    Mutant(
+        "5xx-stored",
+        "a 5xx is stored instead of releasing the key",
+        "responses.py",
+        "return 400 <= status < 500 and status not in TRANSIENT_CLIENT_ERRORS",
+        "return 400 <= status < 600 and status not in TRANSIENT_CLIENT_ERRORS",
+        (DEC + "test_5xx_response_releases_the_key",),
+    ),
+    Mutant(
+        "set-cookie-stored",
+        "Set-Cookie is stored and replayed to whoever holds the key",
+        "responses.py",
+        '        "set-cookie",\n        "set-cookie2",\n',
+        '        "set-cookie2",\n',
+        (
+            "test_responses.py::test_capture_never_keeps_per_connection_or_auth_headers",
+            "test_responses.py::test_replay_drops_them_from_a_record_stored_before_they_were_forbidden",
+        ),
+    ),
+    Mutant(
+        "malformed-key-accepted",
+        "a bare key with non-visible-ASCII characters is accepted",
+        "keys.py",
+        "if any(not 0x21 <= ord(char) <= 0x7E for char in value):",
+        "if False:",
+        (DEC + "test_malformed_key_is_400_and_runs_nothing",),
+    ),
+    Mutant(
+        "ttl-from-claim",
+        "the TTL counts from the claim, not from the completion",
+        "engine.py",
+        '"expires_at": expiry(now, claim.ttl),',
+        "",
+        (ATOM + "test_the_ttl_counts_from_completion",),
+    ),
+    Mutant(
+        "atomic-failure-committed",
+        "atomic mode: a 5xx or exception commits its work instead of rolling it back",
+        "lifecycle.py",
+        "# that a retry starts clean.\n"
+        "                            transaction.set_rollback(True, using=self.alias)\n",
+        "# that a retry starts clean.\n",
+        ("test_transactions.py::test_atomic_mode_5xx_rolls_back_the_work_and_the_claim",),
+    ),
+    Mutant(
+        "drf-rollback-ignored",
+        "a rollback DRF's exception handler asked for is ignored",
+        "lifecycle.py",
+        "elif not connections[self.alias].needs_rollback:",
+        "elif True:",
+        (ATOM + "test_drf_under_atomic_requests_stores_a_validation_error_without_warnings",),
+    ),
+    Mutant(
+        "disconnect-releases",
+        "a client that disconnects cancels the view mid-flight (ON_DISCONNECT 'finish' ignored)",
+        "lifecycle.py",
+        'if policy.on_disconnect == "finish":',
+        "if False:",
+        ("test_async.py::test_a_disconnected_request_finishes_and_its_retry_gets_the_replay",),
+    ),
+    Mutant(
+        "view-options-unchecked",
+        "per-view arguments are no longer validated when the view is decorated",
+        "protect.py",
+        "    def __post_init__(self) -> None:\n",
+        "    def __post_init__(self) -> None:\n        return\n",
+        (ATOM + "test_idempotent_validates_every_argument_naming_the_view",),
+    ),
+    Mutant(
+        "mixin-placement-unchecked",
+        "IdempotentMixin after the DRF view class (protecting nothing) is accepted",
+        "drf.py",
+        "if views.APIView in mro and mro.index(views.APIView) < mro.index(IdempotentMixin):",
+        "if False:",
+        (ATOM + "test_the_mixin_after_the_drf_view_is_refused_at_class_creation",),
+    ),
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "idempotency_django"
+PYTEST = ["-x", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", "--reuse-db"]
+
+
+@dataclass
+class Outcome:
+    status: str  # killed, killed (timeout), SURVIVED, ERROR
+    seconds: float
+    detail: str = ""
+
+
+def check_mutants(copy: Path) -> list[str]:
+    """Every problem with the list: a snippet not found exactly once, an edit that does not
+    compile, a duplicate id."""
+    problems = []
+    seen: set[str] = set()
+    for mutant in MUTANTS:
+        if mutant.id in seen:
+            problems.append(f"{mutant.id}: duplicate id")
+        seen.add(mutant.id)
+        path = copy / PACKAGE / mutant.file
+        source = path.read_text() if path.is_file() else ""
+        count = source.count(mutant.original)
+        if count != 1:
+            problems.append(
+                f"{mutant.id}: snippet found {count} times in {PACKAGE}/{mutant.file} "
+                f"(expected once): {mutant.original!r}"
+            )
+            continue
+        try:
+            compile(source.replace(mutant.original, mutant.replacement), str(path), "exec")
+        except SyntaxError as error:
+            problems.append(f"{mutant.id}: the mutated file does not compile: {error}")
+    return problems
+
+
+def copy_tree(destination: Path) -> None:
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "-co", "--exclude-standard"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source = ROOT / name
+        if source.is_file():  # listed but deleted in the working tree: skip it
+            target = destination / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+
+
+def run_pytest(
+    copy: Path, env: dict[str, str], tests: tuple[str, ...], timeout: float, *extra: str
+) -> tuple[int | None, str]:
+    """pytest's exit code (None after a timeout) and its output."""
+    command = [sys.executable, "-m", "pytest", *PYTEST, *extra, *(f"tests/{t}" for t in tests)]
+    process = subprocess.Popen(
+        command,
+        cwd=copy,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # so that a timeout ends the servers a test started too
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        return None, process.communicate()[0]
+    except BaseException:  # interrupted: its own session does not get the Ctrl-C
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
+    return process.returncode, output
+
+
+def first_failure(output: str) -> str:
+    match = re.search(r"^(?:FAILED|ERROR) (tests/.+?)(?: - .*)?$", output, re.MULTILINE)
+    return match.group(1).removeprefix("tests/") if match else ""
+
+
+def drop_test_databases(url: str) -> None:
+    """The test databases kept between runs (``--reuse-db``), on PostgreSQL."""
+    parts = urlsplit(url)
+    if not parts.scheme.startswith("postgres"):
+        return
+    import psycopg
+
+    name = parts.path.lstrip("/")
+    try:
+        admin = urlunsplit(parts._replace(path="/postgres"))
+        with psycopg.connect(admin, autocommit=True) as connection:
+            for database in (f"test_{name}", f"test_{name}_store"):
+                connection.execute(f'DROP DATABASE IF EXISTS "{database}"')
+    except psycopg.Error as error:
+        print(f"note: could not drop the test databases: {error}")
+
+
+def run_all(
+    mutants: list[Mutant], copy: Path, env: dict[str, str], timeout: float
+) -> dict[str, Outcome] | None:
+    """Each mutant's outcome; None when the selected tests fail unmutated."""
+    selected = tuple(dict.fromkeys(test for m in mutants for test in m.tests))
+    begun = time.monotonic()
+    code, output = run_pytest(copy, env, selected, timeout * 3, "--create-db")
+    if code != 0:
+        print(output[-5000:])
+        print("The selected tests fail (or hang) unmutated: the check would mean nothing.")
+        return None
+    print(f"Unmutated: the {len(selected)} selections pass ({time.monotonic() - begun:.1f} s)")
+
+    outcomes: dict[str, Outcome] = {}
+    recreate = False
+    for mutant in mutants:
+        path = copy / PACKAGE / mutant.file
+        original = path.read_text()
+        path.write_text(original.replace(mutant.original, mutant.replacement))
+        begun = time.monotonic()
+        try:
+            extra = ("--create-db",) if recreate else ()
+            code, output = run_pytest(copy, env, mutant.tests, timeout, *extra)
+        finally:
+            path.write_text(original)
+        seconds = time.monotonic() - begun
+        recreate = code is None  # a killed run may have left rows behind
+        if code is None:
+            outcome = Outcome("killed (timeout)", seconds, f"no answer in {timeout:.0f} s")
+        elif code == 1:
+            outcome = Outcome("killed", seconds, first_failure(output))
+        elif code == 0:
+            outcome = Outcome("SURVIVED", seconds)
+        else:
+            outcome = Outcome("ERROR", seconds, f"pytest exit code {code}")
+            print(output[-3000:])
+        outcomes[mutant.id] = outcome
+        print(f"  {mutant.id}: {outcome.status} ({seconds:.1f} s)", flush=True)
+    return outcomes
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--database-url", required=True, help="PostgreSQL DATABASE_URL")
+    parser.add_argument("--timeout", type=float, default=120, help="seconds per mutant")
+    parser.add_argument("--only", nargs="+", metavar="ID", help="run these mutants only")
+    args = parser.parse_args()
+    unknown = set(args.only or ()) - {m.id for m in MUTANTS}
+    if unknown:
+        parser.error(f"no such mutant: {', '.join(sorted(unknown))}")
+    mutants = [m for m in MUTANTS if not args.only or m.id in args.only]
+    started = time.monotonic()
+
+    with tempfile.TemporaryDirectory(prefix="mutants-") as temporary:
+        copy = Path(temporary)
+        copy_tree(copy)
+        problems = check_mutants(copy)
+        if problems:
+            print("The mutant list no longer matches the code; update .ci/mutants.py:")
+            print("\n".join(f"  {problem}" for problem in problems))
+            return 2
+        env = {
+            **os.environ,
+            "DATABASE_URL": args.database_url,
+            "PYTHONPATH": str(copy),
+            "PYTHONDONTWRITEBYTECODE": "1",  # a mutant never runs from a stale .pyc
+        }
+        where = subprocess.run(
+            [sys.executable, "-c", f"import {PACKAGE}; print({PACKAGE}.__file__)"],
+            cwd=copy,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        if not Path(where.stdout.strip() or "/").resolve().is_relative_to(copy.resolve()):
+            print(where.stderr[-2000:])
+            print(f"The tests would import {PACKAGE} from {where.stdout.strip()!r}, not {copy}.")
+            return 2
+        try:
+            outcomes = run_all(mutants, copy, env, args.timeout)
+        finally:
+            drop_test_databases(args.database_url)
+    if outcomes is None:
+        return 2
+
+    print(f"\n{'mutant':<32} {'result':<17} {'secs':>5}  breaks / tests run (first failure)")
+    for mutant in mutants:
+        outcome = outcomes[mutant.id]
+        print(f"{mutant.id:<32} {outcome.status:<17} {outcome.seconds:>5.1f}  {mutant.breaks}")
+        shown = f" ({outcome.detail})" if outcome.detail not in ("", *mutant.tests) else ""
+        print(f"{'':<57}{', '.join(mutant.tests)}{shown}")
+    bad = [m for m in mutants if outcomes[m.id].status in ("SURVIVED", "ERROR")]
+    total = time.monotonic() - started
+    if bad:
+        print(f"\n{len(bad)} of {len(mutants)} mutants not killed in {total:.0f} s: ", end="")
+        print(", ".join(m.id for m in bad))
+        return 1
+    print(f"\nAll {len(mutants)} mutants killed in {total:.0f} s.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
