@@ -74,6 +74,16 @@ STATIC_URL = "static/"
 # example hashes with few iterations. Keep Django's default hashers in a real project.
 PASSWORD_HASHERS = ["example_project.payments.hashers.DemoPBKDF2PasswordHasher"]
 
+# /api/charges/ (example_project/payments/api.py): JSON in, JSON out, and every error an
+# application/problem+json response, like the plain views'. The parser turns a body nested
+# too deep (and NaN, invalid UTF-8, …) into a 400 instead of a RecursionError (a 500).
+REST_FRAMEWORK = {
+    "DEFAULT_PARSER_CLASSES": ["example_project.payments.parsers.JSONParser"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "example_project.payments.parsers.ContentNegotiation",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "EXCEPTION_HANDLER": "example_project.payments.api.problem_exception_handler",
+}
+
 IDEMPOTENCY = {
     "LEASE_SECONDS": float(os.environ.get("EXAMPLE_LEASE_SECONDS", "10")),
     "MAX_RUN_SECONDS": float(os.environ.get("EXAMPLE_MAX_RUN_SECONDS", "300")),
@@ -84,5 +94,9 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"idempotency_django": {"handlers": ["console"], "level": "INFO"}},
+    "loggers": {
+        "idempotency_django": {"handlers": ["console"], "level": "INFO"},
+        # A view that raised (a 500): its traceback, in the server's log.
+        "django.request": {"handlers": ["console"], "level": "ERROR"},
+    },
 }

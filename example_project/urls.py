@@ -15,3 +15,8 @@ urlpatterns = [
     path("async/charges/", views.async_charges, name="async-charges"),
     *router.urls,
 ]
+
+# Problem responses (application/problem+json) for what Django answers itself: a body it
+# cannot parse (400) and a view that raised (500).
+handler400 = "example_project.payments.views.bad_request"
+handler500 = "example_project.payments.views.server_error"

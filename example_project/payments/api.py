@@ -1,16 +1,56 @@
-"""The example API through Django REST framework: ``/api/charges/``, the same contract."""
+"""The example API through Django REST framework: ``/api/charges/``, the same contract.
+
+``settings.REST_FRAMEWORK`` makes ``parsers.JSONParser`` (which reads JSON like the plain
+views do) the only parser, JSON the only renderer, and ``problem_exception_handler`` (below)
+the exception handler, so every error of this endpoint is ``application/problem+json`` like
+the plain views' ones.
+"""
 
 from __future__ import annotations
 
+from http import HTTPStatus
+from typing import Any
+
 from django.contrib.auth.models import User
-from rest_framework import viewsets
+from django.http import HttpResponseBase
+from rest_framework import exceptions, viewsets
 from rest_framework.authentication import BasicAuthentication
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import exception_handler
 
 from example_project.payments import service
-from idempotency_django.drf import IdempotentMixin
+from idempotency_django.drf import IdempotencyAPIException, IdempotentMixin
+from idempotency_django.responses import problem_response
+
+
+def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponseBase | None:
+    """DRF's exception handler, answering ``application/problem+json``.
+
+    The idempotency app's own errors (``IdempotencyAPIException``: key missing, in flight,
+    mismatch, …) keep the app's problem types, the same as ``@idempotent`` answers them.
+    DRF's errors get the example's, named after the status (``unsupported-media-type``,
+    ``method-not-allowed``, …; a JSON parse error is ``invalid-json``, as on the plain
+    views), with DRF's message as the detail and DRF's headers (``WWW-Authenticate``,
+    ``Allow``, ``Retry-After``) kept.
+    """
+    if isinstance(exc, IdempotencyAPIException):
+        return problem_response(exc.error)
+    response = exception_handler(exc, context)
+    if response is None:
+        return None  # not an API error: DRF re-raises it (a 500, which releases the key)
+    detail = response.data.get("detail") if isinstance(response.data, dict) else None
+    if isinstance(exc, exceptions.ParseError):
+        outcome = service.invalid_json(str(detail))
+    else:
+        title = HTTPStatus(response.status_code).phrase
+        slug = title.lower().replace(" ", "-")
+        extra = {"detail": str(detail)} if detail is not None else {"errors": response.data}
+        outcome = service.problem(response.status_code, slug, title, **extra)
+    response.data = outcome.data
+    response.content_type = outcome.content_type
+    return response
 
 
 class ChargeViewSet(IdempotentMixin, viewsets.ViewSet):
@@ -24,7 +64,8 @@ class ChargeViewSet(IdempotentMixin, viewsets.ViewSet):
 
     def create(self, request: Request) -> Response:
         assert isinstance(request.user, User)
-        outcome = service.charge(request.user, request.body)
+        # request.data: the body through JSONParser (another media type is a 415).
+        outcome = service.charge(request.user, request.data)
         return Response(
             outcome.data,
             status=outcome.status,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -14,6 +14,10 @@ from example_project.payments.models import Charge
 
 CARDS = ("tok_visa", "tok_declined", "tok_timeout")
 PROBLEM = "application/problem+json"
+# The largest amount every supported database stores in ``Charge.amount`` (a
+# PositiveIntegerField: PostgreSQL's integer; MariaDB's unsigned integer and SQLite go
+# higher). Checked here, so that a larger one is a 400 and not a database error (a 500).
+MAX_AMOUNT = 2_147_483_647
 
 
 @dataclass(frozen=True)
@@ -29,27 +33,57 @@ def problem(status: int, slug: str, title: str, **extra: Any) -> Outcome:
     return Outcome(status, body, PROBLEM)
 
 
-def validate(body: bytes) -> tuple[dict[str, Any], Outcome | None]:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        data = None
+def invalid_json(detail: str) -> Outcome:
+    """A body that ``jsonbody.loads`` refused: 400, and why."""
+    return problem(400, "invalid-json", "Invalid JSON", detail=detail)
+
+
+def unsupported_media_type() -> Outcome:
+    """A body that is not ``application/json`` (a form, multipart, text, none at all): 415."""
+    return problem(
+        415,
+        "unsupported-media-type",
+        "Unsupported Media Type",
+        detail="Send the charge as application/json.",
+    )
+
+
+def validate(data: Any) -> tuple[dict[str, Any], Outcome | None]:
+    """The charge in ``data`` (a request body parsed by ``jsonbody.loads``), or a 400."""
     if not isinstance(data, dict):
         return {}, problem(
             400, "invalid-charge", "Invalid charge", errors={"body": "must be a JSON object"}
         )
     errors = {}
-    amount = data.get("amount")
-    if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0:
-        errors["amount"] = "must be an integer greater than 0"
+    amount = _amount(data.get("amount"))
+    if amount is None:
+        errors["amount"] = (
+            f"must be a whole number from 1 to {MAX_AMOUNT} (in the currency's minor unit)"
+        )
     currency = data.get("currency")
     if not isinstance(currency, str) or not re.fullmatch(r"[A-Za-z]{3}", currency):
         errors["currency"] = "must be 3 letters"
-    if data.get("card") not in CARDS:
+    card = data.get("card")
+    if not isinstance(card, str) or card not in CARDS:
         errors["card"] = f"must be one of {', '.join(CARDS)}"
-    if errors or not isinstance(currency, str):
+    if errors or amount is None or not isinstance(currency, str):
         return {}, problem(400, "invalid-charge", "Invalid charge", errors=errors)
-    return {"amount": amount, "currency": currency.upper(), "card": data["card"]}, None
+    return {"amount": amount, "currency": currency.upper(), "card": card}, None
+
+
+def _amount(value: object) -> int | None:
+    """``value`` as an amount: a JSON number with no fractional part (``1000``, ``1000.0`` and
+    ``1e3`` are one amount, as they are one number in the idempotency fingerprint) within
+    the column's range. A bool, a string, ``null``, a fraction or a number out of range is
+    not an amount."""
+    if isinstance(value, bool) or not isinstance(value, (int, Decimal)):
+        return None
+    number = Decimal(value)
+    if not number.is_finite() or not 1 <= number <= MAX_AMOUNT:
+        return None
+    if number != number.to_integral_value():
+        return None
+    return int(number)
 
 
 def _declined_or_timeout(error: Exception) -> Outcome:
@@ -62,7 +96,8 @@ def _created(charge: Charge) -> Outcome:
     return Outcome(201, charge.as_json(), headers={"Location": f"/charges/{charge.public_id}"})
 
 
-def charge(account: User, body: bytes) -> Outcome:
+def charge(account: User, body: Any) -> Outcome:
+    """Charge the card in ``body`` (the parsed request body) once."""
     data, invalid = validate(body)
     if invalid is not None:
         return invalid
@@ -73,7 +108,7 @@ def charge(account: User, body: bytes) -> Outcome:
     return _created(Charge.objects.create(account=account, **data))
 
 
-async def acharge(account: User, body: bytes) -> Outcome:
+async def acharge(account: User, body: Any) -> Outcome:
     data, invalid = validate(body)
     if invalid is not None:
         return invalid

@@ -1,15 +1,29 @@
+"""The plain and async front doors of the example API, and the project's error pages.
+
+Every error the example answers is ``application/problem+json`` (RFC 9457): the views'
+own, a method they don't take (405), and what Django answers for them before a view runs or
+when one fails (``handler400`` and ``handler500`` in ``urls.py``: a multipart body Django
+cannot parse, too many form fields, a view that raised).
+"""
+
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
+from http import HTTPStatus
+from inspect import iscoroutinefunction
+from typing import Any, TypeVar, cast
 
 from django.contrib.auth.models import User
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_http_methods
 
-from example_project.payments import service
+from example_project.payments import jsonbody, service
 from example_project.payments.auth import abasic_auth_required, basic_auth_required
 from idempotency_django.decorators import idempotent
+
+View = TypeVar("View", bound=Callable[..., Any])
 
 
 def _response(outcome: service.Outcome) -> HttpResponse:
@@ -21,8 +35,61 @@ def _response(outcome: service.Outcome) -> HttpResponse:
     return response
 
 
+def _problem(status: int, detail: str) -> HttpResponse:
+    """A problem whose type is named after its HTTP status (``not-found``, …)."""
+    title = HTTPStatus(status).phrase
+    slug = title.lower().replace(" ", "-")
+    return _response(service.problem(status, slug, title, detail=detail))
+
+
+def allow_methods(*methods: str) -> Callable[[View], View]:
+    """``require_http_methods``, answering other methods with a 405 problem (and ``Allow``),
+    for sync and async views. Outermost, so that a method the view doesn't take is a 405
+    before authentication and before ``@idempotent`` asks for a key."""
+
+    def refuse(request: HttpRequest) -> HttpResponse:
+        response = _problem(405, f"{request.method} is not allowed here.")
+        response["Allow"] = ", ".join(methods)
+        return response
+
+    def decorator(view: View) -> View:
+        if iscoroutinefunction(view):
+
+            @functools.wraps(view)
+            async def async_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+                if request.method not in methods:
+                    return refuse(request)
+                return await view(request, *args, **kwargs)
+
+            return cast(View, async_wrapper)
+
+        @functools.wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            if request.method not in methods:
+                return refuse(request)
+            return view(request, *args, **kwargs)
+
+        return cast(View, wrapper)
+
+    return decorator
+
+
+def _charge_body(request: HttpRequest) -> tuple[Any, service.Outcome | None]:
+    """The parsed JSON body, or the problem to answer instead.
+
+    The media type is checked first: for a form or multipart body, ``@idempotent`` has
+    already parsed ``request.POST`` (to fingerprint it), and ``request.body`` would raise.
+    """
+    if request.content_type != "application/json":
+        return None, service.unsupported_media_type()
+    try:
+        return jsonbody.loads(request.body), None
+    except jsonbody.InvalidJSON as error:
+        return None, service.invalid_json(str(error))
+
+
 @csrf_exempt
-@require_http_methods(["GET", "POST"])
+@allow_methods("GET", "POST")
 @basic_auth_required
 @idempotent
 def charges(request: HttpRequest) -> HttpResponse:
@@ -31,11 +98,12 @@ def charges(request: HttpRequest) -> HttpResponse:
     assert isinstance(account, User)  # basic_auth_required answered 401 otherwise
     if request.method == "GET":
         return JsonResponse(service.charges_of(account))
-    return _response(service.charge(account, request.body))
+    body, invalid = _charge_body(request)
+    return _response(invalid or service.charge(account, body))
 
 
 @csrf_exempt
-@require_http_methods(["GET", "POST"])
+@allow_methods("GET", "POST")
 @abasic_auth_required
 @idempotent
 async def async_charges(request: HttpRequest) -> HttpResponse:
@@ -44,10 +112,22 @@ async def async_charges(request: HttpRequest) -> HttpResponse:
     assert isinstance(account, User)
     if request.method == "GET":
         return JsonResponse(await _acharges_of(account))
-    return _response(await service.acharge(account, request.body))
+    body, invalid = _charge_body(request)
+    return _response(invalid or await service.acharge(account, body))
 
 
 async def _acharges_of(account: User) -> dict[str, object]:
     from asgiref.sync import sync_to_async
 
     return await sync_to_async(service.charges_of)(account)
+
+
+# -- the project's error pages (urls.py), used when DEBUG is off --------------------------------
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponseBase:
+    return _problem(400, "The request could not be read (a malformed or oversized body).")
+
+
+def server_error(request: HttpRequest) -> HttpResponseBase:
+    return _problem(500, "The server failed to answer this request; retry it.")
