@@ -235,7 +235,8 @@ def _claim_or_read(
         "expires_at": expiry(now, options.ttl),
     }
     if store.claim(options.alias, values):
-        emit(signals.claimed, logging.DEBUG, "Idempotency key claimed.", **scope.lookup())
+        if read:  # claim_again stores an outcome; it runs nothing
+            emit(signals.claimed, logging.DEBUG, "Idempotency key claimed.", **scope.lookup())
         return Claim(scope, token, options.alias, options.ttl)
     return store.read(options.alias, scope.lookup(), fingerprint) if read else None
 
