@@ -12,6 +12,8 @@ router.register("api/charges", api.ChargeViewSet, basename="api-charges")
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("charges/", views.charges, name="charges"),
+    # Where a new charge's Location points: /charges/ch_<n>, no trailing slash.
+    path("charges/<str:charge_id>", views.charge_detail, name="charge-detail"),
     path("async/charges/", views.async_charges, name="async-charges"),
     *router.urls,
 ]

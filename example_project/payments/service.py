@@ -18,6 +18,10 @@ PROBLEM = "application/problem+json"
 # PositiveIntegerField: PostgreSQL's integer; MariaDB's unsigned integer and SQLite go
 # higher). Checked here, so that a larger one is a 400 and not a database error (a 500).
 MAX_AMOUNT = 2_147_483_647
+# ``ch_<pk>``, as ``Charge.public_id`` writes it, with a pk that fits a BigAutoField: any
+# other id names no charge (a 404, never a database error).
+PUBLIC_ID = re.compile(r"ch_([1-9][0-9]{0,18})")
+MAX_PK = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,18 @@ async def acharge(account: User, body: Any) -> Outcome:
     except (provider.CardDeclined, provider.ProviderTimeout) as error:
         return _declined_or_timeout(error)
     return _created(await Charge.objects.acreate(account=account, **data))
+
+
+def charge_of(account: User, public_id: str) -> Outcome:
+    """The charge ``public_id`` (``ch_<n>``, as in ``Location``) of ``account``, or a 404: an
+    unknown id and another account's charge are the same answer."""
+    match = PUBLIC_ID.fullmatch(public_id)
+    found = None
+    if match is not None and int(match[1]) <= MAX_PK:
+        found = Charge.objects.filter(account=account, pk=int(match[1])).first()
+    if found is None:
+        return problem(404, "not-found", "Not Found", detail=f"No charge {public_id!r}.")
+    return Outcome(200, found.as_json())
 
 
 def charges_of(account: User) -> dict[str, Any]:

@@ -116,6 +116,17 @@ async def async_charges(request: HttpRequest) -> HttpResponse:
     return _response(invalid or await service.acharge(account, body))
 
 
+@csrf_exempt
+@allow_methods("GET")
+@basic_auth_required
+def charge_detail(request: HttpRequest, charge_id: str) -> HttpResponse:
+    """``GET``: one charge of the account, where ``Location`` points (``/charges/ch_<n>``);
+    another account's charge is a 404, like an unknown id."""
+    account = request.user
+    assert isinstance(account, User)
+    return _response(service.charge_of(account, charge_id))
+
+
 async def _acharges_of(account: User) -> dict[str, object]:
     from asgiref.sync import sync_to_async
 
