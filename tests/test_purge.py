@@ -556,17 +556,66 @@ def test_command_is_silent_at_verbosity_0() -> None:
         (["--batch-size", "0"], "argument --batch-size: must be a positive integer, not '0'"),
         (["--limit", "many"], "argument --limit: must be a positive integer, not 'many'"),
         (["--database", "nope"], "Unknown database 'nope'"),
+        (["--older-than", "-1d"], "^--older-than must not be negative: give how long ago"),
+        (["--older-than=-1d"], "^--older-than must not be negative"),
+        (["--older", "-1d"], "^--older-than must not be negative"),
+        (["--stale-after", "-30m"], "^--stale-after must not be negative"),
+        (["--older-than", "-1.5h"], "argument --older-than: '-1.5h' is not a duration"),
+        (["--older-than", "--dry-run"], "argument --older-than: expected one argument"),
+        (["--older-than"], "argument --older-than: expected one argument"),
+        (["--no-such-option"], "unrecognized arguments: --no-such-option"),
     ],
 )
-def test_command_bad_arguments_raise_command_error(args: list[str], message: str) -> None:
-    with pytest.raises(CommandError, match=message):
+def test_command_bad_arguments_raise_command_error_with_status_2(
+    args: list[str], message: str
+) -> None:
+    """Every bad option is the same failure, exit status 2 (a usage error), whether argparse
+    or the command found it."""
+    with pytest.raises(CommandError, match=message) as raised:
         run(*args)
+    assert raised.value.returncode == 2
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"older_than": timedelta(days=-1)}, "^--older-than must not be negative"),
+        ({"stale_after": "-1h"}, "^--stale-after must not be negative"),
+        ({"older_than": "soon"}, "^--older-than: 'soon' is not a duration"),
+    ],
+)
+def test_command_checks_durations_given_as_keyword_arguments(
+    options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(CommandError, match=message) as raised:
+        call_command("purge_idempotency_keys", **options)
+    assert raised.value.returncode == 2
+
+
+@pytest.mark.django_db
+def test_command_takes_durations_as_keyword_arguments_too() -> None:
+    expired(timedelta(hours=2), key="two-hours")
+    expired(timedelta(days=2), key="two-days")
+    in_progress(timedelta(minutes=20), key="twenty-minutes")
+
+    call_command(
+        "purge_idempotency_keys", older_than="1d", stale_after=timedelta(minutes=10), verbosity=0
+    )
+
+    assert keys() == {"two-hours"}
+
+
+@pytest.mark.django_db
+def test_command_a_negative_zero_is_zero() -> None:
+    expired(key="expired")
+    assert "Deleted 1 expired record" in run("--older-than", "-0s")
 
 
 def test_command_bad_setting_raises_command_error(settings: Any) -> None:
     settings.IDEMPOTENCY = {"PURGE_BATCH_SIZE": "lots"}
-    with pytest.raises(CommandError, match=r"PURGE_BATCH_SIZE is .lots.: expected a number"):
+    with pytest.raises(CommandError, match=r"PURGE_BATCH_SIZE is .lots.: expected a number") as e:
         run()
+    assert e.value.returncode == 1  # the configuration is wrong, not the command line
 
 
 @pytest.mark.django_db
@@ -595,10 +644,11 @@ def test_command_database_error_fails_and_says_what_was_done(
 
 
 def test_command_exit_status_from_the_command_line(tmp_path: Path) -> None:
-    """A real project runs it: exit status 0 on success, 1 with the message on bad input."""
-    env = example_env(f"sqlite:///{tmp_path / 'example.sqlite3'}")
+    """A real project runs it: exit status 0 on success, 2 with the message for a bad option
+    (argparse's own status for a usage error, whoever finds it), 1 for a failure."""
+    migrated_env = example_env(f"sqlite:///{tmp_path / 'example.sqlite3'}")
 
-    def manage(*args: str) -> subprocess.CompletedProcess[str]:
+    def manage(*args: str, env: dict[str, str] = migrated_env) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "manage.py", *args],
             cwd=REPO_ROOT,
@@ -617,9 +667,20 @@ def test_command_exit_status_from_the_command_line(tmp_path: Path) -> None:
     usage = manage("purge_idempotency_keys", "--older-than", "7")
     assert usage.returncode == 2  # argparse's status for a usage error
     assert "'7' is not a duration" in usage.stderr
-    failed = manage("purge_idempotency_keys", "--database", "nope")
+    for negative in (["--older-than", "-1d"], ["--older-than=-1d"]):
+        refused = manage("purge_idempotency_keys", *negative)
+        assert refused.returncode == 2, refused.stderr
+        assert "CommandError: --older-than must not be negative" in refused.stderr
+    unknown = manage("purge_idempotency_keys", "--database", "nope")
+    assert unknown.returncode == 2
+    assert "CommandError: Unknown database 'nope'." in unknown.stderr
+    # A failure, not a bad option: a database where nothing was migrated.
+    failed = manage(
+        "purge_idempotency_keys",
+        env=example_env(f"sqlite:///{tmp_path / 'not-migrated.sqlite3'}"),
+    )
     assert failed.returncode == 1
-    assert "CommandError: Unknown database 'nope'." in failed.stderr
+    assert "CommandError: Purge stopped after 0 batches" in failed.stderr
 
 
 # --- concurrently with claims (PostgreSQL, MariaDB) --------------------------------------------

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import re
 import time
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -36,10 +38,75 @@ def _batches(count: int) -> str:
 
 
 def _duration(text: str) -> timedelta:
+    """A duration; ``-1d`` is read as a negative one, which ``handle`` refuses by name."""
+    stripped = text.strip()
+    if stripped.startswith("-"):
+        try:
+            return -parse_duration(stripped[1:])
+        except ValueError:
+            pass  # not a duration either: say so of the whole text
     try:
         return parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+#: The options that take a duration, whose value may start with "-".
+DURATION_OPTIONS = ("--older-than", "--stale-after")
+_NEGATIVE = re.compile(r"-\s*[0-9]")
+
+
+def _join_negative_values(args: Sequence[str]) -> list[str]:
+    """``--older-than -1d`` as ``--older-than=-1d``: argparse would read ``-1d`` as an
+    option, and answer "expected one argument" instead of refusing a negative duration."""
+    joined: list[str] = []
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        is_duration_option = len(arg) > 2 and any(o.startswith(arg) for o in DURATION_OPTIONS)
+        if is_duration_option and index + 1 < len(args) and _NEGATIVE.match(args[index + 1]):
+            joined.append(f"{arg}={args[index + 1]}")
+            index += 2
+        else:
+            joined.append(arg)
+            index += 1
+    return joined
+
+
+class _Parser(CommandParser):
+    """The command's parser: joins negative durations to their option, and makes every usage
+    error a ``CommandError`` with exit status 2, also under ``call_command`` (Django's own
+    parser raises one with status 1 there; on the command line argparse exits 2)."""
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        return super().parse_args(None if args is None else _join_negative_values(args), namespace)
+
+    def error(self, message: str) -> NoReturn:
+        if self.called_from_command_line:
+            super().error(message)  # usage and message on stderr, exit status 2
+        raise CommandError(f"Error: {message}", returncode=2)
+
+
+def _bad_option(message: str) -> CommandError:
+    return CommandError(message, returncode=2)
+
+
+def _checked_duration(options: dict[str, Any], name: str) -> timedelta | None:
+    """The duration option ``name`` (a ``timedelta``; ``call_command`` may also pass a
+    string such as ``"7d"``), refused if negative."""
+    option = f"--{name.replace('_', '-')}"
+    given = options[name]
+    value: timedelta | None = given
+    if isinstance(given, str):
+        try:
+            value = _duration(given)
+        except argparse.ArgumentTypeError as exc:
+            raise _bad_option(f"{option}: {exc}") from exc
+    if value is not None and value < timedelta(0):
+        raise _bad_option(f"{option} must not be negative: give how long ago, e.g. 7d.")
+    return value
 
 
 class Command(BaseCommand):
@@ -50,6 +117,12 @@ class Command(BaseCommand):
 
     #: At verbosity 1, a progress line at most this often (seconds); every batch at 2.
     progress_interval = 5.0
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        # Django builds a CommandParser; the same one, with _Parser's two methods.
+        parser.__class__ = _Parser
+        return parser
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -98,10 +171,11 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         database = options["database"]
         if database is not None and database not in connections:
-            raise CommandError(f"Unknown database {database!r}.")
+            raise _bad_option(f"Unknown database {database!r}.")
+        older_than = _checked_duration(options, "older_than") or timedelta(0)
+        stale_after = _checked_duration(options, "stale_after")
         try:
             batch_size = options["batch_size"] or batch_size_setting()
-            stale_after = options["stale_after"]
             if stale_after is None:
                 stale_after = stale_after_setting()
         except ImproperlyConfigured as exc:
@@ -125,7 +199,7 @@ class Command(BaseCommand):
 
         try:
             result = purge_records(
-                older_than=options["older_than"],
+                older_than=older_than,
                 stale_after=stale_after,
                 batch_size=batch_size,
                 limit=options["limit"],
