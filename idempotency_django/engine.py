@@ -155,8 +155,10 @@ def begin(
         if record is None:
             races = _count_race(races, options)
             continue
-        if record.token == token and record.state == State.IN_PROGRESS:
+        if record.token == token and is_in_use(record, now):
             return Claim(scope, token, options.alias, options.ttl)  # ours, unacknowledged
+        # Ours too, but its lease lapsed while the acknowledgement was lost: taken over
+        # below, which renews the lease, rather than run under a lease anyone may take.
         expired = is_expired(record, now)
         lapsed = is_lapsed(record, now)
         same = fingerprints_match(record.fingerprint, fingerprint)

@@ -621,3 +621,18 @@ def test_under_the_wait_policy_a_contended_claim_waits_then_replays(
 
     assert contended.is_set()
     assert outcome == StoredResponse(201, b"first", [])
+
+
+def test_a_claim_retried_with_its_own_token_after_its_lease_lapsed_renews_it() -> None:
+    """A reconnect slower than the lease must not hand out a claim under a lapsed lease,
+    which a duplicate could take over at once (both would run)."""
+    first = engine.begin(SCOPE, FINGERPRINT, options(), token="t" * 32)
+    assert isinstance(first, engine.Claim)
+    IdempotencyRecord.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+    again = engine.begin(SCOPE, FINGERPRINT, options(), token="t" * 32)
+
+    assert isinstance(again, engine.Claim)
+    assert IdempotencyRecord.objects.get().lease_expires_at > timezone.now()
+    with pytest.raises(InFlight):
+        engine.begin(SCOPE, FINGERPRINT, options())
