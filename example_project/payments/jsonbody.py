@@ -58,9 +58,36 @@ def loads(body: bytes) -> Any:
     except ArithmeticError:  # an exponent beyond even Decimal's range
         raise InvalidJSON("The body is not valid JSON: a number is out of range.") from None
     except ValueError as error:
+        # Some Pythons (3.13) report an unclosed deep body as a syntax error rather than a
+        # RecursionError: say what is wrong with it first, the same on every version.
+        if _nests_deeper_than(text, MAX_DEPTH):
+            raise _too_deep() from None
         raise InvalidJSON(f"The body is not valid JSON: {error}.") from None
     _check(value)
     return value
+
+
+def _nests_deeper_than(text: str, limit: int) -> bool:
+    """Whether brackets outside strings open more than ``limit`` levels (error path only)."""
+    depth = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif char in "]}":
+            depth -= 1
+    return False
 
 
 def _too_deep() -> InvalidJSON:
