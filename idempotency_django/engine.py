@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from django.db import DatabaseError, connections, router
 from django.utils import timezone
 
-from idempotency_django import signals
+from idempotency_django import codecs, signals
 from idempotency_django.conf import conf
 from idempotency_django.exceptions import InFlight, KeyMismatch, ResponseNotStored
 from idempotency_django.keys import fingerprints_match
@@ -283,6 +283,7 @@ def complete(claim: Claim, outcome: StoredResponse, *, body_stored: bool = True)
     """
     now = timezone.now()
     lookup = claim.scope.lookup()
+    outcome = codecs.seal(outcome)
     values = {
         "response_status": outcome.status,
         "response_headers": [list(pair) for pair in outcome.headers],
@@ -325,4 +326,6 @@ def _replay(stored: Stored, scope: Scope) -> StoredResponse:
         status=stored.status,
         **scope.lookup(),
     )
-    return StoredResponse(status=stored.status, body=stored.body, headers=stored.headers)
+    return codecs.unseal(
+        StoredResponse(status=stored.status, body=stored.body, headers=stored.headers)
+    )
