@@ -27,9 +27,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from idempotency_django import engine, purge
+from idempotency_django.management.commands import purge_idempotency_keys as command_module
 from idempotency_django.management.commands.purge_idempotency_keys import Command
 from idempotency_django.models import IdempotencyRecord
-from idempotency_django.purge import PurgeResult, parse_duration, purge_records
+from idempotency_django.purge import Pacing, PurgeResult, parse_duration, purge_records
 from tests.e2e.server import REPO_ROOT, example_env
 from tests.factories import IdempotencyRecordFactory
 
@@ -379,14 +380,143 @@ def test_purged_signal_reports_the_counts(purged_reports: list[dict[str, Any]]) 
 @pytest.mark.django_db
 def test_result_as_dict() -> None:
     expired()
-    assert purge_records().as_dict() == {
+    # The start; the batch's start and end; the empty page of stale records; the end.
+    ticks = iter([10.0, 10.0, 10.5, 10.9, 11.0])
+    result = purge_records(pacing=Pacing(clock=lambda: next(ticks)))
+    assert result.as_dict() == {
         "expired": 1,
         "stale": 0,
         "total": 1,
         "batches": 1,
         "dry_run": False,
         "limit_reached": False,
+        "seconds": 1.0,
+        "paused": 0.0,
+        "rate": 1.0,
     }
+
+
+# --- pacing ------------------------------------------------------------------------------------
+
+
+class FakeTime:
+    """A clock that ``step``s forward on every reading (each batch seems to take one step)
+    and a ``sleep`` that only writes down what it was asked for."""
+
+    def __init__(self, step: float = 0.004) -> None:
+        self.now = 100.0
+        self.step = step
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        self.now += self.step
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+
+
+def test_a_pause_keeps_the_rate_under_its_ceiling() -> None:
+    pacing = Pacing(rate=25_000, busy_share=1)
+    # 500 rows may take 20 ms: a batch that took 5 ms is followed by 15 ms of rest.
+    assert pacing.pause(500, took=0.005) == pytest.approx(0.015)
+    assert pacing.pause(500, took=0.030) == 0  # slower than the ceiling already
+
+
+def test_a_pause_grows_with_the_batch_when_the_database_is_busy() -> None:
+    pacing = Pacing(rate=0, busy_share=0.25)
+    assert pacing.pause(500, took=0.01) == pytest.approx(0.03)
+    assert pacing.pause(500, took=0.2) == pytest.approx(0.6)
+
+
+def test_a_pause_is_the_longer_of_the_two() -> None:
+    pacing = Pacing(rate=1000, busy_share=0.5)
+    assert pacing.pause(100, took=0.01) == pytest.approx(0.09)  # the rate's
+    assert pacing.pause(100, took=0.3) == pytest.approx(0.3)  # the share's
+
+
+def test_flat_out_never_pauses() -> None:
+    pacing = Pacing.flat_out()
+    assert not pacing.paces
+    assert pacing.pause(500, took=0.001) == 0
+    assert pacing.pause(500, took=10) == 0
+    assert pacing.describe() == "not paced"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"rate": -1}, "rate must be zero"),
+        ({"rate": float("nan")}, "rate must be zero"),
+        ({"busy_share": 0}, "busy_share must be more than 0"),
+        ({"busy_share": 1.5}, "busy_share must be more than 0"),
+    ],
+)
+def test_bad_pacing_raises_value_error(arguments: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Pacing(**arguments)
+
+
+@pytest.mark.django_db
+def test_the_purge_sleeps_between_batches_as_its_pacing_asks() -> None:
+    bulk_expired(5)
+    fake = FakeTime(step=0.004)
+
+    result = purge_records(
+        batch_size=2, pacing=Pacing(rate=100, busy_share=1, clock=fake.clock, sleep=fake.sleep)
+    )
+
+    assert (result.expired, result.batches) == (5, 3)
+    assert keys() == set()
+    # 2 rows at 100 rows/s take 20 ms; each batch took 4 ms (one step of the fake clock):
+    # 16 ms of rest after the first two batches, none after the last.
+    assert fake.sleeps == [pytest.approx(0.016), pytest.approx(0.016)]
+    assert result.paused == pytest.approx(0.032)
+
+
+@pytest.mark.django_db
+def test_the_purge_backs_off_as_its_batches_slow_down() -> None:
+    bulk_expired(5)
+    sleeps: list[float] = []
+    # The start; batch 1 takes 10 ms, batch 2 60 ms, batch 3 (the last, 1 row) 1 ms; the
+    # empty page of stale records; the end.
+    ticks = iter([0.0, 0.0, 0.01, 0.01, 0.07, 0.07, 0.071, 0.071, 0.071])
+    pacing = Pacing(rate=0, busy_share=0.25, clock=lambda: next(ticks), sleep=sleeps.append)
+
+    result = purge_records(batch_size=2, pacing=pacing)
+
+    assert result.total == 5
+    assert sleeps == [pytest.approx(0.03), pytest.approx(0.18)]
+    assert result.seconds == pytest.approx(0.071)
+    assert result.rate == pytest.approx(5 / 0.071)
+
+
+@pytest.mark.django_db
+def test_the_default_pacing_comes_from_the_purge_rate_setting(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.IDEMPOTENCY = {}
+    assert Pacing.from_settings() == Pacing(rate=25_000, busy_share=purge.DEFAULT_BUSY_SHARE)
+    settings.IDEMPOTENCY = {"PURGE_RATE": 0}
+    assert Pacing.from_settings().rate == 0
+    assert Pacing.from_settings().paces  # no ceiling, still backs off
+    settings.IDEMPOTENCY = {"PURGE_RATE": 1.5}
+    bulk_expired(3)
+    slept: list[float] = []
+    monkeypatch.setattr(purge, "_sleep", slept.append)
+
+    purge_records(batch_size=1)
+
+    # Full batches of one row at 1.5 rows/s: a pause of about 2/3 s after each (the third
+    # batch is full too, so the purge pauses before the read that finds nothing left).
+    assert [round(seconds, 1) for seconds in slept] == [0.7, 0.7, 0.7]
+
+
+@pytest.mark.parametrize(("value"), [-1, "fast", None])
+def test_a_bad_purge_rate_setting_raises_improperly_configured(settings: Any, value: Any) -> None:
+    settings.IDEMPOTENCY = {"PURGE_RATE": value}
+    with pytest.raises(ImproperlyConfigured, match="PURGE_RATE"):
+        purge_records()
 
 
 @pytest.mark.django_db
@@ -564,6 +694,12 @@ def test_command_is_silent_at_verbosity_0() -> None:
         (["--older-than", "--dry-run"], "argument --older-than: expected one argument"),
         (["--older-than"], "argument --older-than: expected one argument"),
         (["--no-such-option"], "unrecognized arguments: --no-such-option"),
+        (["--rate", "-5"], "argument --rate: must be a number of rows per second .*'-5'"),
+        (["--rate", "fast"], "argument --rate: must be a number of rows per second"),
+        (["--rate", "nan"], "argument --rate: must be a number of rows per second"),
+        (["--rate", "inf"], "argument --rate: must be a number of rows per second"),
+        (["--rate", "100", "--no-pacing"], "argument --no-pacing: not allowed with argument"),
+        (["--no-pacing", "yes"], "unrecognized arguments: yes"),
     ],
 )
 def test_command_bad_arguments_raise_command_error_with_status_2(
@@ -582,6 +718,9 @@ def test_command_bad_arguments_raise_command_error_with_status_2(
         ({"older_than": timedelta(days=-1)}, "^--older-than must not be negative"),
         ({"stale_after": "-1h"}, "^--stale-after must not be negative"),
         ({"older_than": "soon"}, "^--older-than: 'soon' is not a duration"),
+        ({"rate": "fast"}, "^--rate: must be a number of rows per second"),
+        ({"rate": -1}, "^--rate: must be a number of rows per second"),
+        ({"rate": 100, "no_pacing": True}, "^--rate and --no-pacing contradict each other"),
     ],
 )
 def test_command_checks_durations_given_as_keyword_arguments(
@@ -603,6 +742,63 @@ def test_command_takes_durations_as_keyword_arguments_too() -> None:
     )
 
     assert keys() == {"two-hours"}
+
+
+@pytest.fixture
+def pacing_used(monkeypatch: pytest.MonkeyPatch) -> list[Pacing]:
+    """The ``pacing`` the command passes to the purge, run for real."""
+    used: list[Pacing] = []
+
+    def purge_and_record(**kwargs: Any) -> PurgeResult:
+        used.append(kwargs["pacing"])
+        return purge_records(**kwargs)
+
+    monkeypatch.setattr(command_module, "purge_records", purge_and_record)
+    return used
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("args", "setting", "expected", "said"),
+    [
+        ([], None, Pacing(rate=25_000), "at most 25,000 rows/s, busy at most 50% of the time"),
+        ([], 400, Pacing(rate=400), "at most 400 rows/s, busy at most 50% of the time"),
+        (["--rate", "1000"], 400, Pacing(rate=1000), "at most 1,000 rows/s"),
+        (["--rate", "0"], None, Pacing(rate=0), "(busy at most 50% of the time)"),
+        (["--no-pacing"], None, Pacing.flat_out(), "(not paced)"),
+    ],
+)
+def test_command_paces_as_its_options_and_the_setting_say(
+    settings: Any,
+    pacing_used: list[Pacing],
+    args: list[str],
+    setting: int | None,
+    expected: Pacing,
+    said: str,
+) -> None:
+    settings.IDEMPOTENCY = {} if setting is None else {"PURGE_RATE": setting}
+    bulk_expired(2)
+
+    output = run(*args)
+
+    assert pacing_used == [expected]
+    assert "Deleted 2 expired records and 0 stale in-progress records. 1 batch, " in output
+    assert said in output
+    assert re.search(r"s, [\d,]+ rows/s \(", output), output  # the rate it achieved
+
+
+@pytest.mark.django_db
+def test_command_rate_as_a_keyword_argument(pacing_used: list[Pacing]) -> None:
+    call_command("purge_idempotency_keys", rate="250", verbosity=0)
+    call_command("purge_idempotency_keys", no_pacing=True, verbosity=0)
+    assert pacing_used == [Pacing(rate=250), Pacing.flat_out()]
+
+
+def test_command_bad_purge_rate_setting_raises_command_error(settings: Any) -> None:
+    settings.IDEMPOTENCY = {"PURGE_RATE": -1}
+    with pytest.raises(CommandError, match=r"PURGE_RATE is -1: expected a number") as e:
+        run()
+    assert e.value.returncode == 1  # the configuration is wrong, not the command line
 
 
 @pytest.mark.django_db
@@ -671,6 +867,9 @@ def test_command_exit_status_from_the_command_line(tmp_path: Path) -> None:
         refused = manage("purge_idempotency_keys", *negative)
         assert refused.returncode == 2, refused.stderr
         assert "CommandError: --older-than must not be negative" in refused.stderr
+    paced = manage("purge_idempotency_keys", "--rate", "-5")
+    assert paced.returncode == 2
+    assert "argument --rate: must be a number of rows per second" in paced.stderr
     unknown = manage("purge_idempotency_keys", "--database", "nope")
     assert unknown.returncode == 2
     assert "CommandError: Unknown database 'nope'." in unknown.stderr

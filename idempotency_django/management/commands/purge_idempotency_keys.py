@@ -14,11 +14,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
 from idempotency_django.purge import (
+    Pacing,
     PurgeResult,
     batch_size_setting,
     describe,
     parse_duration,
     purge_records,
+    rate_setting,
     stale_after_setting,
 )
 
@@ -30,6 +32,19 @@ def _positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
+    return value
+
+
+def _rate(text: str) -> float:
+    """Rows per second: a number of zero or more (``0``: no ceiling)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (0 <= value < float("inf")):  # also refuses NaN
+        raise argparse.ArgumentTypeError(
+            f"must be a number of rows per second (0 for no ceiling), not {text!r}"
+        )
     return value
 
 
@@ -161,6 +176,22 @@ class Command(BaseCommand):
             metavar="N",
             help="Stop after deleting N records in all.",
         )
+        pacing = parser.add_mutually_exclusive_group()
+        pacing.add_argument(
+            "--rate",
+            type=_rate,
+            default=None,
+            metavar="ROWS_PER_SECOND",
+            help="Delete at most this many rows a second; 0 for no ceiling (default: "
+            "IDEMPOTENCY['PURGE_RATE'], 25000). Either way the purge pauses between batches "
+            "at least as long as each batch took, so it backs off when the database is busy.",
+        )
+        pacing.add_argument(
+            "--no-pacing",
+            action="store_true",
+            help="No pauses at all: delete as fast as the database allows (live traffic "
+            "pays for it; for a maintenance window).",
+        )
         parser.add_argument(
             "--database",
             default=None,
@@ -174,10 +205,22 @@ class Command(BaseCommand):
             raise _bad_option(f"Unknown database {database!r}.")
         older_than = _checked_duration(options, "older_than") or timedelta(0)
         stale_after = _checked_duration(options, "stale_after")
+        rate = options.get("rate")
+        if rate is not None and not isinstance(rate, float):  # call_command(rate="100")
+            try:
+                rate = _rate(str(rate))
+            except argparse.ArgumentTypeError as exc:
+                raise _bad_option(f"--rate: {exc}") from exc
+        if rate is not None and options.get("no_pacing"):
+            raise _bad_option("--rate and --no-pacing contradict each other: give one.")
         try:
             batch_size = options["batch_size"] or batch_size_setting()
             if stale_after is None:
                 stale_after = stale_after_setting()
+            if options.get("no_pacing"):
+                pacing = Pacing.flat_out()
+            else:
+                pacing = Pacing(rate=rate_setting() if rate is None else rate)
         except ImproperlyConfigured as exc:
             raise CommandError(str(exc)) from exc
         verbosity = int(options["verbosity"])
@@ -206,6 +249,7 @@ class Command(BaseCommand):
                 dry_run=options["dry_run"],
                 using=database,
                 progress=report,
+                pacing=pacing,
             )
         except (DatabaseError, KeyboardInterrupt) as exc:
             # Every finished batch committed on its own: say what was done before failing.
@@ -214,10 +258,10 @@ class Command(BaseCommand):
                 f"{describe(latest)}"
             ) from exc
         if verbosity >= 1:
-            seconds = time.monotonic() - started
             self.stdout.write(
                 self.style.SUCCESS(
-                    f"{describe(result)} {_batches(result.batches)}, {seconds:.1f}s."
+                    f"{describe(result)} {_batches(result.batches)}, {result.seconds:.1f}s, "
+                    f"{result.rate:,.0f} rows/s ({pacing.describe()})."
                 )
             )
             if result.limit_reached:
