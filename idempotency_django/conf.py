@@ -46,6 +46,7 @@ DEFAULTS: dict[str, Any] = {
     "REPLAY_HEADER": "Idempotent-Replayed",
     "LOG_KEYS": "plain",
     "PURGE_BATCH_SIZE": 500,
+    "PURGE_RATE": 25_000,
     "STALE_IN_PROGRESS_SECONDS": 60 * 60,
     "PROBLEM_TYPE_BASE": "urn:idempotency-django:problem:",
 }
@@ -62,6 +63,7 @@ MINIMUMS: dict[str, float] = {
     "TTL_SECONDS": 0,
     "MAX_RESPONSE_BYTES": 0,
     "PURGE_BATCH_SIZE": 1,
+    "PURGE_RATE": 0,
     "STALE_IN_PROGRESS_SECONDS": 0,
 }
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -196,6 +198,10 @@ class Settings:
     @property
     def PURGE_BATCH_SIZE(self) -> int:
         return int(self.get("PURGE_BATCH_SIZE"))
+
+    @property
+    def PURGE_RATE(self) -> float:
+        return float(self.get("PURGE_RATE"))
 
     @property
     def STALE_IN_PROGRESS_SECONDS(self) -> float:
