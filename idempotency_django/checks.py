@@ -10,6 +10,7 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
+from django.utils.module_loading import import_string
 
 from idempotency_django.conf import (
     CHOICES,
@@ -28,6 +29,7 @@ CALLABLES = ("ACCOUNT", "ENDPOINT", "FINGERPRINT")
 def register() -> None:
     checks.register(check_settings, "idempotency_django")
     checks.register(check_drf_views, checks.Tags.urls)
+    checks.register(check_middleware, "idempotency_django")
 
 
 def check_settings(
@@ -78,7 +80,7 @@ def check_settings(
     for name in CALLABLES:
         errors.extend(_check_callable(name, resolve_callable, values[name]))
     errors.extend(_check_callable("STORE_STATUSES", status_predicate, values["STORE_STATUSES"]))
-    for name in ("METHODS", "STORED_HEADERS"):
+    for name in ("METHODS", "STORED_HEADERS", "EXEMPT_URL_NAMES"):
         if not _is_list_of_names(values[name]):
             errors.append(
                 checks.Error(
@@ -231,3 +233,70 @@ def check_drf_views(
                 )
             )
     return errors
+
+
+IDEMPOTENCY_MIDDLEWARE = "idempotency_django.middleware.IdempotencyMiddleware"
+AUTHENTICATION_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
+DEFAULT_ACCOUNT = DEFAULTS["ACCOUNT"]
+
+
+def check_middleware(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """E012, E013, W004: where ``IdempotencyMiddleware`` sits in ``MIDDLEWARE``.
+
+    Before ``AuthenticationMiddleware`` every plain view's request is anonymous to it (403,
+    or unscoped with ANONYMOUS="bypass"); before a middleware that has ``process_view`` (the
+    CSRF check) that method never runs for a protected view, which answers from the
+    middleware. Without the auth middleware at all, the default ACCOUNT finds no user on a
+    plain view's request (DRF views authenticate themselves, so that is a warning).
+    """
+    middleware = [str(path) for path in getattr(settings, "MIDDLEWARE", None) or ()]
+    if IDEMPOTENCY_MIDDLEWARE not in middleware:
+        return []
+    position = middleware.index(IDEMPOTENCY_MIDDLEWARE)
+    errors: list[checks.CheckMessage] = []
+    if AUTHENTICATION_MIDDLEWARE in middleware[position + 1 :]:
+        errors.append(
+            checks.Error(
+                f"{IDEMPOTENCY_MIDDLEWARE} comes before {AUTHENTICATION_MIDDLEWARE}.",
+                hint="Move it after AuthenticationMiddleware (best: last in MIDDLEWARE), so "
+                "that keys are scoped to the authenticated user.",
+                id="idempotency_django.E012",
+            )
+        )
+    elif AUTHENTICATION_MIDDLEWARE not in middleware and _uses_default_account():
+        errors.append(
+            checks.Warning(
+                f"{IDEMPOTENCY_MIDDLEWARE} is installed without {AUTHENTICATION_MIDDLEWARE}.",
+                hint="Plain Django views will have no request.user, so every key they get "
+                "is refused as anonymous (DRF views authenticate themselves). Add "
+                "AuthenticationMiddleware before it, or set IDEMPOTENCY['ACCOUNT'].",
+                id="idempotency_django.W004",
+            )
+        )
+    later = [path for path in middleware[position + 1 :] if _has_process_view(path)]
+    if later:
+        errors.append(
+            checks.Error(
+                f"{IDEMPOTENCY_MIDDLEWARE} comes before {', '.join(later)}, whose "
+                "process_view would not run for a protected view.",
+                hint="Put IdempotencyMiddleware after every middleware that has a "
+                "process_view (CsrfViewMiddleware above all); last in MIDDLEWARE is safe.",
+                id="idempotency_django.E013",
+            )
+        )
+    return errors
+
+
+def _uses_default_account() -> bool:
+    user = getattr(settings, "IDEMPOTENCY", {})
+    return not isinstance(user, dict) or user.get("ACCOUNT", DEFAULT_ACCOUNT) == DEFAULT_ACCOUNT
+
+
+def _has_process_view(path: str) -> bool:
+    try:
+        middleware = import_string(path)
+    except ImportError:
+        return False  # Django reports a middleware it cannot import itself
+    return callable(getattr(middleware, "process_view", None))

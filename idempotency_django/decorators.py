@@ -107,6 +107,20 @@ def idempotent(view: Any = None, **kwargs: Any) -> Any:
     return decorator
 
 
+Exempted = TypeVar("Exempted")
+
+
+def idempotency_exempt(view: Exempted) -> Exempted:
+    """Leave a view out of ``IdempotencyMiddleware``'s protection: a function view (sync or
+    async), a class-based view's class or ``as_view()``, or a DRF view class.
+
+    The view is returned as it is, marked, so nothing changes when the middleware is not
+    installed; a view that must never be replayed (a login, a webhook receiver that
+    deduplicates by its own event id) opts out here."""
+    view.idempotency_exempt = True  # type: ignore[attr-defined]
+    return view
+
+
 def _name(view_func: Any) -> str:
     func = getattr(view_func, "func", view_func)  # method_decorator passes a partial
     return str(getattr(func, "__qualname__", None) or repr(func))

@@ -1,0 +1,245 @@
+"""``IdempotencyMiddleware``: protect every unsafe request of a project, not view by view.
+
+The middleware claims in ``process_view``, around the view alone (after every middleware
+before it, so ``request.user`` is set as it is for ``@idempotent``), and calls the view
+itself through the same adapters as the decorator and the DRF mixin; none of the policy is
+decided here. Because Django applies ``ATOMIC_REQUESTS`` only to a view *it* calls, the
+aliases Django would have wrapped are handed to the lifecycle, which reopens them around
+the work in the order that keeps a stored outcome truthful.
+
+A Django REST framework view authenticates inside itself: it is run as a subclass that
+mixes in ``IdempotentMixin`` (made once per view), so its claim happens after DRF's
+authentication, permissions and throttles, scoped to the DRF-authenticated user.
+
+A view decorated with ``@idempotent``, or a DRF view that already uses the mixin, is left
+to its own protection (protected once, not twice); ``@idempotency_exempt`` and the
+``EXEMPT_URL_NAMES`` setting leave a view unprotected.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.db import connections
+from django.http import HttpRequest, HttpResponseBase
+
+from idempotency_django.conf import conf
+from idempotency_django.protect import ViewOptions, aprotect, protect
+
+GetResponse = Callable[[HttpRequest], Any]
+View = Callable[..., Any]
+
+# What the middleware does with one view, decided once per view function.
+_LEAVE = "leave"  # exempt, or protected by its own decorator or mixin
+_PLAIN = "plain"  # a Django view: the middleware protects it
+_DRF = "drf"  # a DRF view without the mixin: run through a subclass that has it
+
+
+@dataclass(frozen=True)
+class _Plan:
+    action: str
+    options: ViewOptions | None = None
+    view: View | None = None  # the DRF view with the mixin, for _DRF
+
+
+_plans: weakref.WeakKeyDictionary[Any, _Plan] = weakref.WeakKeyDictionary()
+
+
+class IdempotencyMiddleware:
+    """Protect requests whose method is in ``METHODS`` on every view not exempted.
+
+    Place it after ``AuthenticationMiddleware`` and after every middleware that has a
+    ``process_view`` (``CsrfViewMiddleware``): a protected view is answered from here,
+    so the ``process_view`` of a middleware listed later would not run (system checks
+    E012 and E013 say so at startup).
+    """
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: GetResponse) -> None:
+        self.get_response = get_response
+        self.async_mode = iscoroutinefunction(get_response)
+        self.process_view: Callable[..., Any]
+        if self.async_mode:
+            markcoroutinefunction(self)
+            self.process_view = self._aprocess_view
+        else:
+            self.process_view = self._process_view
+
+    def __call__(self, request: HttpRequest) -> Any:
+        return self.get_response(request)
+
+    # -- sync (WSGI) ------------------------------------------------------------------------
+
+    def _process_view(
+        self, request: HttpRequest, view: View, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> HttpResponseBase | None:
+        plan = _plan_for(request, view)
+        if plan is None:
+            return None
+        if plan.view is not None:  # DRF: the mixin reopens ATOMIC_REQUESTS itself
+            return plan.view(request, *args, **kwargs)  # type: ignore[no-any-return]
+        assert plan.options is not None
+        if iscoroutinefunction(view):
+            if _request_transactions(view):
+                return None  # Django refuses ATOMIC_REQUESTS on async views: let it say so
+            return async_to_sync(_aprotect_view)(request, view, args, kwargs, plan.options)
+        return _protect_view(request, view, args, kwargs, plan.options)
+
+    # -- async (ASGI) -----------------------------------------------------------------------
+
+    async def _aprocess_view(
+        self, request: HttpRequest, view: View, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> HttpResponseBase | None:
+        plan = _plan_for(request, view)
+        if plan is None:
+            return None
+        if plan.view is not None:
+            drf_view = plan.view
+            return await sync_to_async(drf_view, thread_sensitive=True)(request, *args, **kwargs)  # type: ignore[no-any-return]
+        assert plan.options is not None
+        if iscoroutinefunction(view):
+            if _request_transactions(view):
+                return None
+            return await _aprotect_view(request, view, args, kwargs, plan.options)
+        return await sync_to_async(_protect_view, thread_sensitive=True)(
+            request, view, args, kwargs, plan.options
+        )
+
+
+def _protect_view(
+    request: HttpRequest,
+    view: View,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    options: ViewOptions,
+) -> HttpResponseBase:
+    def call_view() -> HttpResponseBase:
+        return view(request, *args, **kwargs)  # type: ignore[no-any-return]
+
+    return protect(request, call_view, options, request_transactions=_request_transactions(view))
+
+
+async def _aprotect_view(
+    request: HttpRequest,
+    view: View,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    options: ViewOptions,
+) -> HttpResponseBase:
+    def call_view() -> Awaitable[HttpResponseBase]:
+        return view(request, *args, **kwargs)  # type: ignore[no-any-return]
+
+    return await aprotect(request, call_view, options)
+
+
+def _request_transactions(view: View) -> list[str]:
+    """The aliases whose ``ATOMIC_REQUESTS`` transaction Django would have opened around
+    ``view`` (``BaseHandler.make_view_atomic``), honouring ``non_atomic_requests``."""
+    opted_out = getattr(view, "_non_atomic_requests", ())
+    return [
+        alias
+        for alias in connections
+        if connections[alias].settings_dict.get("ATOMIC_REQUESTS") and alias not in opted_out
+    ]
+
+
+# -- deciding what to do with a view -------------------------------------------------------
+
+
+def _plan_for(request: HttpRequest, view: View) -> _Plan | None:
+    """The plan for this request, or ``None`` when the middleware leaves it alone."""
+    if not conf.ENABLED or not _protected_method(request.method):
+        return None
+    if _exempt_by_name(request):
+        return None
+    try:
+        plan = _plans[view]
+    except KeyError:
+        plan = _plans[view] = _make_plan(view)
+    except TypeError:  # pragma: no cover - a callable that cannot be weakly referenced
+        plan = _make_plan(view)
+    return None if plan.action == _LEAVE else plan
+
+
+def _protected_method(method: str | None) -> bool:
+    return (method or "").upper() in {name.upper() for name in conf.get("METHODS")}
+
+
+def _exempt_by_name(request: HttpRequest) -> bool:
+    match = getattr(request, "resolver_match", None)
+    name = getattr(match, "view_name", None)
+    if not name:
+        return False
+    for pattern in conf.EXEMPT_URL_NAMES:
+        if pattern == name or (pattern.endswith(":*") and name.startswith(pattern[:-1])):
+            return True
+    return False
+
+
+def _make_plan(view: View) -> _Plan:
+    cls = getattr(view, "cls", None) or getattr(view, "view_class", None)
+    if _marked(view, "idempotency_exempt") or _marked(cls, "idempotency_exempt"):
+        return _Plan(_LEAVE)
+    if _marked(view, "idempotent_view") or _has_protected_method(cls):
+        return _Plan(_LEAVE)
+    drf = _drf_classes()
+    if drf is not None and isinstance(cls, type) and issubclass(cls, drf[0]):
+        if issubclass(cls, drf[1]):
+            return _Plan(_LEAVE)
+        return _Plan(_DRF, view=_with_mixin(view, cls))
+    return _Plan(_PLAIN, options=ViewOptions(label=f"IdempotencyMiddleware on {_name(view)}"))
+
+
+def _marked(obj: Any, marker: str) -> bool:
+    return obj is not None and bool(getattr(obj, marker, False))
+
+
+def _has_protected_method(cls: Any) -> bool:
+    """A class-based view whose ``dispatch`` or handler is decorated with
+    ``method_decorator(idempotent, ...)``: it protects itself."""
+    if not isinstance(cls, type):
+        return False
+    return any(
+        "idempotent_view" in getattr(getattr(cls, name, None), "__dict__", {})
+        for name in ("dispatch", *getattr(cls, "http_method_names", ()))
+    )
+
+
+def _drf_classes() -> tuple[type, type] | None:
+    try:
+        from rest_framework.views import APIView
+
+        from idempotency_django.drf import IdempotentMixin
+    except ImportError:  # pragma: no cover - DRF is optional
+        return None
+    return APIView, IdempotentMixin
+
+
+def _with_mixin(view: View, cls: type) -> View:
+    """``view``'s class with ``IdempotentMixin`` first among its bases, as a view built
+    with the same ``as_view`` arguments (a viewset's actions too)."""
+    from idempotency_django.drf import IdempotentMixin
+
+    protected = type(
+        cls.__name__,
+        (IdempotentMixin, cls),
+        {"__module__": cls.__module__, "__qualname__": cls.__qualname__},
+    )
+    initkwargs = dict(getattr(view, "initkwargs", {}))
+    actions = getattr(view, "actions", None)
+    if actions is not None:  # a viewset, bound by its router to these actions
+        return protected.as_view(actions, **initkwargs)  # type: ignore[attr-defined,no-any-return]
+    return protected.as_view(**initkwargs)  # type: ignore[attr-defined,no-any-return]
+
+
+def _name(view: Any) -> str:
+    return str(getattr(view, "__qualname__", None) or repr(view))
+
+
+__all__ = ["IdempotencyMiddleware"]

@@ -1,0 +1,30 @@
+"""URLs for the middleware tests (``ROOT_URLCONF`` in ``tests/test_middleware*.py``)."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path
+from rest_framework.routers import SimpleRouter
+
+from tests import middleware_views, views
+
+router = SimpleRouter()
+router.register("mw/viewset", middleware_views.ChargeViewSet, basename="mw-viewset")
+
+urlpatterns = [
+    path("mw/plain/", middleware_views.plain, name="mw-plain"),
+    path("mw/exempt/", middleware_views.exempt, name="mw-exempt"),
+    path("mw/named/", middleware_views.named, name="mw-named"),
+    path("mw/async/", middleware_views.async_plain, name="mw-async"),
+    path("mw/class/", middleware_views.PlainClassView.as_view()),
+    path("mw/exempt-class/", middleware_views.ExemptClassView.as_view()),
+    path("mw/drf/", middleware_views.TokenChargeView.as_view()),
+    path("mw/mixin/", middleware_views.MixinChargeView.as_view()),
+    path("mw/ns/", include(([path("plain/", middleware_views.named, name="n")], "mwns"))),
+    # Protected by their own decorator: the middleware must not protect them twice.
+    path("mw/decorated/", views.effect),
+    path("mw/decorated-class/", views.EffectView.as_view()),
+    path("mw/decorated-async/", views.async_effect),
+    path("", include(router.urls)),
+    path("admin/", admin.site.urls),
+]

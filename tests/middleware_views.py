@@ -1,0 +1,107 @@
+"""Views for the middleware tests: none of them is decorated unless its name says so, so
+the only protection they get is ``IdempotencyMiddleware``'s. Each execution writes one
+``SideEffect`` row."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views import View
+from rest_framework import serializers, viewsets
+from rest_framework.authentication import TokenAuthentication
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from idempotency_django.decorators import idempotency_exempt
+from idempotency_django.drf import IdempotentMixin
+from tests.models import SideEffect
+from tests.views import _body, _effect
+
+# Called inside ``plain`` while it holds its claim (tests set it).
+DURING: list[Callable[[], object]] = []
+
+
+def plain(request: HttpRequest) -> HttpResponse:
+    for call in DURING:
+        call()
+    return _effect(request, "mw_plain")
+
+
+@idempotency_exempt
+def exempt(request: HttpRequest) -> HttpResponse:
+    return _effect(request, "mw_exempt")
+
+
+def named(request: HttpRequest) -> HttpResponse:
+    """Exempted by URL name in the tests that list it in EXEMPT_URL_NAMES."""
+    return _effect(request, "mw_named")
+
+
+async def async_plain(request: HttpRequest) -> HttpResponse:
+    data = _body(request)
+    effect = await SideEffect.objects.acreate(label="mw_async")
+    if data.get("raise"):
+        raise RuntimeError("the view failed")
+    return JsonResponse({"effect": effect.pk, "echo": data}, status=201)
+
+
+class PlainClassView(View):
+    def post(self, request: HttpRequest) -> HttpResponse:
+        return _effect(request, "mw_class")
+
+
+@idempotency_exempt
+class ExemptClassView(View):
+    def post(self, request: HttpRequest) -> HttpResponse:
+        return _effect(request, "mw_exempt_class")
+
+
+class WhoAmI(serializers.Serializer[Any]):
+    amount = serializers.IntegerField()
+
+
+class TokenChargeView(APIView):
+    """A DRF view *without* the mixin: it authenticates inside itself, by token only."""
+
+    authentication_classes = [TokenAuthentication]
+    permission_classes = [IsAuthenticated]
+
+    def post(self, request: Request) -> Response:
+        serializer = WhoAmI(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        effect = SideEffect.objects.create(label="mw_drf")
+        return Response(
+            {"effect": effect.pk, "user": request.user.username, **serializer.validated_data},
+            status=201,
+        )
+
+
+class ChargeViewSet(viewsets.ViewSet):
+    """A viewset without the mixin, routed by a router (its actions bound by ``as_view``)."""
+
+    authentication_classes = [TokenAuthentication]
+    permission_classes = [IsAuthenticated]
+
+    def create(self, request: Request) -> Response:
+        effect = SideEffect.objects.create(label="mw_viewset")
+        if request.data.get("crash"):
+            raise RuntimeError("the view failed")
+        return Response({"effect": effect.pk, "user": request.user.username}, status=201)
+
+    def list(self, request: Request) -> Response:
+        return Response({"effects": SideEffect.objects.filter(label="mw_viewset").count()})
+
+
+class MixinChargeView(IdempotentMixin, APIView):
+    """Already protected by the mixin: the middleware leaves it to it."""
+
+    authentication_classes = [TokenAuthentication]
+    permission_classes = [IsAuthenticated]
+
+    def post(self, request: Request) -> Response:
+        effect = SideEffect.objects.create(label="mw_mixin")
+        return Response({"effect": effect.pk}, status=201)
