@@ -19,7 +19,7 @@ from rest_framework.views import APIView
 from idempotency_django.decorators import idempotency_exempt
 from idempotency_django.drf import IdempotentMixin
 from tests.models import SideEffect
-from tests.views import _body, _effect
+from tests.views import _body, _effect, gate
 
 # Called inside ``plain`` while it holds its claim (tests set it).
 DURING: list[Callable[[], object]] = []
@@ -62,6 +62,7 @@ class ExemptClassView(View):
 
 class WhoAmI(serializers.Serializer[Any]):
     amount = serializers.IntegerField()
+    gate = serializers.BooleanField(required=False)
 
 
 class TokenChargeView(APIView):
@@ -73,6 +74,8 @@ class TokenChargeView(APIView):
     def post(self, request: Request) -> Response:
         serializer = WhoAmI(data=request.data)
         serializer.is_valid(raise_exception=True)
+        if request.data.get("gate"):
+            gate.pass_through()
         effect = SideEffect.objects.create(label="mw_drf")
         return Response(
             {"effect": effect.pk, "user": request.user.username, **serializer.validated_data},

@@ -1,0 +1,76 @@
+"""System checks for ``IdempotencyMiddleware``'s place in ``MIDDLEWARE`` (E012, E013, W004)
+and for its setting, ``EXEMPT_URL_NAMES`` (E010)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+
+from idempotency_django.checks import check_middleware, check_settings
+
+if TYPE_CHECKING:
+    from pytest_django import Settings
+
+IDEMPOTENCY = "idempotency_django.middleware.IdempotencyMiddleware"
+SESSIONS = "django.contrib.sessions.middleware.SessionMiddleware"
+AUTH = "django.contrib.auth.middleware.AuthenticationMiddleware"
+CSRF = "django.middleware.csrf.CsrfViewMiddleware"
+COMMON = "django.middleware.common.CommonMiddleware"
+
+
+def ids(settings: Settings, middleware: list[str], **idempotency: object) -> list[str]:
+    settings.MIDDLEWARE = middleware
+    settings.IDEMPOTENCY = idempotency
+    return [message.id or "" for message in check_middleware()]
+
+
+def test_last_after_auth_and_csrf_is_clean(settings: Settings) -> None:
+    assert ids(settings, [SESSIONS, CSRF, AUTH, COMMON, IDEMPOTENCY]) == []
+
+
+def test_without_the_middleware_nothing_is_checked(settings: Settings) -> None:
+    assert ids(settings, [CSRF]) == []
+
+
+def test_before_authentication_is_an_error(settings: Settings) -> None:
+    assert ids(settings, [SESSIONS, IDEMPOTENCY, AUTH]) == ["idempotency_django.E012"]
+
+
+def test_before_a_middleware_with_process_view_is_an_error(settings: Settings) -> None:
+    settings.MIDDLEWARE = [SESSIONS, AUTH, IDEMPOTENCY, COMMON, CSRF]
+    [message] = check_middleware()
+    assert message.id == "idempotency_django.E013"
+    assert CSRF in message.msg
+    assert COMMON not in message.msg  # no process_view: its order does not matter
+
+
+def test_both_errors_at_once(settings: Settings) -> None:
+    assert ids(settings, [IDEMPOTENCY, SESSIONS, CSRF, AUTH]) == [
+        "idempotency_django.E012",
+        "idempotency_django.E013",
+    ]
+
+
+def test_an_unimportable_middleware_is_left_to_django(settings: Settings) -> None:
+    assert ids(settings, [SESSIONS, AUTH, IDEMPOTENCY, "no.such.Middleware"]) == []
+
+
+def test_no_authentication_middleware_warns_with_the_default_account(settings: Settings) -> None:
+    assert ids(settings, [IDEMPOTENCY]) == ["idempotency_django.W004"]
+    assert ids(settings, [IDEMPOTENCY], ACCOUNT="tests.test_conf.custom_account") == []
+
+
+def test_exempt_url_names_must_be_a_list_of_names(settings: Settings) -> None:
+    settings.IDEMPOTENCY = {"EXEMPT_URL_NAMES": "admin:*"}
+    assert [m.id for m in check_settings()] == ["idempotency_django.E010"]
+    settings.IDEMPOTENCY = {"EXEMPT_URL_NAMES": ["admin:*", "webhooks"]}
+    assert check_settings() == []
+
+
+def test_the_check_command_reports_the_order(settings: Settings) -> None:
+    settings.MIDDLEWARE = [SESSIONS, IDEMPOTENCY, AUTH]
+    with pytest.raises(SystemCheckError, match=r"idempotency_django\.E012"):
+        call_command("check")

@@ -1,0 +1,117 @@
+"""``IdempotencyMiddleware`` under real concurrency: threads with their own database
+connections, released together by a barrier, against PostgreSQL and MariaDB. The first
+request is held inside its view (``gate``) until every duplicate has been answered."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connections
+from django.test import Client
+from rest_framework.authtoken.models import Token
+
+from idempotency_django.models import IdempotencyRecord
+from tests.conftest import effects
+from tests.views import gate
+
+pytestmark = [
+    pytest.mark.concurrency,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.urls("tests.middleware_urls"),
+]
+
+THREADS = 8
+MIDDLEWARE = "idempotency_django.middleware.IdempotencyMiddleware"
+
+
+@pytest.fixture(autouse=True)
+def middleware(settings: Any) -> None:
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE]
+
+
+def send(path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
+    try:
+        return Client().post(
+            path, data=json.dumps(body), content_type="application/json", headers=headers
+        )
+    finally:
+        connections.close_all()
+
+
+def race(path: str, body: dict[str, Any], headers: dict[str, str]) -> list[Any]:
+    """``THREADS`` identical requests at once; the one that runs is held in its view until
+    the others were answered, then let go. Returns every response."""
+    barrier = threading.Barrier(THREADS)
+    results: queue.Queue[Any] = queue.Queue()
+
+    def worker() -> None:
+        barrier.wait(timeout=10)
+        results.put(send(path, body, headers))
+
+    threads = [threading.Thread(target=worker) for _ in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    try:
+        losers = [results.get(timeout=30) for _ in range(THREADS - 1)]
+        assert gate.entered.is_set()  # the winner is still inside its view
+    finally:
+        gate.release.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    return [*losers, results.get(timeout=30)]
+
+
+def assert_one_ran(responses: list[Any]) -> None:
+    assert sorted(r.status_code for r in responses) == [201] + [409] * (THREADS - 1)
+    for response in responses:
+        if response.status_code == 409:
+            assert response["Content-Type"] == "application/problem+json"
+            assert response["Retry-After"].isdigit()
+
+
+def test_concurrent_duplicates_on_a_plain_view_run_it_once(alice: User) -> None:
+    headers = {"Idempotency-Key": "k1", "X-User": "alice"}
+    responses = race("/mw/plain/", {"gate": True}, headers)
+
+    assert_one_ran(responses)
+    assert effects("mw_plain") == 1
+    assert send("/mw/plain/", {"gate": True}, headers)["Idempotent-Replayed"] == "true"
+    assert IdempotencyRecord.objects.count() == 1
+
+
+def test_concurrent_duplicates_on_a_drf_view_run_it_once(alice: User) -> None:
+    token = Token.objects.create(user=alice).key
+    headers = {"Idempotency-Key": "k1", "Authorization": f"Token {token}"}
+    body = {"amount": 1, "gate": True}
+    responses = race("/mw/drf/", body, headers)
+
+    assert_one_ran(responses)
+    assert effects("mw_drf") == 1
+    assert send("/mw/drf/", body, headers)["Idempotent-Replayed"] == "true"
+    assert IdempotencyRecord.objects.get().account == str(alice.pk)
+
+
+def test_concurrent_duplicates_under_atomic_requests_run_the_view_once(
+    alice: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
+    headers = {"Idempotency-Key": "k1", "X-User": "alice"}
+    responses = race("/mw/plain/", {"gate": True}, headers)
+
+    assert_one_ran(responses)
+    assert effects("mw_plain") == 1
+    assert send("/mw/plain/", {"gate": True}, headers)["Idempotent-Replayed"] == "true"
+
+
+def test_concurrent_duplicates_of_a_decorated_view_are_claimed_once(alice: User) -> None:
+    headers = {"Idempotency-Key": "k1", "X-User": "alice"}
+    responses = race("/mw/decorated/", {"gate": True}, headers)
+
+    assert_one_ran(responses)
+    assert effects("effect") == 1
+    assert IdempotencyRecord.objects.count() == 1
