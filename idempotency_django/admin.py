@@ -15,6 +15,12 @@
 Nothing can be added or edited, and the generic delete is off for the same reason as above;
 every action needs the model's "delete" permission. The list never loads stored bodies
 (up to ``MAX_RESPONSE_BYTES`` each); the detail page does.
+
+With a ``RESPONSE_CODEC``, the detail page shows a stored response (body and headers) only
+to users holding ``idempotency_django.view_decrypted_body``; everyone else reads
+"encrypted". Accounts are shown through ``ACCOUNT_DISPLAY`` (by default "username (pk)"),
+and the search also finds the accounts that ``ACCOUNT_SEARCH`` names for the term (by
+default, the user with that exact username).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -30,8 +36,8 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.admin.views.main import ChangeList
-from django.contrib.auth import get_permission_codename
-from django.core.exceptions import EmptyResultSet
+from django.contrib.auth import get_permission_codename, get_user_model
+from django.core.exceptions import EmptyResultSet, ValidationError
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Q, QuerySet
@@ -41,14 +47,18 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from idempotency_django import engine, signals
+from idempotency_django import codecs, engine, signals
+from idempotency_django.conf import DEFAULTS, conf
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.purge import purge_records
+from idempotency_django.responses import StoredResponse
 from idempotency_django.store import lapsed_q
+from idempotency_django.tasks import ENDPOINT_PREFIX as TASK_ENDPOINT_PREFIX
 
 logger = logging.getLogger("idempotency_django")
 
 State = IdempotencyRecord.State
+DECRYPT_PERMISSION = "idempotency_django.view_decrypted_body"
 
 if TYPE_CHECKING:
     RecordAdminBase = admin.ModelAdmin[IdempotencyRecord]
@@ -86,6 +96,12 @@ class RecordChangeList(ChangeList):
     ) -> QuerySet[Any]:
         return super().get_queryset(request, exclude_parameters).defer("response_body")
 
+    def get_results(self, request: HttpRequest) -> None:
+        """Label the page's accounts with one ``ACCOUNT_DISPLAY`` call per distinct
+        account (one query for the default), not one per row."""
+        super().get_results(request)
+        label_accounts(self.result_list)
+
 
 def is_json_media_type(content_type: str | None) -> bool:
     media_type = (content_type or "").split(";", 1)[0].strip().lower()
@@ -94,18 +110,78 @@ def is_json_media_type(content_type: str | None) -> bool:
     )
 
 
-def stored_content_type(record: IdempotencyRecord) -> str | None:
-    for name, value in record.response_headers or []:
-        if str(name).lower() == "content-type":
-            return str(value)
-    return None
+def label_accounts(records: Iterable[IdempotencyRecord]) -> None:
+    """Set ``account_label`` on each record, through ``ACCOUNT_DISPLAY``: once per distinct
+    account, or in one call to its ``many`` method when it has one. Task records are left
+    alone: their account is the scope the caller chose, not a user."""
+    records = [r for r in records if not r.endpoint.startswith(TASK_ENDPOINT_PREFIX)]
+    display = conf.optional_callable("ACCOUNT_DISPLAY")
+    if display is None or not records:
+        return
+    accounts = {record.account for record in records}
+    many: Callable[[Collection[str]], dict[str, str]] | None = getattr(display, "many", None)
+    labels = many(accounts) if many is not None else {a: str(display(a)) for a in accounts}
+    for record in records:
+        record.account_label = labels.get(record.account)  # type: ignore[attr-defined]
+
+
+def _default_account_is_the_user() -> bool:
+    """Whether accounts are user primary keys: the default ``ACCOUNT`` (and no other, as
+    far as this app can tell)."""
+    from idempotency_django import keys
+
+    return conf.get("ACCOUNT") in (DEFAULTS["ACCOUNT"], keys.default_account)
+
+
+class UsernameDisplay:
+    """The default ``ACCOUNT_DISPLAY``: ``"alice (42)"`` for the account of user 42.
+
+    Only while ``ACCOUNT`` is the default (the user's primary key); with another
+    ``ACCOUNT`` the value is not a user's, and is shown as it is. An account with no such
+    user (deleted since) is shown as it is, too.
+    """
+
+    def __call__(self, account: str) -> str:
+        return self.many([account]).get(account, account)
+
+    def many(self, accounts: Collection[str]) -> dict[str, str]:
+        if not _default_account_is_the_user():
+            return {}
+        user_model = get_user_model()
+        pk_field = user_model._meta.pk
+        assert pk_field is not None
+        wanted: dict[Any, str] = {}
+        for account in accounts:
+            try:
+                wanted[pk_field.to_python(account)] = account
+            except ValidationError:
+                continue  # not a primary key of this user model
+        if not wanted:
+            return {}
+        rows = user_model._default_manager.filter(pk__in=list(wanted)).values_list(
+            "pk", user_model.USERNAME_FIELD
+        )
+        return {wanted[pk]: f"{username} ({wanted[pk]})" for pk, username in rows if pk in wanted}
+
+
+username_display = UsernameDisplay()
+
+
+def accounts_by_username(term: str) -> list[str]:
+    """The default ``ACCOUNT_SEARCH``: the account of the user whose username is exactly
+    ``term`` (none while ``ACCOUNT`` is not the default)."""
+    if not _default_account_is_the_user():
+        return []
+    user_model = get_user_model()
+    found = user_model._default_manager.filter(**{user_model.USERNAME_FIELD: term})
+    return [str(pk) for pk in found.values_list("pk", flat=True)]
 
 
 @admin.register(IdempotencyRecord)
 class IdempotencyRecordAdmin(RecordAdminBase):
     list_display = (
         "key",
-        "account",
+        "account_shown",
         "endpoint",
         "state",
         "response_status",
@@ -116,12 +192,14 @@ class IdempotencyRecordAdmin(RecordAdminBase):
     # Exact, case-sensitive matches, as the engine compares keys: keys are opaque, and
     # ``account = …`` uses the unique index where ``LIKE '%…%'`` would read the whole table.
     search_fields = ("key__exact", "account__exact")
-    search_help_text = "An exact Idempotency-Key, or an account (the user's primary key)."
+    search_help_text = (
+        "An exact Idempotency-Key, an exact account (the user's primary key), or an exact username."
+    )
     date_hierarchy = "created_at"
     ordering = ("-pk",)
     show_full_result_count = False
     fields = (
-        "account",
+        "account_shown",
         "endpoint",
         "key",
         "state",
@@ -129,7 +207,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         "token",
         "lease_expires_at",
         "response_status",
-        "response_headers",
+        "stored_headers",
         "stored_response",
         "created_at",
         "completed_at",
@@ -147,6 +225,41 @@ class IdempotencyRecordAdmin(RecordAdminBase):
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return RecordChangeList
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> IdempotencyRecord | None:
+        """The record, marked with what this user may read of it (the display methods
+        get the record, not the request)."""
+        record = super().get_object(request, object_id, from_field)
+        if record is not None:
+            record.reader = str(request.user)  # type: ignore[attr-defined]
+            record.may_read_body = (  # type: ignore[attr-defined]
+                conf.RESPONSE_CODEC is None or request.user.has_perm(DECRYPT_PERMISSION)
+            )
+            label_accounts([record])
+        return record
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord], search_term: str
+    ) -> tuple[QuerySet[IdempotencyRecord], bool]:
+        """The exact key and account matches, and the accounts ``ACCOUNT_SEARCH`` names for
+        the term (the default: the user with that exact username)."""
+        results, may_have_duplicates = super().get_search_results(request, queryset, search_term)
+        term = search_term.strip()
+        search = conf.optional_callable("ACCOUNT_SEARCH")
+        if term and search is not None:
+            accounts = [str(account) for account in search(term)]
+            if accounts:
+                results = results | queryset.filter(account__in=accounts).exclude(
+                    endpoint__startswith=TASK_ENDPOINT_PREFIX
+                )
+        return results, may_have_duplicates
+
+    @admin.display(description="account", ordering="account")
+    def account_shown(self, record: IdempotencyRecord) -> str:
+        label = getattr(record, "account_label", None)
+        return record.account if label is None else str(label)
 
     # -- read-only ----------------------------------------------------------------------------
 
@@ -171,14 +284,26 @@ class IdempotencyRecordAdmin(RecordAdminBase):
 
     # -- the stored response ------------------------------------------------------------------
 
+    @admin.display(description="response headers")
+    def stored_headers(self, record: IdempotencyRecord) -> str:
+        opened = self._opened(record)
+        if isinstance(opened, str):
+            return opened
+        return json.dumps([list(pair) for pair in opened.headers], ensure_ascii=False)
+
     @admin.display(description="stored response")
     def stored_response(self, record: IdempotencyRecord) -> str | SafeString:
         if record.response_body is None:
             if record.state == State.IN_PROGRESS:
                 return "— (the request is in progress)"
             return "not stored (the response was streamed or over MAX_RESPONSE_BYTES)"
-        body = bytes(record.response_body)
-        content_type = stored_content_type(record)
+        opened = self._opened(record)
+        if isinstance(opened, str):
+            return opened
+        body = opened.body
+        content_type = next(
+            (value for name, value in opened.headers if name.lower() == "content-type"), None
+        )
         if is_json_media_type(content_type):
             try:
                 parsed = json.loads(body)
@@ -189,6 +314,38 @@ class IdempotencyRecordAdmin(RecordAdminBase):
                 return format_html('<pre class="stored-response">{}</pre>', pretty)
         described = f"{len(body)} bytes"
         return f"{described} of {content_type}" if content_type else described
+
+    def _opened(self, record: IdempotencyRecord) -> StoredResponse | str:
+        """The stored response as a replay would give it, or why it is not shown.
+
+        Without a ``RESPONSE_CODEC`` everything is shown, as stored. With one, only to
+        holders of ``view_decrypted_body`` (a record stored in clear before the codec
+        was set too: the project has said its responses are sensitive); the others read
+        "encrypted". Each decrypted view is logged.
+        """
+        stored = StoredResponse(
+            record.response_status or 0,
+            bytes(record.response_body or b""),
+            [(str(name), str(value)) for name, value in record.response_headers or []],
+        )
+        if stored.body == codecs.UNSTORABLE:
+            return "not stored (redaction or encoding failed when the request completed)"
+        if not getattr(record, "may_read_body", conf.RESPONSE_CODEC is None):
+            if codecs.is_sealed(stored.body):
+                return "encrypted"
+            return "encrypted (stored in clear before RESPONSE_CODEC was set; hidden all the same)"
+        if not codecs.is_sealed(stored.body):
+            return stored
+        try:
+            opened = codecs.unseal(stored)
+        except codecs.ResponseUnreadable:
+            return "encrypted, and the configured RESPONSE_CODEC cannot decrypt it"
+        logger.info(
+            "Idempotency stored response shown decrypted in the admin to %s.",
+            signals.escape_log_text(getattr(record, "reader", "?")),
+            extra=signals.log_fields(record.account, record.endpoint, record.key),
+        )
+        return opened
 
     # -- actions ------------------------------------------------------------------------------
 

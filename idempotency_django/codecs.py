@@ -1,21 +1,392 @@
 """What happens to a response between the view and the store, and between the store and the
-replay: the seam where the ``RESPONSE_CODEC`` (encryption at rest) and the redaction and
-replay hooks plug in.
+replay: the ``RESPONSE_CODEC`` (encryption at rest) and the ``REDACT_RESPONSE`` hook.
 
 ``seal`` runs once per completed request, before its outcome is written; ``unseal`` once per
-replay, after the record is read. Both are identities until a project configures otherwise.
+replay, after the record is read. With neither setting they are identities, and the stored
+bytes are the response's bytes, as they always were.
+
+With a codec, a record holds its status in clear (the admin filters on it) and everything
+else sealed: ``SEALED`` followed by the codec's encoding of the allow-listed headers (a
+``Location`` can carry an id) and the body. A record stored before the codec was
+configured has no ``SEALED`` prefix and replays as it was stored. A sealed record that the
+codec cannot open (a key dropped too early, the codec removed, a corrupted row) is never
+replayed as garbage and never runs the view again: its retries get
+``ResponseUnreadable``, a 409 problem, and the server logs an error.
+
+If redaction or encoding fails, the view has already run: the key must keep its outcome
+(releasing it would let a retry repeat the side effect), and the unredacted response must
+not be stored. The record then holds ``UNSTORABLE`` in place of the body, and a retry gets
+``ResponseNotStored``, as for a response over ``MAX_RESPONSE_BYTES``.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+from idempotency_django.conf import DEFAULTS, conf
+from idempotency_django.exceptions import ResponseNotStored
 from idempotency_django.responses import StoredResponse
+
+if TYPE_CHECKING:
+    from cryptography.fernet import MultiFernet
+
+logger = logging.getLogger("idempotency_django")
+
+#: The prefix of a body stored through a codec. The NUL byte keeps it out of any text
+#: response; the version leaves room for another framing later.
+SEALED = b"\x00idempotency-django:sealed:1\n"
+#: The whole body of a record whose response could not be redacted or encoded.
+UNSTORABLE = b"\x00idempotency-django:unstorable:1\n"
+
+HOOKS = ("REDACT_RESPONSE", "REPLAY_HOOK", "ACCOUNT_DISPLAY", "ACCOUNT_SEARCH")
+
+
+@runtime_checkable
+class ResponseCodec(Protocol):
+    """What ``RESPONSE_CODEC`` names: bytes in, bytes out, and back.
+
+    ``decode`` must raise (any exception) on bytes it did not produce or cannot open:
+    authenticated encryption such as Fernet does. A codec that returns garbage instead
+    would have that garbage replayed only if it also parses as the framing around it.
+    """
+
+    def encode(self, data: bytes, /) -> bytes: ...
+
+    def decode(self, data: bytes, /) -> bytes: ...
+
+
+class ResponseUnreadable(ResponseNotStored):
+    """The key's request completed and its response was stored sealed, but the configured
+    ``RESPONSE_CODEC`` cannot open it. The view does not run again."""
+
+    slug = "response-unreadable"
+    title = "The request was processed but its stored response cannot be read"
+
+
+class CryptographyMissing(ImproperlyConfigured):
+    """``FernetCodec`` without the ``cryptography`` package."""
+
+
+class EncryptionKeysInvalid(ImproperlyConfigured):
+    """``ENCRYPTION_KEYS`` is missing, empty, or holds something that is not a Fernet key."""
+
+
+# -- the codecs -------------------------------------------------------------------------------
+
+
+class FernetCodec:
+    """Fernet (AES-128-CBC with HMAC-SHA256, from ``cryptography``) under ``ENCRYPTION_KEYS``.
+
+    The first key encrypts, every key decrypts (``MultiFernet``): to rotate, put a new key
+    first and keep the old ones until every record they sealed has expired (``TTL_SECONDS``
+    after the last process that still encrypted with them was restarted). A token sealed by
+    a key no longer listed fails its HMAC: ``ResponseUnreadable``, never garbage.
+
+    ``keys`` overrides the setting (for a codec built in code); by default the setting is
+    read at each use, so ``override_settings`` applies.
+    """
+
+    def __init__(self, keys: Sequence[str | bytes] | None = None) -> None:
+        self.keys = keys
+
+    def encode(self, data: bytes, /) -> bytes:
+        return self.fernet().encrypt(data)
+
+    def decode(self, data: bytes, /) -> bytes:
+        return self.fernet().decrypt(data)
+
+    def fernet(self) -> MultiFernet:
+        keys = conf.ENCRYPTION_KEYS if self.keys is None else self.keys
+        if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
+            raise EncryptionKeysInvalid(
+                "IDEMPOTENCY ENCRYPTION_KEYS must be a list of Fernet keys, newest first "
+                f"(got a {type(keys).__name__})."
+            )
+        return _multi_fernet(tuple(keys))
+
+
+@functools.lru_cache(maxsize=8)
+def _multi_fernet(keys: tuple[Any, ...]) -> MultiFernet:
+    """Built once per list of keys: a Fernet decodes and checks its key when built."""
+    try:
+        from cryptography.fernet import Fernet, MultiFernet
+    except ImportError as error:
+        raise CryptographyMissing(
+            "IDEMPOTENCY RESPONSE_CODEC is the FernetCodec, which needs the cryptography "
+            'package: pip install "idempotency-django[encryption]".'
+        ) from error
+    if not keys:
+        raise EncryptionKeysInvalid(
+            "IDEMPOTENCY ENCRYPTION_KEYS is empty: the FernetCodec needs at least one key."
+        )
+    fernets = []
+    for index, key in enumerate(keys):
+        try:
+            fernets.append(Fernet(key))
+        except (TypeError, ValueError) as error:
+            # Never the key itself in a message: it may be nearly right, and it is a secret.
+            raise EncryptionKeysInvalid(
+                f"IDEMPOTENCY ENCRYPTION_KEYS[{index}] is not a Fernet key (32 bytes in "
+                "url-safe base64, as Fernet.generate_key() makes)."
+            ) from error
+    return MultiFernet(fernets)
+
+
+def get_codec() -> ResponseCodec | None:
+    """The configured codec, or ``None`` (store the bytes as they are).
+
+    ``RESPONSE_CODEC`` may be a codec object, a codec class (built with no arguments), or
+    the dotted path of either; a path is resolved and built once per process.
+    """
+    value = conf.RESPONSE_CODEC
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return _codec_at(value)
+    return _as_codec(value, repr(value))
+
+
+@functools.lru_cache(maxsize=8)
+def _codec_at(path: str) -> ResponseCodec:
+    try:
+        value = import_string(path)
+    except ImportError as error:
+        raise ImproperlyConfigured(
+            f"IDEMPOTENCY RESPONSE_CODEC: cannot import {path!r}: {error}"
+        ) from error
+    return _as_codec(value, repr(path))
+
+
+def _as_codec(value: Any, name: str) -> ResponseCodec:
+    codec = value() if isinstance(value, type) else value
+    if not isinstance(codec, ResponseCodec):
+        raise ImproperlyConfigured(
+            f"IDEMPOTENCY RESPONSE_CODEC: {name} is not a codec (it needs encode(bytes) -> "
+            "bytes and decode(bytes) -> bytes methods)."
+        )
+    return codec
+
+
+# -- seal and unseal --------------------------------------------------------------------------
 
 
 def seal(outcome: StoredResponse) -> StoredResponse:
-    """The outcome as it will be stored."""
-    return outcome
+    """The outcome as it will be stored: redacted, then encoded."""
+    if conf.get("REDACT_RESPONSE") is None and conf.RESPONSE_CODEC is None:
+        return outcome
+    try:
+        redact = conf.optional_callable("REDACT_RESPONSE")
+        if redact is not None:
+            outcome = _redacted(redact, outcome)
+        codec = get_codec()
+        if codec is None:
+            return outcome
+        return StoredResponse(outcome.status, SEALED + codec.encode(_frame(outcome)), [])
+    except Exception:
+        logger.exception(
+            "Idempotency response not stored: REDACT_RESPONSE or RESPONSE_CODEC failed. "
+            "The first client got its response; a retry with its key will be told the "
+            "request was processed (409), and the view will not run again."
+        )
+        return StoredResponse(outcome.status, UNSTORABLE, [])
 
 
 def unseal(stored: StoredResponse) -> StoredResponse:
-    """A stored outcome as it will be replayed."""
-    return stored
+    """A stored outcome as it will be replayed. Raises ``ResponseNotStored`` for a record
+    whose response could not be stored, ``ResponseUnreadable`` for one the codec cannot
+    open; replays a record stored without a codec as it is."""
+    body = stored.body if isinstance(stored.body, bytes) else bytes(stored.body)
+    if not body.startswith(b"\x00"):  # the common case, in one comparison
+        return stored
+    if body == UNSTORABLE:
+        raise ResponseNotStored(
+            f"The first request with this Idempotency-Key completed with status "
+            f"{stored.status}, but its response could not be prepared for storage "
+            "(redaction or encoding failed)."
+        )
+    if not body.startswith(SEALED):
+        return stored
+    try:
+        codec = get_codec()
+        if codec is None:
+            raise ImproperlyConfigured("IDEMPOTENCY RESPONSE_CODEC is not set.")
+        return _unframe(stored.status, codec.decode(body[len(SEALED) :]))
+    except Exception as error:
+        logger.error(
+            "Idempotency stored response cannot be decoded with the configured "
+            "RESPONSE_CODEC (%s): a key it was sealed with may have been dropped. Its "
+            "retries get a 409 problem; the view does not run again.",
+            type(error).__name__,
+        )
+        raise ResponseUnreadable(
+            f"The first request with this Idempotency-Key completed with status "
+            f"{stored.status}, but its stored response cannot be read back."
+        ) from error
+
+
+def is_sealed(body: bytes | None) -> bool:
+    """Whether ``body`` was stored through a codec (or in place of a failed one)."""
+    return body is not None and (body.startswith(SEALED) or body == UNSTORABLE)
+
+
+def _frame(outcome: StoredResponse) -> bytes:
+    """Headers as one line of JSON, then the body: a JSON string never holds a raw newline."""
+    headers = json.dumps([[name, value] for name, value in outcome.headers])
+    return headers.encode() + b"\n" + outcome.body
+
+
+def _unframe(status: int, frame: bytes) -> StoredResponse:
+    line, separator, body = frame.partition(b"\n")
+    headers = json.loads(line) if separator else None
+    if not (
+        isinstance(headers, list)
+        and all(
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)
+            for pair in headers
+        )
+    ):
+        raise ValueError("the decoded response is not framed as this app frames it")
+    return StoredResponse(status, body, [(name, value) for name, value in headers])
+
+
+def _redacted(redact: Callable[..., Any], outcome: StoredResponse) -> StoredResponse:
+    redacted = redact(outcome)
+    if not isinstance(redacted, StoredResponse):
+        raise TypeError(
+            f"REDACT_RESPONSE returned {type(redacted).__name__}, not a StoredResponse."
+        )
+    return redacted
+
+
+# -- a redaction hook to start from -----------------------------------------------------------
+
+
+def drop_json_fields(*paths: str) -> Callable[[StoredResponse], StoredResponse]:
+    """A ``REDACT_RESPONSE`` hook that removes fields from a JSON body before it is stored.
+
+    Each path names a member of the top-level object, or of nested objects with dots
+    (``"card.number"``); a path into a list applies to each object in it. A body that is
+    not JSON (by its ``Content-Type``) or does not parse is stored as it is.
+    """
+    split = [path.split(".") for path in paths]
+
+    def redact(outcome: StoredResponse) -> StoredResponse:
+        content_type = next(
+            (value for name, value in outcome.headers if name.lower() == "content-type"), ""
+        )
+        media_type = content_type.split(";", 1)[0].strip().lower()
+        if not (media_type == "application/json" or media_type.endswith("+json")):
+            return outcome
+        try:
+            document = json.loads(outcome.body)
+        except ValueError:
+            return outcome
+        for path in split:
+            _drop(document, path)
+        return replace(outcome, body=json.dumps(document, separators=(",", ":")).encode())
+
+    return redact
+
+
+def _drop(document: Any, path: list[str]) -> None:
+    if isinstance(document, list):
+        for item in document:
+            _drop(item, path)
+    elif isinstance(document, dict):
+        if len(path) == 1:
+            document.pop(path[0], None)
+        elif path[0] in document:
+            _drop(document[path[0]], path[1:])
+
+
+# -- system checks ----------------------------------------------------------------------------
+
+
+@checks.register("idempotency_django")
+def check_codec_settings(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """A codec that cannot load, keys that cannot encrypt, hooks that cannot be called:
+    reported at startup, rather than as unstored responses after views have run."""
+    if not isinstance(conf.raw(), dict):  # reported as E001
+        return []  # pragma: no cover - conf.raw() raises first
+    errors: list[checks.CheckMessage] = []
+    for name in HOOKS:
+        value = conf.get(name)
+        if value is None or value == DEFAULTS[name]:
+            continue  # the admin's defaults import the admin: only where it is installed
+        try:
+            conf.optional_callable(name)
+        except ImproperlyConfigured as error:
+            errors.append(
+                checks.Error(
+                    str(error),
+                    hint="Give a callable or its dotted path, or None.",
+                    id="idempotency_django.E024",
+                )
+            )
+    errors.extend(_check_codec())
+    return errors
+
+
+def _check_codec() -> list[checks.CheckMessage]:
+    if conf.RESPONSE_CODEC is None:
+        if conf.ENCRYPTION_KEYS:
+            return [
+                checks.Warning(
+                    "IDEMPOTENCY ENCRYPTION_KEYS is set, but RESPONSE_CODEC is not: stored "
+                    "responses are not encrypted.",
+                    hint='Set RESPONSE_CODEC to "idempotency_django.codecs.FernetCodec".',
+                    id="idempotency_django.W020",
+                )
+            ]
+        return []
+    try:
+        codec = get_codec()
+        assert codec is not None
+        probe = b"idempotency-django codec check"
+        if codec.decode(codec.encode(probe)) != probe:
+            return [
+                checks.Error(
+                    "IDEMPOTENCY RESPONSE_CODEC does not decode what it encodes.",
+                    hint="decode(encode(data)) must give data back.",
+                    id="idempotency_django.E023",
+                )
+            ]
+    except CryptographyMissing as error:
+        return [
+            checks.Error(
+                str(error),
+                hint='pip install "idempotency-django[encryption]"',
+                id="idempotency_django.E021",
+            )
+        ]
+    except EncryptionKeysInvalid as error:
+        return [
+            checks.Error(
+                str(error),
+                hint="Generate a key with: python -c 'from cryptography.fernet import "
+                "Fernet; print(Fernet.generate_key().decode())' and keep it out of the "
+                "repository (an environment variable or a secrets manager).",
+                id="idempotency_django.E022",
+            )
+        ]
+    except Exception as error:
+        return [
+            checks.Error(
+                f"IDEMPOTENCY RESPONSE_CODEC cannot be used: {error}",
+                hint="A codec class or object with encode(bytes) and decode(bytes), or its "
+                "dotted path.",
+                id="idempotency_django.E020",
+            )
+        ]
+    return []

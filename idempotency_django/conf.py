@@ -40,6 +40,15 @@ DEFAULTS: dict[str, Any] = {
     "STORE_STATUSES": "idempotency_django.responses.is_definitive",
     "STORED_HEADERS": (),
     "MAX_RESPONSE_BYTES": 1024 * 1024,
+    # Stored responses at rest (codecs.py): a codec (None: the bytes as they are), its
+    # Fernet keys (the first encrypts, all decrypt), and the redaction and replay hooks.
+    "RESPONSE_CODEC": None,
+    "ENCRYPTION_KEYS": (),
+    "REDACT_RESPONSE": None,
+    "REPLAY_HOOK": None,
+    # The admin: an account as people read it, and a search term to the accounts it names.
+    "ACCOUNT_DISPLAY": "idempotency_django.admin.username_display",
+    "ACCOUNT_SEARCH": "idempotency_django.admin.accounts_by_username",
     "DATABASE": None,
     "ON_STORE_ERROR": "closed",
     "ON_DISCONNECT": "finish",
@@ -185,6 +194,21 @@ class Settings:
     @property
     def MAX_RESPONSE_BYTES(self) -> int:
         return int(self.get("MAX_RESPONSE_BYTES"))
+
+    @property
+    def RESPONSE_CODEC(self) -> Any:
+        """A codec, a codec class, its dotted path, or ``None``: see ``codecs.get_codec``."""
+        return self.get("RESPONSE_CODEC")
+
+    @property
+    def ENCRYPTION_KEYS(self) -> Any:
+        """Fernet keys, first one encrypting: validated by ``codecs.FernetCodec``."""
+        return self.get("ENCRYPTION_KEYS")
+
+    def optional_callable(self, name: str) -> Callable[..., Any] | None:
+        """A hook setting (a callable or its dotted path), or ``None`` when unset."""
+        value = self.get(name)
+        return None if value is None else resolve_callable(value, name)
 
     @property
     def DATABASE(self) -> str | None:

@@ -56,6 +56,11 @@ class IdempotencyRecord(models.Model):
 
     class Meta:
         verbose_name = "idempotency record"
+        permissions = [
+            # With a RESPONSE_CODEC, the admin shows stored responses only to holders of
+            # this permission (superusers hold every permission); others see "encrypted".
+            ("view_decrypted_body", "Can view decrypted stored responses"),
+        ]
         indexes = [
             # The purge's second pass: in-progress records whose lease died long ago.
             models.Index(fields=["state", "lease_expires_at"], name="idempotency_record_stale"),

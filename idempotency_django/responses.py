@@ -87,10 +87,12 @@ def capture(response: HttpResponse) -> StoredResponse:
 
 
 def replay(stored: StoredResponse) -> HttpResponse:
-    """The stored response, as a new response marked with ``REPLAY_HEADER``.
+    """The stored response, as a new response marked with ``REPLAY_HEADER``, then passed
+    to the ``REPLAY_HOOK`` if one is set.
 
     The ``NEVER_STORED_HEADERS`` are dropped here as well as at capture: a record stored
-    by an older version, or written by hand, must not replay them either.
+    by an older version, or written by hand, must not replay them either. The hook gets
+    this new response and what was read: a replay never writes to the store.
     """
     headers = [(name, value) for name, value in stored.headers if _replayable(name)]
     response = HttpResponse(stored.body, status=stored.status)
@@ -99,7 +101,18 @@ def replay(stored: StoredResponse) -> HttpResponse:
     for name, value in headers:
         response[name] = value
     response[conf.REPLAY_HEADER] = "true"
-    return response
+    hook = conf.optional_callable("REPLAY_HOOK")
+    if hook is None:
+        return response
+    adjusted = hook(response, stored)
+    if adjusted is None:  # adjusted in place
+        return response
+    if not isinstance(adjusted, HttpResponse):
+        raise TypeError(
+            f"REPLAY_HOOK returned {type(adjusted).__name__}: return the HttpResponse it "
+            "was given (or another HttpResponse), or None."
+        )
+    return adjusted
 
 
 def _replayable(name: str) -> bool:

@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from cryptography.fernet import Fernet
 from django.apps import apps
 from django.contrib import admin
 from django.contrib.admin.models import DELETION, LogEntry
@@ -20,9 +21,10 @@ from django.urls import path, reverse
 from django.utils import timezone
 
 from idempotency_django import admin as idempotency_admin
-from idempotency_django import engine, purge, signals
+from idempotency_django import codecs, engine, purge, signals
 from idempotency_django.exceptions import InFlight
 from idempotency_django.models import IdempotencyRecord
+from idempotency_django.responses import StoredResponse
 from tests.factories import IdempotencyRecordFactory, UserFactory
 from tests.logs import everything_logged
 
@@ -153,7 +155,7 @@ def test_changelist_shows_the_columns(client_: Client) -> None:
     assert columns == [
         "action_checkbox",
         "key",
-        "account",
+        "account_shown",
         "endpoint",
         "state",
         "response_status",
@@ -757,3 +759,210 @@ def test_the_detail_page_still_shows_the_body(client_: Client) -> None:
 
     assert "&quot;id&quot;: &quot;ch_1&quot;" in html
     assert [q for q in queries if "response_body" in q["sql"]]
+
+
+# --- encrypted stored responses: shown only with view_decrypted_body ----------------------------
+
+FERNET_KEY = Fernet.generate_key().decode()
+SECRET_BODY = {"id": "ch_1", "card": "4242424242424242"}
+
+
+@pytest.fixture
+def encrypted(settings: Any) -> None:
+    settings.IDEMPOTENCY = {
+        "RESPONSE_CODEC": "idempotency_django.codecs.FernetCodec",
+        "ENCRYPTION_KEYS": [FERNET_KEY],
+    }
+
+
+def sealed(body: dict[str, Any], **kwargs: Any) -> IdempotencyRecord:
+    """A completed record as the engine stores it under the configured codec."""
+    outcome = codecs.seal(
+        StoredResponse(
+            201,
+            json.dumps(body).encode(),
+            [("Content-Type", "application/json"), ("Location", "/charges/ch_1")],
+        )
+    )
+    assert codecs.is_sealed(outcome.body)
+    return completed(response_body=outcome.body, response_headers=outcome.headers, **kwargs)
+
+
+def staff(*codenames: str) -> User:
+    user = UserFactory(username=f"staff-{'-'.join(codenames)}", is_staff=True)
+    for codename in ("view_idempotencyrecord", *codenames):
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    return User.objects.get(pk=user.pk)  # no cached permissions
+
+
+def detail(client: Client, record: IdempotencyRecord) -> str:
+    response = client.get(reverse(CHANGE, args=[record.pk]))
+    assert response.status_code == 200
+    return str(response.content.decode())
+
+
+def test_the_permission_exists_after_migrate() -> None:
+    permission = Permission.objects.get(codename="view_decrypted_body")
+    assert permission.content_type.model_class() is IdempotencyRecord
+
+
+@pytest.mark.usefixtures("encrypted")
+def test_holders_of_the_permission_read_the_decrypted_response(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    record = sealed(SECRET_BODY)
+    client = login(staff("view_decrypted_body"))
+
+    with caplog.at_level(logging.INFO, logger="idempotency_django"):
+        html = detail(client, record)
+
+    assert "&quot;card&quot;: &quot;4242424242424242&quot;" in html  # pretty-printed JSON
+    assert "/charges/ch_1" in html  # the headers, decrypted too
+    assert [r for r in caplog.records if "shown decrypted in the admin" in r.getMessage()]
+
+
+@pytest.mark.usefixtures("encrypted")
+def test_superusers_hold_every_permission(client_: Client) -> None:
+    html = detail(client_, sealed(SECRET_BODY))
+    assert "4242424242424242" in html
+
+
+@pytest.mark.usefixtures("encrypted")
+def test_staff_without_the_permission_read_encrypted() -> None:
+    record = sealed(SECRET_BODY)
+    plain = completed(key="from-before-the-codec", response_body=json.dumps(SECRET_BODY).encode())
+    client = login(staff())
+
+    html = detail(client, record)
+    old = detail(client, plain)
+
+    assert "4242424242424242" not in html
+    assert "/charges/ch_1" not in html
+    assert html.count(">encrypted</div>") == 2  # the body and the headers
+    assert "4242424242424242" not in old  # stored in clear before the codec: hidden as well
+    assert "encrypted (stored in clear before RESPONSE_CODEC was set" in old
+
+
+def test_without_a_codec_bodies_are_shown_as_before() -> None:
+    record = completed(response_body=json.dumps(SECRET_BODY).encode())
+    assert "4242424242424242" in detail(login(staff()), record)
+
+
+@pytest.mark.usefixtures("encrypted")
+def test_a_body_the_keys_cannot_open_is_said_so_not_a_500(settings: Any) -> None:
+    record = sealed(SECRET_BODY)
+    settings.IDEMPOTENCY = {**settings.IDEMPOTENCY, "ENCRYPTION_KEYS": [Fernet.generate_key()]}
+
+    html = detail(login(staff("view_decrypted_body")), record)
+
+    assert "encrypted, and the configured RESPONSE_CODEC cannot decrypt it" in html
+
+
+@pytest.mark.usefixtures("encrypted")
+def test_a_response_that_could_not_be_stored_is_said_so(client_: Client) -> None:
+    record = completed(response_body=codecs.UNSTORABLE, response_headers=[])
+    html = detail(client_, record)
+    assert "not stored (redaction or encoding failed" in html
+
+
+@pytest.mark.usefixtures("encrypted")
+def test_the_list_stays_without_bodies_and_needs_no_key(client_: Client) -> None:
+    sealed(SECRET_BODY, key="secret-order")
+    response = client_.get(reverse(CHANGELIST))
+    assert response.status_code == 200
+    assert "secret-order" in response.content.decode()
+    assert "4242" not in response.content.decode()
+
+
+# --- accounts: shown and found by username ---------------------------------------------------
+
+
+def account_column(client: Client) -> dict[str, str]:
+    response = client.get(reverse(CHANGELIST))
+    assert response.status_code == 200
+    model_admin = admin.site.get_model_admin(IdempotencyRecord)
+    return {r.key: model_admin.account_shown(r) for r in response.context["cl"].result_list}
+
+
+def test_accounts_are_shown_with_the_username(client_: Client, superuser: User) -> None:
+    alice = UserFactory(username="alice")
+    completed(key="a1", account=str(alice.pk))
+    completed(key="a2", account=str(alice.pk))
+    completed(key="root", account=str(superuser.pk))
+    completed(key="gone", account="999999")
+    completed(key="odd", account="not-a-pk")
+    completed(key="task", account=str(alice.pk), endpoint="task:charge")
+
+    shown = account_column(client_)
+
+    assert shown == {
+        "a1": f"alice ({alice.pk})",
+        "a2": f"alice ({alice.pk})",
+        "root": f"root ({superuser.pk})",
+        "gone": "999999",
+        "odd": "not-a-pk",
+        "task": str(alice.pk),  # a task's account is its scope, not a user
+    }
+    html = client_.get(reverse(CHANGELIST)).content.decode()
+    assert f"alice ({alice.pk})" in html
+
+
+def test_the_page_looks_its_users_up_in_one_query(client_: Client) -> None:
+    users = [UserFactory() for _ in range(3)]
+    for number in range(9):
+        completed(key=f"k{number}", account=str(users[number % 3].pk))
+
+    with CaptureQueriesContext(connections["default"]) as queries:
+        assert client_.get(reverse(CHANGELIST)).status_code == 200
+
+    user_table = User._meta.db_table
+    lookups = [q["sql"] for q in queries if f'FROM "{user_table}"' in q["sql"].replace("`", '"')]
+    assert len(lookups) == 2  # the logged-in user, and one lookup for the page's accounts
+
+
+def test_the_detail_page_shows_the_username(client_: Client) -> None:
+    alice = UserFactory(username="alice")
+    record = completed(account=str(alice.pk))
+    assert f"alice ({alice.pk})" in detail(client_, record)
+
+
+def test_with_another_account_scope_accounts_are_shown_as_they_are(
+    client_: Client, settings: Any
+) -> None:
+    alice = UserFactory(username="alice")
+    completed(key="tenant", account=str(alice.pk))
+    settings.IDEMPOTENCY = {"ACCOUNT": lambda request: "tenant-1"}
+
+    assert account_column(client_) == {"tenant": str(alice.pk)}
+    assert listed(client_, q="alice") == set()
+
+
+def test_account_display_and_search_are_settings(client_: Client, settings: Any) -> None:
+    completed(key="t1", account="tenant-1")
+    completed(key="t2", account="tenant-2")
+    settings.IDEMPOTENCY = {
+        "ACCOUNT_DISPLAY": lambda account: account.replace("tenant-", "Tenant #"),
+        "ACCOUNT_SEARCH": lambda term: ["tenant-2"] if term == "Acme" else [],
+    }
+
+    assert account_column(client_) == {"t1": "Tenant #1", "t2": "Tenant #2"}
+    assert listed(client_, q="Acme") == {"t2"}
+
+    settings.IDEMPOTENCY = {"ACCOUNT_DISPLAY": None, "ACCOUNT_SEARCH": None}
+    assert account_column(client_) == {"t1": "tenant-1", "t2": "tenant-2"}
+    assert listed(client_, q="Acme") == set()
+
+
+def test_search_by_exact_username(client_: Client) -> None:
+    alice = UserFactory(username="alice")
+    bob = UserFactory(username="bob")
+    completed(key="alice-1", account=str(alice.pk))
+    completed(key="alice-2", account=str(alice.pk))
+    completed(key="bob-1", account=str(bob.pk))
+    completed(key="alice-task", account=str(alice.pk), endpoint="task:charge")
+
+    assert listed(client_, q="alice") == {"alice-1", "alice-2"}
+    assert listed(client_, q=" bob ") == {"bob-1"}
+    assert listed(client_, q="ali") == set()  # exact, as keys and accounts are
+    assert listed(client_, q="bob-1") == {"bob-1"}  # keys are still found
+    assert listed(client_, q="alice", state__exact="in_progress") == set()  # with filters

@@ -1,0 +1,196 @@
+"""The FernetCodec with real keys: what the row holds, replays, rotation, a key that is gone,
+and the checks for keys and for ``cryptography`` itself. Run on every database."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from cryptography.fernet import Fernet, InvalidToken
+from django.contrib.auth.models import User
+
+from idempotency_django import codecs
+from idempotency_django.codecs import SEALED, UNSTORABLE, FernetCodec, check_codec_settings
+from idempotency_django.models import IdempotencyRecord
+from idempotency_django.tasks import claim_once
+from tests.conftest import Post, effects
+
+if TYPE_CHECKING:
+    from pytest_django import Settings
+
+pytestmark = pytest.mark.django_db
+
+FERNET = "idempotency_django.codecs.FernetCodec"
+OLD_KEY = Fernet.generate_key().decode()
+NEW_KEY = Fernet.generate_key().decode()
+OTHER_KEY = Fernet.generate_key().decode()
+CARD = {"number": "4242424242424242", "cvc": "123"}
+
+
+@pytest.fixture(autouse=True)
+def _users(alice: User) -> None:
+    """``post`` sends its requests as alice."""
+
+
+def encrypt_with(settings: Settings, *keys: Any) -> None:
+    settings.IDEMPOTENCY = {"RESPONSE_CODEC": FERNET, "ENCRYPTION_KEYS": list(keys)}
+
+
+def token_of(path: str = "/effect/") -> bytes:
+    """The Fernet token in the row, as the database holds it."""
+    body = bytes(IdempotencyRecord.objects.get(endpoint=f"POST {path}").response_body)
+    assert body.startswith(SEALED)
+    return body[len(SEALED) :]
+
+
+@pytest.mark.parametrize("path", ["/effect/", "/atomic/"])
+def test_the_row_holds_ciphertext_and_the_replay_is_the_first_response(
+    post: Post, settings: Settings, path: str
+) -> None:
+    encrypt_with(settings, NEW_KEY)
+
+    first = post(path, {"card": CARD})
+    record = IdempotencyRecord.objects.get()
+    replayed = post(path, {"card": CARD})
+
+    stored = bytes(record.response_body)
+    assert b"4242424242424242" not in stored
+    assert first["Location"].encode() not in stored
+    assert record.response_headers == []
+    assert record.response_status == 201
+    frame = Fernet(NEW_KEY).decrypt(token_of(path))  # it is Fernet, under the first key
+    assert first.content in frame
+
+    assert replayed.status_code == first.status_code == 201
+    assert replayed.content == first.content
+    assert replayed["Content-Type"] == first["Content-Type"]
+    assert replayed["Location"] == first["Location"]
+    assert replayed["Idempotent-Replayed"] == "true"
+    assert effects() == 1
+
+
+def test_rotation_old_records_replay_and_new_ones_use_the_new_key(
+    post: Post, settings: Settings
+) -> None:
+    encrypt_with(settings, OLD_KEY)
+    first = post("/effect/", {"n": 1}, key="before")
+
+    encrypt_with(settings, NEW_KEY, OLD_KEY)
+    replayed = post("/effect/", {"n": 1}, key="before")
+    second = post("/effect/", {"n": 2}, key="after")
+
+    assert (replayed.status_code, replayed.content) == (201, first.content)
+    assert replayed["Idempotent-Replayed"] == "true"
+    newest = bytes(IdempotencyRecord.objects.get(key="after").response_body)[len(SEALED) :]
+    assert second.content in Fernet(NEW_KEY).decrypt(newest)
+    with pytest.raises(InvalidToken):
+        Fernet(OLD_KEY).decrypt(newest)
+    assert effects() == 2
+
+
+def test_a_record_sealed_by_a_key_no_longer_listed_is_a_409_problem_not_a_rerun(
+    post: Post, settings: Settings
+) -> None:
+    encrypt_with(settings, OLD_KEY)
+    assert post("/effect/", {"n": 1}).status_code == 201
+
+    encrypt_with(settings, OTHER_KEY)
+    retry = post("/effect/", {"n": 1})
+
+    assert retry.status_code == 409
+    assert retry["Content-Type"] == "application/problem+json"
+    problem = json.loads(retry.content)
+    assert problem["type"] == "urn:idempotency-django:problem:response-unreadable"
+    assert problem["status"] == 409
+    assert effects() == 1
+
+
+def test_plain_records_from_before_encryption_still_replay(post: Post, settings: Settings) -> None:
+    first = post("/effect/", {"n": 1})
+    encrypt_with(settings, NEW_KEY)
+
+    replayed = post("/effect/", {"n": 1})
+
+    assert (replayed.status_code, replayed.content) == (201, first.content)
+    assert effects() == 1
+
+
+def test_keys_that_are_wrong_at_completion_store_nothing_and_never_rerun(
+    post: Post, settings: Settings
+) -> None:
+    encrypt_with(settings, "not a fernet key")
+
+    first = post("/effect/", {"n": 1})
+    retry = post("/effect/", {"n": 1})
+
+    assert first.status_code == 201
+    assert bytes(IdempotencyRecord.objects.get().response_body) == UNSTORABLE
+    assert retry.status_code == 409
+    assert effects() == 1
+
+
+def test_task_results_are_encrypted_and_repeat_the_first_result(settings: Settings) -> None:
+    encrypt_with(settings, NEW_KEY)
+    runs = []
+
+    for _ in range(2):
+        with claim_once("shop", "order-7", name="charge-card") as run:
+            if not run.done:
+                runs.append(1)
+                run.result = {"card": CARD["number"]}
+        assert run.result == {"card": CARD["number"]}
+
+    assert runs == [1]
+    assert b"4242" not in bytes(IdempotencyRecord.objects.get().response_body)
+
+
+# --- keys and checks --------------------------------------------------------------------------
+
+
+def test_the_codec_can_be_given_its_keys_in_code() -> None:
+    codec = FernetCodec([NEW_KEY.encode(), OLD_KEY])
+    token = codec.encode(b"data")
+    assert Fernet(NEW_KEY).decrypt(token) == b"data"
+    assert FernetCodec([OLD_KEY, NEW_KEY]).decode(token) == b"data"
+
+
+def check_ids(settings: Settings, **values: Any) -> list[tuple[str, str]]:
+    settings.IDEMPOTENCY = {"RESPONSE_CODEC": FERNET, **values}
+    return [(message.id or "", message.msg) for message in check_codec_settings()]
+
+
+def test_working_keys_pass_the_checks(settings: Settings) -> None:
+    assert check_ids(settings, ENCRYPTION_KEYS=[NEW_KEY, OLD_KEY]) == []
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ((), "ENCRYPTION_KEYS is empty"),
+        (NEW_KEY, "must be a list of Fernet keys"),
+        ([NEW_KEY, NEW_KEY[:-4]], "ENCRYPTION_KEYS[1] is not a Fernet key"),
+        ([42], "ENCRYPTION_KEYS[0] is not a Fernet key"),
+    ],
+)
+def test_check_e022_missing_or_invalid_keys_named_by_position_never_shown(
+    settings: Settings, keys: Any, message: str
+) -> None:
+    [(check_id, text)] = check_ids(settings, ENCRYPTION_KEYS=keys)
+    assert check_id == "idempotency_django.E022"
+    assert message in text
+    assert NEW_KEY[:-4] not in text  # a secret, even a broken one, stays out of the output
+
+
+def test_check_e021_cryptography_not_installed(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    codecs._multi_fernet.cache_clear()
+    monkeypatch.setitem(sys.modules, "cryptography.fernet", None)  # import fails
+    try:
+        [(check_id, text)] = check_ids(settings, ENCRYPTION_KEYS=[NEW_KEY])
+    finally:
+        codecs._multi_fernet.cache_clear()
+    assert check_id == "idempotency_django.E021"
+    assert "idempotency-django[encryption]" in text
