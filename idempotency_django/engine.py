@@ -31,6 +31,7 @@ from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse
 from idempotency_django.signals import emit
 from idempotency_django.store import (
+    CLAIMED,
     Snapshot,
     Stored,
     expiry,
@@ -236,11 +237,17 @@ def _claim_or_read(
         "created_at": now,
         "expires_at": expiry(now, options.ttl),
     }
-    if store.claim(options.alias, values):
-        if read:  # claim_again stores an outcome; it runs nothing
-            emit(signals.claimed, logging.DEBUG, "Idempotency key claimed.", **scope.lookup())
+    if not read:
+        return (
+            Claim(scope, token, options.alias, options.ttl)
+            if store.claim(options.alias, values)
+            else None
+        )
+    claimed = store.claim_or_read(options.alias, values, fingerprint)
+    if claimed == CLAIMED:
+        emit(signals.claimed, logging.DEBUG, "Idempotency key claimed.", **scope.lookup())
         return Claim(scope, token, options.alias, options.ttl)
-    return store.read(options.alias, scope.lookup(), fingerprint) if read else None
+    return claimed
 
 
 def _count_race(races: int, options: Options) -> int:

@@ -31,17 +31,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import timedelta
-from functools import reduce
-from operator import or_
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from idempotency_django import signals
-from idempotency_django.engine import Claim, State
-from idempotency_django.models import IdempotencyRecord
+from idempotency_django.engine import Claim
+from idempotency_django.store import store
 
 logger = logging.getLogger("idempotency_django")
 
@@ -231,17 +228,12 @@ class Heartbeat:
 
 
 def _renew(alias: str, lease: float, claims: list[Claim], timeout: float) -> int:
-    owned = reduce(or_, (Q(token=c.token, **c.scope.lookup()) for c in claims))
+    owned = [(c.scope.lookup(), c.token) for c in claims]
     with _statement_timeout(alias, timeout):
         # Taken after any wait for the connection or the transaction: the lease counts
         # from the moment the statement runs.
         now = timezone.now()
-        count: int = (
-            IdempotencyRecord.objects.using(alias)
-            .filter(owned, state=State.IN_PROGRESS)
-            .update(lease_expires_at=now + timedelta(seconds=lease))
-        )
-        return count
+        return store.renew(alias, owned, now + timedelta(seconds=lease))
 
 
 @contextmanager

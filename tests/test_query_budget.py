@@ -1,89 +1,193 @@
 """Database round trips per request: the cost that does not depend on the machine.
 
-Every statement is counted (savepoints included) and compared with the same view body run
-unprotected, so the budget is what the app adds, whatever the view and middleware do.
+Counted on the wire, as the database server sees them: every statement, including the
+``BEGIN``/``COMMIT`` that psycopg sends on its own (PostgreSQL, read from libpq's protocol
+trace) and the ``SET autocommit`` that mysqlclient sends for Django's transactions
+(MariaDB, from the session's ``Questions`` counter). Each scenario is compared with the same
+view body run unprotected (one ``INSERT`` in autocommit), so a budget is what the app adds,
+whatever the view and middleware do; any extra round trip fails it.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
-from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from tests.conftest import Post
+from tests.conftest import Post, effects
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
 def _on_postgresql_and_mariadb() -> None:
-    # SQLite's backend sends an explicit BEGIN for every transaction.atomic(): the budget is
-    # pinned where production runs.
+    # SQLite is a file in the process: a round trip is a function call there.
     if connection.vendor not in ("postgresql", "mysql"):
         pytest.skip("the query budget is pinned on PostgreSQL and MariaDB")
 
 
-TRANSACTION_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE SAVEPOINT")
+@contextmanager
+def _pg_trace() -> Iterator[list[str]]:
+    """PostgreSQL: what the client sends, from libpq's trace. One round trip is one
+    simple ``Query`` or one ``Sync`` (the end of an extended-protocol exchange)."""
+    import psycopg
+
+    sent: list[str] = []
+    pgconn = connection.connection.pgconn  # type: ignore[union-attr]
+    with tempfile.TemporaryFile(mode="w+") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            yield sent
+        finally:
+            pgconn.untrace()
+            trace.seek(0)
+            text = ""
+            for line in trace.read().splitlines():
+                fields = line.split("\t")
+                if len(fields) < 3 or fields[0] != "F":
+                    continue
+                if fields[2] == "Parse" and len(fields) > 3:
+                    text = fields[3].split('"')[3] if fields[3].count('"') >= 4 else fields[3]
+                elif fields[2] == "Query" and len(fields) > 3:
+                    sent.append(fields[3].strip().strip('"'))
+                elif fields[2] == "Sync":
+                    sent.append(text)
 
 
-def statements(send: Any, transaction_pairs: int = 0) -> tuple[int, Any]:
-    """Statements sent while ``send()`` runs, less at most ``transaction_pairs`` pairs of
-    transaction control (atomic mode's own transaction: BEGIN/COMMIT, or SAVEPOINT/RELEASE
-    when it is nested)."""
-    with CaptureQueriesContext(connection) as context:
+def _questions() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW SESSION STATUS LIKE 'Questions'")
+        row = cursor.fetchone()
+    assert row is not None
+    return int(row[1])
+
+
+@contextmanager
+def _mysql_count() -> Iterator[list[str]]:
+    """MariaDB: the session's ``Questions`` (statements the client sent), less the two
+    ``SHOW``s that read it."""
+    sent: list[str] = []
+    before = _questions()
+    try:
+        yield sent
+    finally:
+        sent.extend(["?"] * (_questions() - before - 1))
+
+
+def round_trips(send: Callable[[], Any]) -> tuple[int, list[str], Any]:
+    """How many round trips ``send()`` made on the default connection, the statements
+    (PostgreSQL), and what it returned."""
+    connection.ensure_connection()
+    counting = _pg_trace if connection.vendor == "postgresql" else _mysql_count
+    with counting() as sent:
         response = send()
-    sql = [query["sql"] for query in context.captured_queries]
-    control = [s for s in sql if s.upper().startswith(TRANSACTION_CONTROL)]
-    assert len(control) <= 2 * transaction_pairs, control
-    return len(sql) - len(control), response
+    return len(sent), sent, response
 
 
-def pairs(path: str) -> int:
-    return 1 if path == "/atomic/" else 0
+def vendor(postgresql: int, mariadb: int) -> int:
+    return postgresql if connection.vendor == "postgresql" else mariadb
 
 
 @pytest.fixture
 def unprotected(alice: User, post: Post) -> int:
-    count, response = statements(lambda: post("/optional/", {"amount": 1}, key=None))
+    """Round trips of the view body alone: its one ``INSERT``, in autocommit."""
+    post("/optional/", {"amount": 0}, key=None)  # connect, and load what loads once
+    count, _, response = round_trips(lambda: post("/optional/", {"amount": 1}, key=None))
     assert response.status_code == 201
     return count
 
 
-@pytest.mark.parametrize("path", ["/effect/", "/atomic/"])
-def test_first_request_adds_two_statements(post: Post, unprotected: int, path: str) -> None:
-    count, response = statements(lambda: post(path, {"amount": 1}), pairs(path))
+VIEW = 1  # the view's own INSERT
+
+
+def test_the_trace_sees_every_round_trip(alice: User, post: Post) -> None:
+    """The counter itself: a transaction is BEGIN, the statement and COMMIT (PostgreSQL),
+    or SET autocommit=0, the statement, COMMIT and SET autocommit=1 (MariaDB)."""
+    from django.db import transaction
+
+    from tests.models import SideEffect
+
+    def one_write() -> None:
+        with transaction.atomic():
+            SideEffect.objects.create(label="counted")
+
+    count, sent, _ = round_trips(one_write)
+
+    assert count == vendor(postgresql=3, mariadb=4)
+    if connection.vendor == "postgresql":
+        assert sent[0] == "BEGIN" and sent[-1] == "COMMIT"
+
+
+def test_a_first_request_in_commit_mode_adds_the_claim_and_the_completion(
+    post: Post, unprotected: int
+) -> None:
+    count, _, response = round_trips(lambda: post("/effect/", {"amount": 1}))
 
     assert response.status_code == 201
-    assert count - unprotected <= 2  # the claim and the completion
+    assert count - unprotected == 2  # INSERT (the claim), UPDATE (the completion)
 
 
-@pytest.mark.parametrize("path", ["/effect/", "/atomic/"])
-def test_replay_costs_two_statements_and_no_view_code(
-    post: Post, unprotected: int, path: str
+def test_a_first_request_in_atomic_mode_adds_its_transaction_the_claim_and_the_completion(
+    post: Post, unprotected: int
 ) -> None:
-    post(path, {"amount": 1})
-    count, response = statements(lambda: post(path, {"amount": 1}), pairs(path))
+    count, _, response = round_trips(lambda: post("/atomic/", {"amount": 1}))
+
+    assert response.status_code == 201
+    assert effects("atomic") == 1
+    # The claim and the completion, and the transaction that makes them one with the work:
+    # BEGIN and COMMIT on PostgreSQL; SET autocommit=0, COMMIT and SET autocommit=1 on
+    # MariaDB (mysqlclient sends each). No savepoint.
+    assert count - unprotected == vendor(postgresql=4, mariadb=5)
+
+
+def test_a_replay_is_one_round_trip_on_postgresql_and_two_on_mariadb(
+    post: Post, unprotected: int
+) -> None:
+    post("/effect/", {"amount": 1})
+    count, sent, response = round_trips(lambda: post("/effect/", {"amount": 1}))
 
     assert response["Idempotent-Replayed"] == "true"
-    # The view's own statement (one INSERT) did not run: the claim attempt and one read did.
-    view_statements = 1
-    assert count - (unprotected - view_statements) <= 2
+    assert effects("effect") == 1
+    # PostgreSQL: the claim attempt and the read are one statement. MariaDB: the
+    # INSERT that loses, then the read.
+    assert count - (unprotected - VIEW) == vendor(postgresql=1, mariadb=2)
+    if connection.vendor == "postgresql":
+        assert sent[-1].startswith("WITH ins AS (INSERT")
 
 
-def test_mismatch_costs_two_statements(post: Post, unprotected: int) -> None:
+def test_a_replay_in_atomic_mode_opens_and_rolls_back_its_transaction(
+    post: Post, unprotected: int
+) -> None:
+    post("/atomic/", {"amount": 1})
+    count, _, response = round_trips(lambda: post("/atomic/", {"amount": 1}))
+
+    assert response["Idempotent-Replayed"] == "true"
+    assert effects("atomic") == 1
+    # BEGIN, the claim attempt with its read, ROLLBACK (PostgreSQL); SET autocommit=0,
+    # INSERT, SELECT, ROLLBACK, SET autocommit=1 (MariaDB).
+    assert count - (unprotected - VIEW) == vendor(postgresql=3, mariadb=5)
+
+
+def test_a_mismatch_costs_what_a_replay_costs_and_reads_no_body(
+    post: Post, unprotected: int
+) -> None:
     post("/effect/", {"amount": 1})
-    count, response = statements(lambda: post("/effect/", {"amount": 2}))
+    count, _, response = round_trips(lambda: post("/effect/", {"amount": 2}))
 
     assert response.status_code == 422
-    assert count - (unprotected - 1) <= 2
+    assert count - (unprotected - VIEW) == vendor(postgresql=1, mariadb=2)
 
 
-def test_in_flight_conflict_costs_two_statements(post: Post, unprotected: int) -> None:
+def test_an_in_flight_conflict_costs_what_a_replay_costs(post: Post, unprotected: int) -> None:
     from idempotency_django.models import IdempotencyRecord
 
     post("/effect/", {"amount": 1})
@@ -91,14 +195,37 @@ def test_in_flight_conflict_costs_two_statements(post: Post, unprotected: int) -
         state=IdempotencyRecord.State.IN_PROGRESS,
         lease_expires_at=timezone.now() + timedelta(seconds=60),
     )
-    count, response = statements(lambda: post("/effect/", {"amount": 1}))
+    count, _, response = round_trips(lambda: post("/effect/", {"amount": 1}))
 
     assert response.status_code == 409
-    assert count - (unprotected - 1) <= 2
+    assert count - (unprotected - VIEW) == vendor(postgresql=1, mariadb=2)
 
 
-def test_malformed_key_costs_no_statement(post: Post, unprotected: int) -> None:
-    count, response = statements(lambda: post("/effect/", {"amount": 1}, key=""))
+def test_a_release_is_one_statement(post: Post, unprotected: int) -> None:
+    """A 5xx releases the key with one DELETE (the ORM's delete() would add a
+    transaction around it)."""
+    from idempotency_django.models import IdempotencyRecord
+
+    count, _, response = round_trips(lambda: post("/effect/", {"amount": 1, "status": 503}))
+
+    assert response.status_code == 503
+    assert not IdempotencyRecord.objects.exists()
+    assert count - unprotected == 2  # INSERT (the claim), DELETE (the release)
+
+
+def test_a_malformed_key_costs_no_round_trip(post: Post, unprotected: int) -> None:
+    count, _, response = round_trips(lambda: post("/effect/", {"amount": 1}, key=""))
 
     assert response.status_code == 400
-    assert count - (unprotected - 1) == 0
+    assert count - (unprotected - VIEW) == 0
+
+
+def test_the_pg_trace_parser_reads_statements() -> None:
+    """Guard the parser against a libpq trace format it does not understand: it would
+    count nothing, and every budget above would pass vacuously."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's trace")
+    connection.ensure_connection()
+    with _pg_trace() as sent, connection.cursor() as cursor:
+        cursor.execute("SELECT %s", [os.getpid()])
+    assert len(sent) == 1 and sent[0].startswith("SELECT"), sent
