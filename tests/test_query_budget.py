@@ -124,7 +124,8 @@ def test_the_trace_sees_every_round_trip(alice: User, post: Post) -> None:
 
     assert count == vendor(postgresql=3, mariadb=4)
     if connection.vendor == "postgresql":
-        assert sent[0] == "BEGIN" and sent[-1] == "COMMIT"
+        assert sent[0] == "BEGIN"
+        assert sent[-1] == "COMMIT"
 
 
 def test_a_first_request_in_commit_mode_adds_the_claim_and_the_completion(
@@ -228,4 +229,5 @@ def test_the_pg_trace_parser_reads_statements() -> None:
     connection.ensure_connection()
     with _pg_trace() as sent, connection.cursor() as cursor:
         cursor.execute("SELECT %s", [os.getpid()])
-    assert len(sent) == 1 and sent[0].startswith("SELECT"), sent
+    assert len(sent) == 1, sent
+    assert sent[0].startswith("SELECT"), sent
