@@ -1,0 +1,276 @@
+"""The store's hot path in raw SQL (``store.DatabaseStore``): the same answers as the ORM
+on every backend, the same definitions of in use / expired / lapsed as the purge, and the
+claim-or-read statement's one hard case (a row committed after its snapshot)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from idempotency_django import engine
+from idempotency_django.models import IdempotencyRecord
+from idempotency_django.store import (
+    CLAIMED,
+    DatabaseStore,
+    expired_q,
+    in_use_q,
+    is_expired,
+    is_in_use,
+    is_lapsed,
+    lapsed_q,
+    store,
+)
+from tests.conftest import Post, effects
+from tests.test_concurrency import finish, lock_waiters, send, wait_until
+from tests.views import gate
+
+State = IdempotencyRecord.State
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _record(**fields: Any) -> IdempotencyRecord:
+    now = timezone.now()
+    values: dict[str, Any] = {
+        "account": "7",
+        "endpoint": "POST /x/",
+        "key": "k",
+        "fingerprint": "2:" + "a" * 64,
+        "token": "t" * 32,
+        "state": State.COMPLETED,
+        "response_status": 201,
+        "response_headers": [["Location", "/x/1"]],
+        "response_body": b'{"id": 1}',
+        "created_at": now - timedelta(seconds=5),
+        "completed_at": now - timedelta(seconds=1),
+        "lease_expires_at": None,
+        "expires_at": now + timedelta(days=1),
+    }
+    values.update(fields)
+    return IdempotencyRecord.objects.create(**values)
+
+
+LOOKUP = {"account": "7", "endpoint": "POST /x/", "key": "k"}
+
+
+@pytest.mark.parametrize("use_tz", [True, False])
+def test_the_raw_read_returns_what_the_orm_returns(settings: Any, use_tz: bool) -> None:
+    """Datetimes (aware or naive, MariaDB's naive columns, SQLite's text), the JSON headers
+    (text on MariaDB) and the body bytes come back as the ORM gives them."""
+    settings.USE_TZ = use_tz
+    now = timezone.now()
+    _record(
+        state=State.IN_PROGRESS,
+        lease_expires_at=now + timedelta(seconds=30),
+        expires_at=now + timedelta(hours=1),
+    )
+    orm = IdempotencyRecord.objects.get()
+    read = store.read("default", LOOKUP, orm.fingerprint)
+
+    assert read is not None
+    assert (read.pk, read.state, read.token, read.fingerprint) == (
+        orm.pk,
+        orm.state,
+        orm.token,
+        orm.fingerprint,
+    )
+    assert read.lease_expires_at == orm.lease_expires_at
+    assert read.expires_at == orm.expires_at
+    assert (read.expires_at.tzinfo is not None) is use_tz
+    assert read.stored is None  # in progress: nothing to replay, no body loaded
+
+
+def test_a_completed_record_is_read_with_its_response_only_for_the_same_fingerprint() -> None:
+    _record()
+
+    same = store.read("default", LOOKUP, "2:" + "a" * 64)
+    other = store.read("default", LOOKUP, "2:" + "b" * 64)
+
+    assert same is not None
+    assert same.stored is not None
+    assert same.stored.body == b'{"id": 1}'
+    assert same.stored.headers == [("Location", "/x/1")]
+    assert other is not None
+    assert other.stored is None  # a 422 never loads the body
+    assert other.response_status == 201
+
+
+def test_claim_or_read_claims_once_then_reads_the_record() -> None:
+    now = timezone.now()
+    values = {
+        **LOOKUP,
+        "fingerprint": "2:" + "a" * 64,
+        "state": State.IN_PROGRESS,
+        "token": "a" * 32,
+        "lease_expires_at": now + timedelta(seconds=10),
+        "response_headers": [],
+        "created_at": now,
+        "expires_at": now + timedelta(days=1),
+    }
+
+    first = store.claim_or_read("default", values, values["fingerprint"])
+    second = store.claim_or_read("default", {**values, "token": "b" * 32}, values["fingerprint"])
+
+    assert first == CLAIMED
+    assert second != CLAIMED
+    assert second is not None
+    assert second.token == "a" * 32
+    assert second.state == State.IN_PROGRESS
+    assert IdempotencyRecord.objects.get().token == "a" * 32
+
+
+def test_completion_and_release_are_fenced_by_the_token() -> None:
+    _record(state=State.IN_PROGRESS, lease_expires_at=timezone.now() + timedelta(seconds=10))
+    values = {
+        "response_status": 200,
+        "response_headers": [],
+        "response_body": b"x",
+        "completed_at": timezone.now(),
+        "expires_at": timezone.now() + timedelta(days=1),
+    }
+
+    assert not store.complete("default", LOOKUP, "x" * 32, values)
+    assert store.release("default", LOOKUP, "x" * 32) == 0
+    assert IdempotencyRecord.objects.get().state == State.IN_PROGRESS
+    assert store.complete("default", LOOKUP, "t" * 32, values)
+    record = IdempotencyRecord.objects.get()
+    assert (record.state, record.response_status, bytes(record.response_body)) == (
+        State.COMPLETED,
+        200,
+        b"x",
+    )
+    assert record.lease_expires_at is None
+    assert not store.complete("default", LOOKUP, "t" * 32, values)  # only once
+    assert store.release("default", LOOKUP, "t" * 32) == 1
+    assert not IdempotencyRecord.objects.exists()
+
+
+# -- one definition of in use / expired / lapsed ------------------------------------------------
+
+LEASES = {"none": None, "lapsed": -30, "live": 30}
+TTLS = {"past": -60, "future": 3600}
+
+
+def test_the_python_and_sql_definitions_agree_on_every_kind_of_record() -> None:
+    """The engine decides with ``is_in_use``/``is_expired``/``is_lapsed`` on what it read;
+    the take-over and the purge decide with ``in_use_q``/``expired_q``/``lapsed_q`` in SQL.
+    If the two ever disagreed, the engine could take over a row the database calls in use,
+    or the purge delete one the engine would keep."""
+    now = timezone.now()
+    cases = {}
+    for state in State.values:
+        for lease_name, lease in LEASES.items():
+            for ttl_name, ttl in TTLS.items():
+                key = f"{state}-{lease_name}-{ttl_name}"
+                cases[key] = _record(
+                    key=key,
+                    state=state,
+                    lease_expires_at=None if lease is None else now + timedelta(seconds=lease),
+                    expires_at=now + timedelta(seconds=ttl),
+                ).pk
+    records = IdempotencyRecord.objects.all()
+    in_sql = {
+        "in_use": set(records.filter(in_use_q(now)).values_list("pk", flat=True)),
+        "expired": set(records.filter(expired_q(now)).values_list("pk", flat=True)),
+        "lapsed": set(records.filter(lapsed_q(now)).values_list("pk", flat=True)),
+    }
+    for key, pk in cases.items():
+        snapshot = store.read("default", {**LOOKUP, "key": key}, "")
+        assert snapshot is not None
+        assert is_in_use(snapshot, now) is (pk in in_sql["in_use"]), key
+        assert is_expired(snapshot, now) is (pk in in_sql["expired"]), key
+        assert is_lapsed(snapshot, now) is (pk in in_sql["lapsed"]), key
+    assert in_sql["in_use"]  # every definition is exercised both ways
+    assert in_sql["expired"]
+    assert in_sql["lapsed"]
+
+
+# -- races between a read and the write that follows it ------------------------------------------
+
+
+def test_a_lease_renewed_between_the_read_and_the_take_over_is_not_taken_over(
+    alice: User, post: Post, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retry reads a lapsed lease, then the first worker's heartbeat renews it before
+    the take-over: the take-over re-checks the lease in its UPDATE, so the first worker
+    keeps its key and the retry is told 409."""
+    post("/effect/", {"amount": 1})
+    IdempotencyRecord.objects.update(
+        state=State.IN_PROGRESS,
+        token="a" * 32,
+        lease_expires_at=timezone.now() - timedelta(seconds=1),
+        response_status=None,
+        response_body=None,
+    )
+    take_over = DatabaseStore.take_over
+
+    def renew_then_take_over(self: DatabaseStore, *args: Any) -> bool:
+        IdempotencyRecord.objects.update(lease_expires_at=timezone.now() + timedelta(seconds=60))
+        return take_over(self, *args)
+
+    monkeypatch.setattr(DatabaseStore, "take_over", renew_then_take_over)
+    response = post("/effect/", {"amount": 1})
+
+    assert response.status_code == 409
+    assert response["Retry-After"] == "1"
+    assert effects() == 1
+    record = IdempotencyRecord.objects.get()
+    assert (record.token, record.state) == ("a" * 32, State.IN_PROGRESS)
+
+
+def test_a_row_that_keeps_vanishing_under_a_request_ends_in_409_not_a_spin(
+    alice: User, post: Post, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim that keeps losing to a record that is gone when read (released, taken over)
+    retries a bounded number of times, then answers 409 without running the view."""
+    calls = []
+
+    def always_vanished(alias: str, values: dict[str, Any], fingerprint: str) -> None:
+        calls.append(values["key"])
+
+    monkeypatch.setattr(store, "claim_or_read", always_vanished)
+    response = post("/effect/", {"amount": 1})
+
+    assert response.status_code == 409
+    assert effects() == 0
+    assert len(calls) == engine.MAX_RACES + 1
+
+
+@pytest.mark.concurrency
+def test_a_claim_that_waited_for_a_concurrent_claim_reads_the_row_it_lost_to(
+    alice: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An atomic-mode claim holds the key uncommitted; a duplicate's claim waits on the
+    unique index until it commits. On PostgreSQL the duplicate's one statement then finds
+    neither a row it inserted nor, in its snapshot, the row it lost to: it must read again
+    (one more statement), never call the key absent or go round the engine's race loop."""
+    attempts: queue.Queue[str] = queue.Queue()
+    claim_or_read = DatabaseStore.claim_or_read
+
+    def counted(self: DatabaseStore, alias: str, values: dict[str, Any], fingerprint: str) -> Any:
+        attempts.put(values["token"])
+        return claim_or_read(self, alias, values, fingerprint)
+
+    monkeypatch.setattr(DatabaseStore, "claim_or_read", counted)
+    first: queue.Queue[Any] = queue.Queue()
+    holder = threading.Thread(target=lambda: first.put(send("/atomic/", {"gate": True})))
+    holder.start()
+    assert gate.entered.wait(20)
+    second: queue.Queue[Any] = queue.Queue()
+    waiter = threading.Thread(target=lambda: second.put(send("/atomic/", {"gate": True})))
+    waiter.start()
+    assert wait_until(lambda: lock_waiters() >= 1)
+    finish([holder, waiter])
+
+    assert first.get(timeout=5).status_code == 201
+    replay = second.get(timeout=5)
+    assert replay.status_code == 201
+    assert replay["Idempotent-Replayed"] == "true"
+    assert effects() == 1
+    assert attempts.qsize() == 2  # one claim attempt each: no race loop
