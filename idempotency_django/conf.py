@@ -58,6 +58,8 @@ DEFAULTS: dict[str, Any] = {
     "PURGE_RATE": 25_000,
     "STALE_IN_PROGRESS_SECONDS": 60 * 60,
     "PROBLEM_TYPE_BASE": "urn:idempotency-django:problem:",
+    # IdempotencyMiddleware leaves these URL names alone ("ns:*" is a whole namespace).
+    "EXEMPT_URL_NAMES": ("admin:*",),
 }
 
 
@@ -101,7 +103,7 @@ def problem(name: str, value: Any) -> str | None:
         least = MINIMUMS[name]
         if not is_number(value) or value < least:
             return f"expected a number of at least {least:g}"
-    if name in ("METHODS", "STORED_HEADERS") and not (
+    if name in ("METHODS", "STORED_HEADERS", "EXEMPT_URL_NAMES") and not (
         isinstance(value, (list, tuple, set, frozenset))
         and all(isinstance(item, str) for item in value)
     ):
@@ -238,6 +240,10 @@ class Settings:
     @property
     def PROBLEM_TYPE_BASE(self) -> str:
         return str(self.get("PROBLEM_TYPE_BASE"))
+
+    @property
+    def EXEMPT_URL_NAMES(self) -> tuple[str, ...]:
+        return tuple(self.get("EXEMPT_URL_NAMES"))
 
 
 conf = Settings()
