@@ -1,5 +1,7 @@
-"""drf-spectacular support: protected operations document the ``Idempotency-Key`` header,
-the app's 400/409/422 problem responses and the replay header.
+"""drf-spectacular support: protected operations document the ``Idempotency-Key`` header
+(format, maximum length, expiry policy), every problem response the app can give and the
+replay header, from the texts and schemas in ``contract.py`` (which django-ninja's schema
+shares).
 
 Loaded by the app when drf-spectacular is installed; nothing to configure.
 """
@@ -12,62 +14,23 @@ from drf_spectacular.extensions import OpenApiViewExtension
 from drf_spectacular.openapi import AutoSchema
 from rest_framework.settings import api_settings
 
-from idempotency_django.conf import conf
-
-PROBLEM_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "type": {"type": "string", "format": "uri"},
-        "title": {"type": "string"},
-        "status": {"type": "integer"},
-        "detail": {"type": "string"},
-    },
-    "required": ["type", "title", "status"],
-}
-PROBLEMS = {
-    "400": "Idempotency-Key is missing or malformed.",
-    "409": "A request with this Idempotency-Key is still being processed; retry after "
-    "Retry-After seconds.",
-    "422": "This Idempotency-Key was already used with a different request.",
-}
+from idempotency_django import contract
 
 
 def document(view: Any, method: str, operation: dict[str, Any]) -> dict[str, Any]:
-    """Add the key header, the replay header and the problem responses to ``operation``."""
+    """Add the contract (``contract.document``) to a protected action's ``operation``."""
     options = view.get_idempotency_options()
     if not options.protects(method):
         return operation
     actions = view.idempotency_actions
     if actions is not None and getattr(view, "action", None) not in actions:
         return operation
-    required = bool(options.pick("required", "REQUIRED"))
-    operation.setdefault("parameters", []).append(
-        {
-            "in": "header",
-            "name": conf.HEADER,
-            "required": required,
-            "schema": {"type": "string", "minLength": 1, "maxLength": 255},
-            "description": "Names one logical operation: send the same key on every retry. "
-            "A completed key replays its first response.",
-        }
+    ttl = options.pick("ttl_seconds", "TTL_SECONDS")
+    return contract.document(
+        operation,
+        required=bool(options.pick("required", "REQUIRED")),
+        ttl=None if ttl is None else float(ttl),
     )
-    responses = operation.setdefault("responses", {})
-    for status, description in PROBLEMS.items():
-        responses.setdefault(
-            status,
-            {
-                "description": description,
-                "content": {"application/problem+json": {"schema": PROBLEM_SCHEMA}},
-            },
-        )
-    for status, response in responses.items():
-        if status.startswith(("2", "3", "4")) and status not in PROBLEMS:
-            response.setdefault("headers", {})[conf.REPLAY_HEADER] = {
-                "schema": {"type": "boolean"},
-                "description": "Present and true when this is the stored response of an "
-                "earlier request with the same Idempotency-Key.",
-            }
-    return operation
 
 
 class IdempotentViewExtension(OpenApiViewExtension):  # type: ignore[no-untyped-call]

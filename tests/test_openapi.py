@@ -1,53 +1,175 @@
-"""The OpenAPI schema drf-spectacular generates documents protected operations."""
+"""The published contract in the generated documents: drf-spectacular's and django-ninja's
+schemas document the key header (format, maximum length), the expiry policy (TTL), every
+problem response the app can give, and the replay header. Both come from ``contract.py``;
+these tests read what each generator produces."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.test import override_settings
 from drf_spectacular.generators import SchemaGenerator
 
+from tests.ninja_views import api as ninja_api
 
-@pytest.fixture(scope="module")
-def schema() -> dict[str, Any]:
-    return SchemaGenerator(urlconf="tests.drf_urls").get_schema(request=None, public=True)  # type: ignore[no-any-return]
+Generate = Callable[[], dict[str, Any]]
 
 
-def header(operation: dict[str, Any]) -> dict[str, Any] | None:
+def spectacular() -> dict[str, Any]:
+    schema = SchemaGenerator(urlconf="tests.drf_urls").get_schema(request=None, public=True)
+    return json.loads(json.dumps(schema))  # type: ignore[no-any-return]
+
+
+def ninja() -> dict[str, Any]:
+    # What /openapi.json serves: JSON, where ninja's int status codes become strings.
+    return json.loads(json.dumps(ninja_api.get_openapi_schema(path_prefix="/ninja/")))
+
+
+PROTECTED = {spectacular: "/api/charges/", ninja: "/ninja/r/effects/"}
+BOTH = pytest.mark.parametrize("generate", [spectacular, ninja], ids=["spectacular", "ninja"])
+
+
+def key_header(operation: dict[str, Any], name: str = "Idempotency-Key") -> dict[str, Any] | None:
     return next(
-        (
-            p
-            for p in operation.get("parameters", [])
-            if p["in"] == "header" and p["name"] == "Idempotency-Key"
-        ),
+        (p for p in operation.get("parameters", []) if p["in"] == "header" and p["name"] == name),
         None,
     )
 
 
-def test_a_protected_action_documents_the_key_and_the_problems(schema: dict[str, Any]) -> None:
-    create = schema["paths"]["/api/charges/"]["post"]
+def create(generate: Generate) -> dict[str, Any]:
+    return generate()["paths"][PROTECTED[generate]]["post"]  # type: ignore[index]
 
-    assert header(create) == {
-        "in": "header",
-        "name": "Idempotency-Key",
-        "required": True,
-        "schema": {"type": "string", "minLength": 1, "maxLength": 255},
-        "description": header(create)["description"],  # type: ignore[index]
+
+@BOTH
+def test_the_header_documents_its_format_and_maximum_length(generate: Generate) -> None:
+    header = key_header(create(generate))
+
+    assert header is not None
+    assert header["required"] is True
+    assert header["schema"] == {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": 255,
+        "pattern": "^[!-~]+$",
     }
-    for status in ("400", "409", "422"):
-        assert "application/problem+json" in create["responses"][status]["content"]
-    assert "Idempotent-Replayed" in create["responses"]["201"]["headers"]
+    assert "visible ASCII" in header["description"]
+    assert "quoted-string" in header["description"]
 
 
-def test_unprotected_operations_are_untouched(schema: dict[str, Any]) -> None:
+@BOTH
+def test_the_ttl_is_published(generate: Generate) -> None:
+    operation = create(generate)
+
+    assert (
+        "Keys expire 86400 seconds (24 hours) after the first response is stored"
+        in (
+            key_header(operation)["description"]  # type: ignore[index]
+        )
+    )
+    assert operation["x-idempotency"] == {
+        "header": "Idempotency-Key",
+        "maxKeyLength": 255,
+        "ttlSeconds": 86400.0,
+        "replayHeader": "Idempotent-Replayed",
+    }
+
+
+@BOTH
+def test_the_published_policy_follows_the_settings(generate: Generate) -> None:
+    settings = {
+        "TTL_SECONDS": None,
+        "HEADER": "X-Request-Key",
+        "REPLAY_HEADER": "X-Replayed",
+        "RETRY_AFTER_SECONDS": 3,
+    }
+    with override_settings(IDEMPOTENCY=settings):
+        operation = create(generate)
+
+    header = key_header(operation, "X-Request-Key")
+    assert header is not None
+    assert "Keys never expire" in header["description"]
+    assert operation["x-idempotency"]["ttlSeconds"] is None
+    assert "X-Replayed" in operation["responses"]["201"]["headers"]
+    assert (
+        "RETRY_AFTER_SECONDS, 3"
+        in (operation["responses"]["409"]["headers"]["Retry-After"]["description"])
+    )
+
+
+@BOTH
+def test_every_problem_the_app_can_give_is_documented(generate: Generate) -> None:
+    responses = create(generate)["responses"]
+
+    for status in ("400", "403", "409", "413", "422", "503"):
+        schema = responses[status]["content"]["application/problem+json"]["schema"]
+        assert schema["required"] == ["type", "title", "status"]
+        assert "urn:idempotency-django:problem:key-mismatch" in schema["properties"]["type"]["enum"]
+    assert "key-mismatch" in responses["422"]["description"]
+    assert "in-flight" in responses["409"]["description"]
+    for status in ("409", "503"):
+        assert responses[status]["headers"]["Retry-After"]["schema"]["type"] == "integer"
+
+
+@BOTH
+def test_success_responses_carry_the_replay_header(generate: Generate) -> None:
+    responses = create(generate)["responses"]
+
+    assert responses["201"]["headers"]["Idempotent-Replayed"]["schema"] == {
+        "type": "string",
+        "enum": ["true"],
+    }
+    assert "Idempotent-Replayed" not in responses["409"].get("headers", {})
+    assert "Idempotent-Replayed" not in responses["503"].get("headers", {})
+
+
+def test_spectacular_leaves_unprotected_operations_untouched() -> None:
+    schema = spectacular()
     listing = schema["paths"]["/api/charges/"]["get"]
     note = schema["paths"]["/api/charges/note/"]["post"]
 
-    assert header(listing) is None
-    assert header(note) is None
+    assert key_header(listing) is None
+    assert key_header(note) is None
     assert "409" not in note["responses"]
+    assert "x-idempotency" not in note
 
 
-def test_a_custom_action_in_idempotency_actions_is_documented(schema: dict[str, Any]) -> None:
-    assert header(schema["paths"]["/api/charges/refund/"]["post"]) is not None
-    assert header(schema["paths"]["/api/throttled/"]["post"]) is not None
+def test_spectacular_documents_a_custom_action_in_idempotency_actions() -> None:
+    schema = spectacular()
+
+    assert key_header(schema["paths"]["/api/charges/refund/"]["post"]) is not None
+    assert key_header(schema["paths"]["/api/throttled/"]["post"]) is not None
+
+
+def test_ninja_leaves_unprotected_operations_untouched() -> None:
+    paths = ninja()["paths"]
+
+    assert key_header(paths["/ninja/r/effects/"]["get"]) is None
+    assert key_header(paths["/ninja/plain/"]["post"]) is None
+    assert "409" not in paths["/ninja/plain/"]["post"]["responses"]
+    assert "x-idempotency" not in paths["/ninja/plain/"]["post"]
+
+
+def test_ninja_per_operation_options_and_own_extra_are_kept() -> None:
+    paths = ninja()["paths"]
+    optional = paths["/ninja/r/optional/"]["post"]
+
+    assert key_header(optional)["required"] is False  # type: ignore[index]
+    assert "Keys expire 60 seconds after" in key_header(optional)["description"]  # type: ignore[index]
+    assert optional["x-idempotency"]["ttlSeconds"] == 60
+    # The author's openapi_extra merges over the contract; ninja's own parts stay.
+    assert optional["responses"]["201"]["description"] == "Created, once."
+    assert "Idempotent-Replayed" in optional["responses"]["201"]["headers"]
+    assert optional["requestBody"]["content"]["application/json"]
+    assert key_header(paths["/ninja/r/effects/{number}"]["patch"]) is not None
+
+
+def test_a_views_own_problem_status_keeps_its_description_and_is_replayable() -> None:
+    responses = create(ninja)["responses"]
+
+    # create_effect declares its own 400 (EffectOut): stored, so replayed, like a 201.
+    assert responses["400"]["description"] == "Bad Request"
+    assert set(responses["400"]["content"]) == {"application/json", "application/problem+json"}
+    assert "Idempotent-Replayed" in responses["400"]["headers"]

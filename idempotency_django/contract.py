@@ -1,0 +1,175 @@
+"""The published contract, as plain OpenAPI 3 dicts: the key header (its format and maximum
+length), the expiry policy (the IETF draft's one MUST for servers), every problem response the
+app can give, and the replay header.
+
+One source for every schema generator: ``openapi.py`` (drf-spectacular) and ``ninja.py``
+(django-ninja) both call ``document``. Nothing here imports Django REST framework or
+django-ninja, so a project with only one of them installed needs nothing of the other. Every
+text is built when a schema is generated, from the settings in force (``HEADER``,
+``TTL_SECONDS``, ``REPLAY_HEADER``, ``RETRY_AFTER_SECONDS``, ``PROBLEM_TYPE_BASE``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from idempotency_django import exceptions
+from idempotency_django.conf import conf
+from idempotency_django.models import KEY_MAX_LENGTH
+
+#: The problems each status can carry, in the order a reader meets them.
+PROBLEMS: dict[int, tuple[type[exceptions.IdempotencyError], ...]] = {
+    400: (exceptions.KeyMissing, exceptions.KeyMalformed),
+    403: (exceptions.AnonymousNotAllowed,),
+    409: (exceptions.InFlight, exceptions.ResponseNotStored),
+    413: (exceptions.BodyTooLarge,),
+    422: (exceptions.KeyMismatch,),
+    503: (exceptions.StoreUnavailable,),
+}
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+_WHEN = {
+    400: "The {header} header is missing (where required) or malformed.",
+    403: "An {header} was sent by an unauthenticated client: keys belong to an account.",
+    409: "A request with this {header} is still being processed (retry after Retry-After "
+    "seconds), or it was processed but its response was too large to store.",
+    413: "The request body is too large to fingerprint (DATA_UPLOAD_MAX_MEMORY_SIZE).",
+    422: "This {header} was already used with a different request (method, path, query or body).",
+    503: "The idempotency store cannot be reached; nothing was run. Retry after Retry-After "
+    "seconds with the same key.",
+}
+
+
+def ttl_text(ttl: float | None) -> str:
+    """The expiry policy in one sentence, for ``ttl`` seconds (``None``: keys never expire)."""
+    if ttl is None:
+        return "Keys never expire: a completed key is replayed for as long as it is stored."
+    seconds = f"{ttl:g}"
+    hours = ttl / 3600
+    span = f" ({hours:g} hours)" if ttl >= 3600 and hours == int(hours) else ""
+    return (
+        f"Keys expire {seconds} seconds{span} after the first response is stored; a completed "
+        "key is replayed until then, and afterwards it names a new request. A key whose "
+        "first request is still running does not expire."
+    )
+
+
+def key_parameter(*, required: bool, ttl: float | None) -> dict[str, Any]:
+    """The header parameter: its name, format, maximum length and the expiry policy."""
+    header = conf.HEADER
+    return {
+        "in": "header",
+        "name": header,
+        "required": required,
+        "schema": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": KEY_MAX_LENGTH,
+            "pattern": "^[!-~]+$",
+        },
+        "description": (
+            "Names one logical operation: send the same key on every retry of it, and a new "
+            "key for a new operation (a UUID v4 is a good key). A completed key replays its "
+            f"first response, marked with {conf.REPLAY_HEADER}: true. The key is 1 to "
+            f"{KEY_MAX_LENGTH} visible ASCII characters (not only spaces); its RFC 8941 "
+            'quoted-string form ("...", with \\" and \\\\ escapes) names the same key. '
+            "Keys are scoped to the authenticated account and the endpoint. "
+            + ttl_text(ttl)
+            + ("" if required else f" Without {header}, the request runs unprotected.")
+        ),
+    }
+
+
+def problem_schema() -> dict[str, Any]:
+    """RFC 9457 problem details, with the app's stable ``type`` URIs listed."""
+    return {
+        "type": "object",
+        "properties": {
+            "type": {
+                "type": "string",
+                "format": "uri",
+                "enum": sorted(
+                    {
+                        f"{conf.PROBLEM_TYPE_BASE}{problem.slug}"
+                        for problems in PROBLEMS.values()
+                        for problem in problems
+                    }
+                ),
+            },
+            "title": {"type": "string"},
+            "status": {"type": "integer"},
+            "detail": {"type": "string"},
+        },
+        "required": ["type", "title", "status"],
+    }
+
+
+def _retry_after() -> dict[str, Any]:
+    return {
+        "schema": {"type": "integer", "minimum": 0},
+        "description": "Seconds to wait before retrying with the same key "
+        f"(RETRY_AFTER_SECONDS, {conf.RETRY_AFTER_SECONDS} here).",
+    }
+
+
+def problem_response(status: int) -> dict[str, Any]:
+    """The response object for one of ``PROBLEMS``' statuses."""
+    slugs = ", ".join(f"{conf.PROBLEM_TYPE_BASE}{p.slug}" for p in PROBLEMS[status])
+    response: dict[str, Any] = {
+        "description": f"{_WHEN[status].format(header=conf.HEADER)} Problem type: {slugs}.",
+        "content": {PROBLEM_MEDIA_TYPE: {"schema": problem_schema()}},
+    }
+    if status in (409, 503):
+        response["headers"] = {"Retry-After": _retry_after()}
+    return response
+
+
+def replay_header() -> dict[str, Any]:
+    return {
+        "schema": {"type": "string", "enum": ["true"]},
+        "description": "Present, and true, when this is the stored first response to an "
+        f"earlier request with the same {conf.HEADER}: same status, body and stored headers.",
+    }
+
+
+def expiry_extension(ttl: float | None) -> dict[str, Any]:
+    """``x-idempotency``: the same policy for machines (the IETF draft asks servers to
+    publish it; a client generator can read the TTL here rather than parse prose)."""
+    return {
+        "header": conf.HEADER,
+        "maxKeyLength": KEY_MAX_LENGTH,
+        "ttlSeconds": ttl,
+        "replayHeader": conf.REPLAY_HEADER,
+    }
+
+
+def document(operation: dict[str, Any], *, required: bool, ttl: float | None) -> dict[str, Any]:
+    """Add the contract to ``operation`` (an OpenAPI operation object) and return it.
+
+    The key parameter is appended; a problem status the operation already documents keeps
+    its description and gains the problem+json content (a view's own 422 and the app's 422
+    share the status). The replay header goes on every 2xx, 3xx and 4xx response that is not
+    one of the app's problems: those are what can be stored and replayed. Status keys may be
+    strings (drf-spectacular) or ints (django-ninja); new ones follow the operation's kind.
+    """
+    operation.setdefault("parameters", []).append(key_parameter(required=required, ttl=ttl))
+    responses: dict[Any, Any] = operation.setdefault("responses", {})
+    ints = bool(responses) and all(isinstance(status, int) for status in responses)
+    own: set[Any] = set()
+    for status in PROBLEMS:
+        ours = problem_response(status)
+        name = next((n for n in (status, str(status)) if n in responses), None)
+        if name is None:
+            responses[status if ints else str(status)] = ours
+        else:  # the view's own response with this status: stored and replayed too
+            responses[name].setdefault("content", {}).update(ours["content"])
+            responses[name].setdefault("headers", {}).update(ours.get("headers", {}))
+            own.add(name)
+    for status, response in responses.items():
+        code = str(status)
+        if not (code.isdigit() and code[0] in "234"):
+            continue  # 1xx, 5xx and "default" are never replayed
+        if int(code) not in PROBLEMS or (status in own and code != "409"):
+            response.setdefault("headers", {})[conf.REPLAY_HEADER] = replay_header()
+    operation["x-idempotency"] = expiry_extension(ttl)
+    return operation

@@ -1,0 +1,288 @@
+"""django-ninja integration: the ``@idempotent`` contract on ninja operations.
+
+Two ways in, with the same options as ``@idempotent``::
+
+    router = IdempotentRouter(auth=django_auth)        # every POST and PATCH operation
+
+    @api.post("/charges/", response={201: ChargeOut})
+    @idempotent(ttl_seconds=3600)                      # one operation (below the route)
+    def create_charge(request, payload: ChargeIn): ...
+
+Where the claim happens: inside ninja's ``Operation.run``, after ninja's authentication
+(``request.auth`` is set), throttles and input validation, around the operation's function
+and the rendering of its result. So the key belongs to ninja's authenticated caller, a
+request ninja refuses (401, 429, a 422 for invalid input) never claims a key, as Stripe
+treats requests that fail validation, and what is stored is the exact bytes ninja rendered
+(status, allow-listed headers): a replay is byte for byte the first response. An
+``HttpError`` (or any exception with a handler in the API) becomes its response and is
+stored or not by its status like any other; an unhandled exception releases the key.
+
+How: ninja clones each operation for every API that mounts its router and re-applies the
+operation's ``_run_decorators`` to each clone. Ours is one of them: it finds the clone it
+decorates and puts the protected function in place of the clone's ``view_func``, so each
+clone renders with its own API (renderer, exception handlers). The schema is added the same
+way, through the clone's ``openapi_extra``, built from ``contract.py`` when the schema is
+generated (so ``override_settings`` shows in it).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
+
+from asgiref.sync import iscoroutinefunction
+from django.core.exceptions import ImproperlyConfigured
+from django.db.models import Model
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from ninja import Router
+from ninja.operation import Operation
+from ninja.utils import contribute_operation_callback
+
+from idempotency_django import contract, keys
+from idempotency_django.conf import DEFAULTS, conf
+from idempotency_django.protect import _UNSET, ViewOptions, aprotect, options_from, protect
+from idempotency_django.responses import problem_response
+
+Func = TypeVar("Func", bound=Callable[..., Any])
+
+_MARK = "_idempotency_options"
+
+
+def auth_account(request: HttpRequest) -> str | None:
+    """The account a key belongs to: ninja's authenticated caller, ``request.auth``.
+
+    - a user (what ``django_auth`` and most authenticators return): its primary key, the
+      account ``@idempotent`` uses for the same user;
+    - another model instance (an API client, a tenant): ``app_label.model:pk``;
+    - a string, bytes or number (an ``HttpBearer`` that returns the token): a SHA-256 of
+      it, so a credential is never stored in plain text, and only its holder shares it;
+    - nothing (an operation without ninja auth): the project's ``ACCOUNT`` (by default the
+      ``request.user`` of Django's session authentication, as ``@idempotent``).
+
+    Anything else (``True``, a dict) names nobody: the request is anonymous (403), and the
+    ``account=`` option says who it is.
+    """
+    auth = getattr(request, "auth", None)
+    if auth is None:
+        return keys.default_account(request)
+    if isinstance(auth, Model):
+        from django.contrib.auth import get_user_model
+
+        if isinstance(auth, get_user_model()):
+            return str(auth.pk)
+        return f"{auth._meta.label_lower}:{auth.pk}"
+    if isinstance(auth, (str, bytes, int)) and not isinstance(auth, bool):
+        raw = auth if isinstance(auth, bytes) else str(auth).encode("utf-8", "surrogatepass")
+        return f"auth:{hashlib.sha256(raw).hexdigest()}"
+    return None
+
+
+def _account(request: HttpRequest) -> str | None:
+    """``auth_account``, unless the project set its own ``ACCOUNT`` (which then sees
+    ``request.auth`` too): decided per request, as settings are."""
+    if conf.raw().get("ACCOUNT", DEFAULTS["ACCOUNT"]) == DEFAULTS["ACCOUNT"]:
+        return auth_account(request)
+    return conf.ACCOUNT(request)  # type: ignore[no-any-return]
+
+
+def _options(given: Mapping[str, Any], label: str) -> ViewOptions:
+    """``@idempotent``'s options, validated as its are; the account defaults to ``_account``."""
+    values = {name: value for name, value in given.items() if value is not _UNSET}
+    values.setdefault("account", _account)
+    return options_from(values, label)
+
+
+def idempotent(view: Func | None = None, **given: Any) -> Any:
+    """Protect one ninja operation; put it below the route decorator (``@api.post``).
+
+    Takes ``@idempotent``'s keyword arguments (``required``, ``in_flight``, ``ttl_seconds``,
+    ``account``, ``fingerprint_fields``, …), validated here, naming the operation. The
+    operation's methods decide nothing: ``methods`` (``METHODS``) does, as for a view.
+    """
+
+    def decorator(func: Func) -> Func:
+        label = f"ninja @idempotent on {getattr(func, '__qualname__', repr(func))}"
+        _options(given, label)  # a bad argument fails at import, naming the operation
+        func.__dict__[_MARK] = (given, label)
+        contribute_operation_callback(func, _install)
+        return func
+
+    if view is not None:
+        return decorator(view)
+    return decorator
+
+
+class IdempotentRouter(Router):
+    """A ninja ``Router`` whose operations are protected as if each had ``@idempotent``
+    (with ``idempotency=``'s options); only the methods in ``methods`` (``METHODS``: POST
+    and PATCH) are protected. An operation's own ``@idempotent`` takes precedence."""
+
+    def __init__(self, *, idempotency: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.idempotency = dict(idempotency or {})
+        _options(self.idempotency, "IdempotentRouter")
+
+    def add_api_operation(self, path: str, methods: list[str], view_func: Any, **kw: Any) -> None:
+        super().add_api_operation(path, methods, view_func, **kw)
+        operation = self.path_operations[_ninja_path(path)].operations[-1]
+        if _MARK not in view_func.__dict__:
+            label = f"IdempotentRouter operation {getattr(view_func, '__qualname__', path)}"
+            view_func.__dict__[_MARK] = (self.idempotency, label)
+            _install(operation)
+
+
+def _ninja_path(path: str) -> str:
+    # what Router.add_api_operation files the operation under
+    return re.sub(r"\{uuid:(\w+)\}", r"{uuidstr:\1}", path, flags=re.IGNORECASE)
+
+
+def _install(operation: Operation) -> None:
+    """On the template operation: register ``_bind`` to run on every clone of it."""
+    if not hasattr(Operation, "clone"):  # before 1.7, nothing would apply it: say so
+        raise ImproperlyConfigured("idempotency_django.ninja needs django-ninja 1.7 or later.")
+    if operation.stream_format is not None:
+        raise ImproperlyConfigured(
+            f"{operation.view_func.__qualname__}: a streaming operation cannot be idempotent "
+            "(its response is not known until it has been sent)."
+        )
+    bind = _Bind(operation.view_func, operation.openapi_extra)
+    decorators = operation.__dict__.setdefault("_run_decorators", [])
+    decorators.append(bind)
+
+
+class _Bind:
+    """A "run decorator" that leaves ``run`` as it is and protects the clone's function."""
+
+    def __init__(self, func: Callable[..., Any], extra: dict[str, Any] | None) -> None:
+        self.func = func
+        self.extra = extra
+        given, label = func.__dict__[_MARK]
+        self.given: dict[str, Any] = given
+        self.label: str = label
+
+    def __call__(self, run: Callable[..., Any]) -> Callable[..., Any]:
+        operation = _operation_of(run)
+        if operation is None:
+            raise ImproperlyConfigured(
+                f"{self.label}: cannot find the ninja operation under its run decorators; "
+                "use functools.wraps in the decorators given to decorate_view."
+            )
+        operation.view_func = _protected(operation, self.func, self.given, self.label)
+        # A Mapping, not a dict: ninja only iterates and indexes it (deep_dict_update).
+        operation.openapi_extra = _SchemaExtra(  # type: ignore[assignment]
+            operation, self.given, self.label, self.extra
+        )
+        return run
+
+
+def _operation_of(run: Any) -> Operation | None:
+    while run is not None:
+        owner = getattr(run, "__self__", None)
+        if isinstance(owner, Operation):
+            return owner
+        run = getattr(run, "__wrapped__", None)
+    return None
+
+
+def _protected(
+    operation: Operation, func: Callable[..., Any], given: dict[str, Any], label: str
+) -> Callable[..., Any]:
+    """``func`` claimed, run and rendered by ``operation``, its response stored."""
+    options = _options(given, label)
+
+    def render(request: HttpRequest, values: dict[str, Any], result: Any) -> HttpResponseBase:
+        response_arg = operation.signature.response_arg
+        temporal: HttpResponse = (
+            values[response_arg]
+            if response_arg
+            else operation.api.create_temporal_response(request)
+        )
+        return operation._result_to_response(request, result, temporal)
+
+    if iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def async_view(request: HttpRequest, **values: Any) -> HttpResponseBase:
+
+            async def call_view() -> HttpResponseBase:
+                try:
+                    return render(request, values, await func(request, **values))
+                except Exception as exc:  # ninja's handlers answer it, or it propagates
+                    return operation.api.on_exception(request, exc)
+
+            if not options.protects(request.method):
+                return await call_view()
+            return await aprotect(request, call_view, options, problem_response)
+
+        return async_view
+
+    @functools.wraps(func)
+    def view(request: HttpRequest, **values: Any) -> HttpResponseBase:
+
+        def call_view() -> HttpResponseBase:
+            try:
+                return render(request, values, func(request, **values))
+            except Exception as exc:  # ninja's handlers answer it, or it propagates
+                return operation.api.on_exception(request, exc)
+
+        if not options.protects(request.method):
+            return call_view()
+        return protect(request, call_view, options, problem_response)
+
+    return view
+
+
+class _SchemaExtra(Mapping[str, Any]):
+    """The operation's ``openapi_extra``: the contract, built when the schema is generated,
+    with the author's own ``openapi_extra`` merged over it."""
+
+    def __init__(
+        self,
+        operation: Operation,
+        given: dict[str, Any],
+        label: str,
+        own: Mapping[str, Any] | None,
+    ) -> None:
+        self.operation = operation
+        self.given = given
+        self.label = label
+        self.own = dict(own or {})
+
+    def _build(self) -> dict[str, Any]:
+        options = _options(self.given, self.label)
+        if not any(options.protects(method) for method in self.operation.methods):
+            return dict(self.own)
+        ttl = options.pick("ttl_seconds", "TTL_SECONDS")
+        declared = [s for s in self.operation.response_models if isinstance(s, int)]
+        extra = contract.document(
+            {"responses": {status: {} for status in declared}},
+            required=bool(options.pick("required", "REQUIRED")),
+            ttl=None if ttl is None else float(ttl),
+        )
+        _merge(extra, self.own)
+        return extra
+
+    def __getitem__(self, name: str) -> Any:
+        return self._build()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._build())
+
+    def __len__(self) -> int:
+        return len(self._build())
+
+
+def _merge(into: dict[str, Any], update: Mapping[str, Any]) -> None:
+    for name, value in update.items():
+        if isinstance(into.get(name), dict) and isinstance(value, Mapping):
+            _merge(into[name], value)
+        elif isinstance(into.get(name), list) and isinstance(value, list):
+            into[name].extend(value)
+        else:
+            into[name] = value
+
+
+__all__ = ["IdempotentRouter", "auth_account", "idempotent"]

@@ -1,0 +1,327 @@
+"""The django-ninja adapter: the ``@idempotent`` contract on ninja operations, through
+Django's test client (the whole stack: URLs, middleware, ninja's auth) and ninja's own
+``TestClient``. Effects are counted in ``SideEffect`` rows."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.exceptions import ImproperlyConfigured
+from django.test import Client, override_settings
+from ninja import NinjaAPI
+from ninja.responses import Status
+from ninja.testing import TestClient
+
+from idempotency_django.models import IdempotencyRecord
+from idempotency_django.ninja import IdempotentRouter, auth_account, idempotent
+from tests.conftest import effects
+from tests.models import SideEffect
+from tests.ninja_views import router
+
+# Transactional: the claim commits before the operation runs (commit mode, the default), as
+# it does in production; inside a test's transaction it would run in atomic mode.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.ninja_urls")]
+
+Send = Callable[..., Any]
+
+
+@pytest.fixture
+def send(client: Client) -> Send:
+    """A JSON request to the ninja API as ``user`` (a bearer token naming the user)."""
+
+    def go(
+        path: str,
+        body: Any,
+        *,
+        key: str | None = "k1",
+        user: str | None = "alice",
+        method: str = "post",
+        **headers: str,
+    ) -> Any:
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        if user is not None:
+            headers["Authorization"] = f"Bearer {user}"
+        if method == "get":
+            return client.get(f"/ninja{path}", headers=headers)
+        data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+        return getattr(client, method)(
+            f"/ninja{path}", data=data, content_type="application/json", headers=headers
+        )
+
+    return go
+
+
+def test_a_retry_replays_the_first_response_byte_for_byte(send: Send, alice: User) -> None:
+    first = send("/r/effects/", {"amount": 100})
+    again = send("/r/effects/", {"amount": 100})
+
+    assert first.status_code == 201
+    assert again.status_code == 201
+    assert again.content == first.content
+    assert again["Content-Type"] == first["Content-Type"]
+    assert again["Location"] == first["Location"]
+    assert again["Idempotent-Replayed"] == "true"
+    assert "Idempotent-Replayed" not in first
+    assert "session-ish" in first.cookies  # the first caller's cookie is never replayed
+    assert "session-ish" not in again.cookies
+    assert effects("ninja-router") == 1
+
+
+def test_a_reordered_body_is_the_same_request(send: Send, alice: User) -> None:
+    send("/r/effects/", '{"amount": 1, "status": 201}')
+    again = send("/r/effects/", '{ "status": 201,  "amount": 1.0 }')
+
+    assert again["Idempotent-Replayed"] == "true"
+    assert effects() == 1
+
+
+def test_another_body_with_the_key_is_a_422_problem(send: Send, alice: User) -> None:
+    send("/r/effects/", {"amount": 1})
+    other = send("/r/effects/", {"amount": 2})
+
+    assert other.status_code == 422
+    assert other["Content-Type"] == "application/problem+json"
+    assert other.json()["type"] == "urn:idempotency-django:problem:key-mismatch"
+    assert effects() == 1
+
+
+def test_a_missing_key_is_a_400_problem_and_nothing_runs(send: Send, alice: User) -> None:
+    response = send("/r/effects/", {"amount": 1}, key=None)
+
+    assert response.status_code == 400
+    assert response.json()["type"] == "urn:idempotency-django:problem:key-missing"
+    assert effects() == 0
+
+
+@pytest.mark.parametrize("key", ["", " ", "x" * 256, "tab\tinside", '"unclosed'])
+def test_a_malformed_key_is_a_400_problem(send: Send, alice: User, key: str) -> None:
+    response = send("/r/effects/", {"amount": 1}, key=key)
+
+    assert response.status_code == 400
+    assert response["Content-Type"] == "application/problem+json"
+    assert response.json()["type"] in (
+        "urn:idempotency-django:problem:key-malformed",
+        "urn:idempotency-django:problem:key-missing",
+    )
+    assert effects() == 0
+
+
+def test_the_quoted_form_names_the_same_key(send: Send, alice: User) -> None:
+    send("/r/effects/", {"amount": 1}, key="abc")
+    again = send("/r/effects/", {"amount": 1}, key='"abc"')
+
+    assert again["Idempotent-Replayed"] == "true"
+    assert effects() == 1
+
+
+def test_ninja_refuses_before_the_claim(send: Send, alice: User) -> None:
+    """A 401 (ninja's auth) and a 422 (ninja's input validation) claim no key: the
+    corrected request with the same key runs (as Stripe treats failed validation)."""
+    unauthenticated = send("/r/effects/", {"amount": 1}, user="nobody")
+    invalid = send("/r/effects/", {"amount": "lots"})
+    corrected = send("/r/effects/", {"amount": 1})
+
+    assert unauthenticated.status_code == 401
+    assert invalid.status_code == 422
+    assert corrected.status_code == 201
+    assert "Idempotent-Replayed" not in corrected
+    assert effects() == 1
+
+
+def test_keys_belong_to_ninjas_authenticated_caller(send: Send, alice: User, bob: User) -> None:
+    mine = send("/r/effects/", {"amount": 1}, user="alice")
+    theirs = send("/r/effects/", {"amount": 1}, user="bob")
+
+    assert "Idempotent-Replayed" not in theirs
+    assert theirs.json()["effect"] != mine.json()["effect"]
+    assert effects() == 2
+    assert set(IdempotencyRecord.objects.values_list("account", flat=True)) == {
+        str(alice.pk),
+        str(bob.pk),
+    }
+
+
+def test_a_token_returned_by_auth_scopes_keys_and_is_stored_hashed(send: Send) -> None:
+    first = send("/token/", {"amount": 1}, user="tok_one")
+    replay = send("/token/", {"amount": 1}, user="tok_one")
+    other = send("/token/", {"amount": 1}, user="tok_two")
+
+    assert replay["Idempotent-Replayed"] == "true"
+    assert "Idempotent-Replayed" not in other
+    assert first.status_code == other.status_code == 201
+    assert effects("ninja-token") == 2
+    accounts = list(IdempotencyRecord.objects.values_list("account", flat=True))
+    assert all(a.startswith("auth:") and "tok_" not in a for a in accounts)
+
+
+def test_without_ninja_auth_the_django_user_is_the_account(client: Client, alice: User) -> None:
+    headers = {"Idempotency-Key": "k1", "X-User": "alice"}
+    body = json.dumps({"amount": 1})
+    first = client.post("/ninja/session/", body, "application/json", headers=headers)
+    again = client.post("/ninja/session/", body, "application/json", headers=headers)
+    anonymous = client.post(
+        "/ninja/session/", body, "application/json", headers={"Idempotency-Key": "k1"}
+    )
+
+    assert first.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+    assert anonymous.status_code == 403
+    assert anonymous.json()["type"] == "urn:idempotency-django:problem:anonymous"
+    assert effects("ninja-session") == 1
+
+
+def test_an_http_error_is_stored_and_replayed(send: Send, alice: User) -> None:
+    first = send("/r/effects/", {"amount": 1, "fail": "http-404"})
+    again = send("/r/effects/", {"amount": 1, "fail": "http-404"})
+
+    assert first.status_code == again.status_code == 404
+    assert again.content == first.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert effects() == 1
+
+
+def test_a_views_own_400_is_stored_a_5xx_is_not(send: Send, alice: User) -> None:
+    send("/r/effects/", {"amount": 1, "status": 400}, key="four")
+    replayed = send("/r/effects/", {"amount": 1, "status": 400}, key="four")
+    assert replayed.status_code == 400
+    assert replayed["Idempotent-Replayed"] == "true"
+
+    with pytest.raises(RuntimeError):
+        send("/r/effects/", {"amount": 1, "fail": "raise"}, key="boom")
+    assert not IdempotencyRecord.objects.filter(key="boom").exists()  # released
+    assert effects() == 2
+
+
+def test_an_unhandled_exception_releases_the_key_so_the_retry_runs(send: Send, alice: User) -> None:
+    with pytest.raises(RuntimeError):
+        send("/r/effects/", {"amount": 1, "fail": "raise"})
+    retry = send("/r/effects/", {"amount": 1})  # the same key, a corrected request
+
+    assert retry.status_code == 201
+    assert "Idempotent-Replayed" not in retry
+    assert effects() == 2
+
+
+def test_patch_is_protected_get_and_put_are_not(send: Send, alice: User) -> None:
+    send("/r/effects/7", {"amount": 1}, method="patch")
+    again = send("/r/effects/7", {"amount": 1}, method="patch")
+    listing = send("/r/effects/", {}, key=None, method="get")
+
+    assert again["Idempotent-Replayed"] == "true"
+    assert listing.status_code == 200
+    assert effects("ninja-patch-7") == 1
+
+
+def test_the_key_is_optional_where_the_operation_says_so(send: Send, alice: User) -> None:
+    send("/r/optional/", {"amount": 1}, key=None)
+    send("/r/optional/", {"amount": 1}, key=None)
+    send("/r/optional/", {"amount": 1}, key="once")
+    again = send("/r/optional/", {"amount": 1}, key="once")
+
+    assert again["Idempotent-Replayed"] == "true"
+    assert effects("ninja-optional") == 3
+
+
+def test_an_async_operation_is_protected(send: Send, alice: User) -> None:
+    first = send("/r/async/", {"amount": 5})
+    again = send("/r/async/", {"amount": 5})
+
+    assert first.status_code == 201
+    assert again.content == first.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert effects("ninja-async") == 1
+
+
+def test_an_unprotected_operation_runs_every_time(send: Send, alice: User) -> None:
+    send("/plain/", {"amount": 1})
+    send("/plain/", {"amount": 1})
+
+    assert effects("ninja-plain") == 2
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_the_global_switch_turns_it_off(send: Send, alice: User) -> None:
+    with override_settings(IDEMPOTENCY={"ENABLED": False}):
+        send("/r/effects/", {"amount": 1})
+        send("/r/effects/", {"amount": 1})
+
+    assert effects() == 2
+
+
+# -- ninja's TestClient ------------------------------------------------------------------------
+
+
+def test_ninjas_test_client_sees_the_same_contract(alice: User) -> None:
+    client = TestClient(router, headers={"Authorization": "Bearer alice"})
+
+    first = client.post("/effects/", json={"amount": 3}, headers={"Idempotency-Key": "t1"})
+    again = client.post("/effects/", json={"amount": 3}, headers={"Idempotency-Key": "t1"})
+    other = client.post("/effects/", json={"amount": 4}, headers={"Idempotency-Key": "t1"})
+    missing = client.post("/effects/", json={"amount": 3})
+
+    assert first.status_code == 201
+    assert again.content == first.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert other.status_code == 422
+    assert other["Content-Type"] == "application/problem+json"
+    assert missing.status_code == 400
+    assert effects("ninja-router") == 1
+
+
+def test_a_router_mounted_twice_protects_each_mount_with_its_api(alice: User) -> None:
+    """ninja clones operations per mount: each clone renders with its own API."""
+    template = IdempotentRouter()
+
+    @template.post("/x/", response={201: dict[str, int]})
+    def make(request: Any) -> Any:
+        return Status(201, {"n": SideEffect.objects.create(label="twice").pk})
+
+    headers = {"Idempotency-Key": "m1"}
+    first = TestClient(template).post("/x/", json={}, headers=headers, user=alice)
+    second = TestClient(template).post("/x/", json={}, headers=headers, user=alice)
+
+    assert first.status_code == 201
+    assert second.content == first.content
+    assert second["Idempotent-Replayed"] == "true"  # one key, one account, one path
+    assert effects("twice") == 1
+
+
+# -- configuration -----------------------------------------------------------------------------
+
+
+def test_a_bad_argument_fails_at_import_naming_the_operation() -> None:
+    with pytest.raises(ImproperlyConfigured, match="mode='sometimes'"):
+
+        @idempotent(mode="sometimes")
+        def f(request: Any) -> None: ...
+
+    with pytest.raises(ImproperlyConfigured, match="IdempotentRouter"):
+        IdempotentRouter(idempotency={"in_flight": "maybe"})
+
+
+def test_a_streaming_operation_is_refused() -> None:
+    from ninja.streaming import JSONL
+
+    api = NinjaAPI(urls_namespace="streaming-refused")
+    with pytest.raises(ImproperlyConfigured, match="streaming"):
+
+        @api.post("/s/", response=JSONL[int])
+        @idempotent
+        def stream(request: Any) -> Any:
+            yield 1
+
+
+def test_auth_account_names_the_caller() -> None:
+    from django.http import HttpRequest
+
+    request = HttpRequest()
+    request.auth = True  # type: ignore[attr-defined]
+    assert auth_account(request) is None  # names nobody: anonymous
+    request.auth = b"secret"  # type: ignore[attr-defined]
+    assert auth_account(request) == auth_account(request)
+    assert "secret" not in str(auth_account(request))

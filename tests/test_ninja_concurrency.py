@@ -1,0 +1,73 @@
+"""Single flight on ninja operations under real concurrency: threads with their own
+database connections, released together by a barrier, against PostgreSQL and MariaDB."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connections
+from django.test import Client
+
+from tests.conftest import effects
+from tests.views import gate
+
+pytestmark = [
+    pytest.mark.concurrency,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.urls("tests.ninja_urls"),
+]
+
+THREADS = 8
+
+
+def send(path: str, body: dict[str, Any]) -> Any:
+    try:
+        return Client().post(
+            f"/ninja{path}",
+            data=json.dumps(body),
+            content_type="application/json",
+            headers={"Idempotency-Key": "k1", "Authorization": "Bearer alice"},
+        )
+    finally:
+        connections.close_all()
+
+
+@pytest.mark.parametrize("path", ["/r/effects/", "/r/async/"])
+def test_identical_requests_at_once_run_the_operation_once(path: str, alice: User) -> None:
+    """One thread wins the claim and is held inside the operation; every other one is told
+    409 with Retry-After at once; after the winner finishes, a retry replays its answer."""
+    barrier = threading.Barrier(THREADS)
+    results: queue.Queue[Any] = queue.Queue()
+    body = {"amount": 10, "gate": True}
+
+    def worker() -> None:
+        barrier.wait(timeout=10)
+        results.put(send(path, body))
+
+    threads = [threading.Thread(target=worker) for _ in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    try:
+        assert gate.entered.wait(timeout=20)
+        refused = [results.get(timeout=20) for _ in range(THREADS - 1)]
+    finally:
+        gate.release.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    winner = results.get(timeout=20)
+    retry = send(path, body)
+
+    assert [r.status_code for r in refused] == [409] * (THREADS - 1)
+    assert all(r["Content-Type"] == "application/problem+json" for r in refused)
+    assert all(r["Retry-After"] == "1" for r in refused)
+    assert all(r.json()["type"] == "urn:idempotency-django:problem:in-flight" for r in refused)
+    assert winner.status_code == 201
+    assert retry.status_code == 201
+    assert retry.content == winner.content
+    assert retry["Idempotent-Replayed"] == "true"
+    assert effects() == 1
