@@ -58,7 +58,19 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks import common  # noqa: E402
+from tests.e2e.server import (  # noqa: E402
+    Database,
+    Server,
+    create_database,
+    database,
+    drop_database,
+    manage,
+    open_connection,
+    project_env,
+    query,
+    server_version,
+    spawn_gunicorn,
+)
 
 SETTINGS = "benchmarks.soakproject.settings"
 USERS = {"alice": "alice", "bob": "bob"}
@@ -319,8 +331,8 @@ def _process_alive(pid: int) -> bool:
 
 
 def inject_faults(
-    gunicorn: common.Gunicorn,
-    db: common.Database,
+    gunicorn: Server,
+    db: Database,
     until: float,
     kill_every: float,
     terminate_every: float,
@@ -352,7 +364,7 @@ def inject_faults(
             try:
                 if connection is None:
                     # On the server, outside the soak's database: never a target itself.
-                    connection = common.connect(db, server_only=True)
+                    connection = open_connection(db, None)
                 ended = _terminate(connection, db, rng)
                 faults.rounds += 1
                 faults.done.extend(Fault(sent, time.time(), "termination", i) for sent, i in ended)
@@ -368,7 +380,7 @@ def inject_faults(
             connection.close()
 
 
-def _terminate(connection: Any, db: common.Database, rng: random.Random) -> list[tuple[float, int]]:
+def _terminate(connection: Any, db: Database, rng: random.Random) -> list[tuple[float, int]]:
     """Terminate a random half (at least one) of the connections to the soak database;
     return (when it was sent, id) of each once they are gone."""
     cursor = connection.cursor()
@@ -747,11 +759,11 @@ class HardDeadline:
 @dataclass
 class Run:
     args: argparse.Namespace
-    db: common.Database
+    db: Database
     seed: int
     drain: float
     work_dir: Path
-    gunicorn: common.Gunicorn | None = None
+    gunicorn: Server | None = None
     cleaned: threading.Event = field(default_factory=threading.Event)
 
     def cleanup(self) -> None:
@@ -765,13 +777,13 @@ class Run:
             print(f"kept database {self.db.name} and {self.work_dir}", file=sys.stderr)
             return
         with contextlib.suppress(Exception):
-            common.drop_database(self.db)
+            drop_database(self.db)
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    db = common.database(args.database_url or DEFAULT_URLS[args.database])
+    db = database(args.database_url or DEFAULT_URLS[args.database])
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     drain = max(20.0, 6 * args.lease)
     work_dir = Path(tempfile.mkdtemp(prefix=f"idempotency-soak-{db.name}-"))
@@ -798,9 +810,9 @@ def soak(run: Run) -> int:
     rng = random.Random(run.seed)
     events_dir = run.work_dir / "events"
     events_dir.mkdir()
-    env = common.project_env(
+    env = project_env(
         SETTINGS,
-        db,
+        db.url,
         EXAMPLE_PROVIDER_DELAY_MS=str(args.provider_delay_ms),
         EXAMPLE_LEASE_SECONDS=str(args.lease),
         EXAMPLE_MAX_RUN_SECONDS=str(max(30.0, 10 * args.lease)),
@@ -808,15 +820,15 @@ def soak(run: Run) -> int:
         SOAK_SABOTAGE="1" if args.sabotage else "0",
     )
     log(f"database {db.name} ({db.vendor}), seed {run.seed}")
-    common.create_database(db)
-    common.manage(env, "migrate", "--noinput", "-v", "0")
-    users = {name: str(pk) for pk, name in common.query(db, "SELECT id, username FROM auth_user")}
-    run.gunicorn = gunicorn = common.start_gunicorn(
-        env, workers=args.workers, log_path=run.work_dir / "gunicorn.log"
+    create_database(db)
+    manage(env, "migrate", "--noinput", "-v", "0")
+    users = {name: str(pk) for pk, name in query(db, "SELECT id, username FROM auth_user")}
+    run.gunicorn = gunicorn = spawn_gunicorn(
+        env, run.work_dir / "gunicorn.log", workers=args.workers
     )
     credentials = base64.b64encode(b"alice:alice").decode()
     gunicorn.wait_ready("/charges/", {"Authorization": f"Basic {credentials}"})
-    version = common.server_version(db).split(" on ")[0].split(",")[0]
+    version = server_version(db).split(" on ")[0].split(",")[0]
     log(
         f"gunicorn with {args.workers} workers on port {gunicorn.port}; "
         f"{args.seconds:.0f}s of traffic from {args.clients} clients"
@@ -867,18 +879,18 @@ def soak(run: Run) -> int:
     # Every request has ended: after one lease, no record may still hold a live lease.
     time.sleep(args.lease + 1.0)
     now_sql = "now()" if db.vendor == "postgresql" else "UTC_TIMESTAMP(6)"
-    live = common.query(
+    live = query(
         db,
         f"SELECT account, {'key' if db.vendor == 'postgresql' else '`key`'}, lease_expires_at "
         f"FROM {RECORDS} WHERE state = 'in_progress' AND lease_expires_at > {now_sql}",
     )
-    lapsed = common.query(
+    lapsed = query(
         db,
         f"SELECT account, {'key' if db.vendor == 'postgresql' else '`key`'} FROM {RECORDS} "
         f"WHERE state = 'in_progress' AND (lease_expires_at IS NULL "
         f"OR lease_expires_at <= {now_sql})",
     )
-    charges = common.query(
+    charges = query(
         db, "SELECT id, account_id, amount, card, created_at FROM payments_charge ORDER BY id"
     )
     events = read_events(events_dir)

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 from django.urls import path
 
-from benchmarks.benchproject import views
+from benchmarks.benchproject import protected, views
 
 urlpatterns = [
     path("bench/null/", views.null, name="bench-null"),
     path("bench/bare/", views.bare, name="bench-bare"),
-    path("bench/commit/", views.commit, name="bench-commit"),
-    path("bench/atomic/", views.atomic, name="bench-atomic"),
+    path("bench/commit/", protected.commit, name="bench-commit"),
+    path("bench/atomic/", protected.atomic, name="bench-atomic"),
     path("bench/ping/", views.ping, name="bench-ping"),
 ]

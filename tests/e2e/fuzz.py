@@ -86,7 +86,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-import dj_database_url  # noqa: E402
 from requests.structures import CaseInsensitiveDict  # noqa: E402
 
 from tests.e2e.server import (  # noqa: E402
@@ -96,10 +95,11 @@ from tests.e2e.server import (  # noqa: E402
     Database,
     Outcome,
     Server,
-    _connect,
     create_database,
+    database,
     drop_database,
     migrate,
+    query,
     start_server,
     start_uvicorn,
 )
@@ -1300,13 +1300,6 @@ def _in_flight(shot: Shot) -> bool:
     return problem is not None and problem.get("type") == f"{LIBRARY}in-flight"
 
 
-def query(database: Database, sql: str) -> list[tuple[Any, ...]]:
-    with _connect(database, database.name) as connection:
-        cursor = connection.cursor()
-        cursor.execute(sql)
-        return list(cursor.fetchall())
-
-
 def check_database(
     database: Database, generator: Generator, shots: list[Shot], *, shared: bool = False
 ) -> list[Violation]:
@@ -1364,17 +1357,11 @@ def check(
 
 
 def database_at(url: str) -> Database:
-    config = dj_database_url.parse(url)
-    vendor = {
-        "django.db.backends.postgresql": "postgresql",
-        "django.db.backends.mysql": "mysql",
-    }.get(config["ENGINE"])
-    if vendor is None:
-        raise SystemExit(f"--database-url: PostgreSQL or MariaDB/MySQL, not {config['ENGINE']}")
-    name = str(config["NAME"])
-    if not name.replace("_", "").isalnum() or not name.isascii():
-        raise SystemExit(f"--database-url: unexpected database name {name!r}")
-    return Database(vendor=vendor, name=name, url=url, config=config)
+    """``--database-url``, parsed and checked as every e2e helper does (``server.database``)."""
+    try:
+        return database(url)
+    except ValueError as exc:
+        raise SystemExit(f"--database-url: {exc}") from exc
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

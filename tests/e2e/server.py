@@ -7,6 +7,11 @@ example is migrated and served in subprocesses, and the tests speak HTTP. A few 
 look at the e2e database directly, with the driver (``record_states``, ``record_lease``,
 ``lock_waits``), or hold locks in it to make the servers' statements wait
 (``charges_locked``, ``records_locked``).
+
+The one home of these helpers: ``tests/e2e/fuzz.py``, ``benchmarks/run.py`` and
+``benchmarks/soak.py`` use them too (``database``, ``create_database``, ``project_env``,
+``manage``, ``spawn_gunicorn``, ``Server``), so a database URL is parsed, a database
+created and a gunicorn started one way everywhere.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -69,33 +74,41 @@ def new_amount() -> int:
 
 @dataclass(frozen=True)
 class Database:
-    vendor: str
+    vendor: str  # "postgresql" or "mysql"
     name: str
     url: str  # what the example's DATABASE_URL is set to
-    config: Mapping[str, Any]  # dj_database_url's parse of the server's URL
+    config: Mapping[str, Any] = field(repr=False)  # dj_database_url's parse of a server URL
+
+    def renamed(self, name: str) -> Database:
+        """Another database on the same server."""
+        return database(urlunsplit(urlsplit(self.url)._replace(path=f"/{name}")))
 
 
-def e2e_database(base_url: str) -> Database:
-    """The dedicated e2e database on the server of ``base_url``: its name plus ``_e2e``."""
-    config = dj_database_url.parse(base_url)
+def database(url: str) -> Database:
+    """The database named by ``url`` (PostgreSQL or MariaDB/MySQL), checked: its name is
+    used in SQL, so it must be a plain identifier."""
+    config = dj_database_url.parse(url)
     vendor = {
         "django.db.backends.postgresql": "postgresql",
         "django.db.backends.mysql": "mysql",
     }.get(config["ENGINE"])
     if vendor is None:
-        raise ValueError(f"e2e tests need PostgreSQL or MariaDB/MySQL, not {config['ENGINE']}")
-    name = f"{config['NAME']}_e2e"
+        raise ValueError(f"need PostgreSQL or MariaDB/MySQL, not {config['ENGINE']} ({url!r})")
+    name = str(config["NAME"])
     if not re.fullmatch(r"[A-Za-z0-9_]+", name):
         raise ValueError(f"Unexpected database name {name!r}")
-    parts = urlsplit(base_url)
-    url = urlunsplit(parts._replace(path=f"/{name}"))
     return Database(vendor=vendor, name=name, url=url, config=config)
 
 
-@contextlib.contextmanager
-def _connect(database: Database, name: str | None, *, autocommit: bool = True) -> Iterator[Any]:
+def e2e_database(base_url: str) -> Database:
+    """The dedicated e2e database on the server of ``base_url``: its name plus ``_e2e``."""
+    base = database(base_url)
+    return base.renamed(f"{base.name}_e2e")
+
+
+def open_connection(database: Database, name: str | None, *, autocommit: bool = True) -> Any:
     """A DB-API connection to the server of ``database``: to the database ``name``, or to
-    none of the test run's (``None``)."""
+    none of the test run's (``None``). The caller closes it."""
     config = database.config
     if database.vendor == "postgresql":
         import psycopg
@@ -107,11 +120,9 @@ def _connect(database: Database, name: str | None, *, autocommit: bool = True) -
             "password": config.get("PASSWORD") or None,
         }
         conninfo = {k: v for k, v in params.items() if v is not None}
-        with psycopg.connect(
-            dbname=name or "postgres", autocommit=autocommit, **conninfo
-        ) as connection:
-            yield connection
-        return
+        return psycopg.connect(
+            dbname=name or "postgres", autocommit=autocommit, connect_timeout=10, **conninfo
+        )
     import MySQLdb  # type: ignore[import-untyped]
 
     params = {
@@ -121,13 +132,40 @@ def _connect(database: Database, name: str | None, *, autocommit: bool = True) -
         "passwd": config.get("PASSWORD") or None,
         "db": name,
     }
-    connection = MySQLdb.connect(**{k: v for k, v in params.items() if v is not None})
+    connection = MySQLdb.connect(
+        connect_timeout=10, charset="utf8mb4", **{k: v for k, v in params.items() if v is not None}
+    )
+    # Autocommit: each query sees what committed before it (no REPEATABLE READ snapshot).
+    connection.autocommit(autocommit)
+    return connection
+
+
+@contextlib.contextmanager
+def connect(database: Database, name: str | None, *, autocommit: bool = True) -> Iterator[Any]:
+    """``open_connection`` for the length of a ``with`` block."""
+    connection = open_connection(database, name, autocommit=autocommit)
     try:
-        # Autocommit: each query sees what committed before it (no REPEATABLE READ snapshot).
-        connection.autocommit(autocommit)
         yield connection
     finally:
         connection.close()
+
+
+_connect = connect  # its name before the benchmarks shared it
+
+
+def query(
+    database: Database, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
+) -> list[tuple[Any, ...]]:
+    """The rows of one statement on ``database`` (none for a statement without rows).
+    Without ``params``, a ``%`` in ``sql`` is just a ``%``."""
+    with connect(database, database.name) as connection:
+        cursor = connection.cursor()
+        cursor.execute(sql, params or None)
+        return list(cursor.fetchall()) if cursor.description else []
+
+
+def server_version(database: Database) -> str:
+    return str(query(database, "SELECT version()")[0][0])
 
 
 def _server_execute(database: Database, statements: list[str]) -> None:
@@ -155,16 +193,28 @@ def drop_database(database: Database) -> None:
         _server_execute(database, [f"DROP DATABASE IF EXISTS `{database.name}`"])
 
 
-def example_env(database_url: str, **overrides: str) -> dict[str, str]:
-    """The environment of the example project: its settings, its database, ``overrides``."""
+def project_env(
+    settings_module: str,
+    database_url: str,
+    *,
+    pythonpath: Sequence[str | Path] = (),
+    **overrides: str,
+) -> dict[str, str]:
+    """The environment of a project subprocess: its settings module, its database,
+    directories to import from first (``pythonpath``), and ``overrides`` (``EXAMPLE_*``
+    settings; any ``EXAMPLE_`` variable of our own environment is dropped)."""
     env = {
         name: value
         for name, value in os.environ.items()
-        # pytest-django exported the test suite's settings module; the example has its own.
+        # pytest-django exported the test suite's settings module; the project has its own.
         if name != "DJANGO_SETTINGS_MODULE" and not name.startswith("EXAMPLE_")
     }
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [*map(str, pythonpath), *filter(None, [env.get("PYTHONPATH")])]
+        )
     env.update(
-        DJANGO_SETTINGS_MODULE="example_project.settings",
+        DJANGO_SETTINGS_MODULE=settings_module,
         DATABASE_URL=database_url,
         PYTHONUNBUFFERED="1",
         **overrides,
@@ -172,17 +222,32 @@ def example_env(database_url: str, **overrides: str) -> dict[str, str]:
     return env
 
 
-def migrate(database: Database) -> None:
+def example_env(database_url: str, **overrides: str) -> dict[str, str]:
+    """The environment of the example project: its settings, its database, ``overrides``."""
+    return project_env("example_project.settings", database_url, **overrides)
+
+
+def manage(env: Mapping[str, str], *args: str, timeout: float = 300) -> str:
+    """``manage.py args`` in the environment ``env``: its output, or an error with it."""
     result = subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+        [sys.executable, "manage.py", *args],
         cwd=REPO_ROOT,
-        env=example_env(database.url),
+        env=dict(env),
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=timeout,
         check=False,
     )
-    assert result.returncode == 0, f"migrate failed:\n{result.stdout}\n{result.stderr}"
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"manage.py {' '.join(args)} failed ({result.returncode}):\n"
+            f"{result.stdout}\n{result.stderr}"
+        )
+    return result.stdout
+
+
+def migrate(database: Database) -> None:
+    manage(example_env(database.url), "migrate", "--noinput", "-v", "0", timeout=180)
 
 
 # --- looking into the e2e database ----------------------------------------------------------
@@ -400,10 +465,19 @@ class Server:
         return pids
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
 
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_WITHIN_SECONDS
+    def wait_ready(
+        self,
+        path: str = "/charges/",
+        headers: Mapping[str, str] | None = None,
+        within: float = READY_WITHIN_SECONDS,
+    ) -> None:
+        """Until ``GET path`` answers 200 (as alice, unless ``headers`` say who asks)."""
+        deadline = time.monotonic() + within
         last: object = None
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -411,7 +485,12 @@ class Server:
                     f"{self.name} exited with {self.process.returncode}:\n{self.log()}"
                 )
             try:
-                response = requests.get(f"{self.base_url}/charges/", auth=ALICE, timeout=5)
+                response = requests.get(
+                    f"{self.base_url}{path}",
+                    auth=ALICE if headers is None else None,
+                    headers=headers,
+                    timeout=5,
+                )
             except (requests.ConnectionError, requests.Timeout) as exc:
                 # A timeout too: the listening socket may accept before a worker that is
                 # still importing Django (on a loaded machine, for more than 5 s) answers.
@@ -421,9 +500,7 @@ class Server:
                     return
                 last = f"{response.status_code} {response.text[:500]}"
             time.sleep(0.1)  # polling the server is the readiness check
-        raise AssertionError(
-            f"{self.name} not ready within {READY_WITHIN_SECONDS}s ({last}):\n{self.log()}"
-        )
+        raise AssertionError(f"{self.name} not ready within {within}s ({last}):\n{self.log()}")
 
     def wait_log(self, text: str, count: int, within: float = READY_WITHIN_SECONDS) -> None:
         """Wait until the server has logged ``text`` ``count`` times (bounded)."""
@@ -480,7 +557,50 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(STOP_WITHIN_SECONDS)
+        # Workers that outlived a killed master are still in its session.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
         self._log_file.close()
+
+
+def spawn_gunicorn(
+    env: Mapping[str, str],
+    log_path: Path,
+    *,
+    workers: int = WORKERS,
+    extra_args: Sequence[str] = (),
+    application: str = "example_project.wsgi:application",
+) -> Server:
+    """Start gunicorn (``workers`` sync workers, a free port, a session of its own, its
+    output in ``log_path``) in the environment ``env``; it may not answer yet (see
+    ``Server.wait_ready``)."""
+    port = free_port()
+    log_file = log_path.open("wb")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            application,
+            "-w",
+            str(workers),
+            "-k",
+            "sync",
+            "-b",
+            f"127.0.0.1:{port}",
+            # The default control socket is one path in $HOME for every master: keep
+            # concurrent test servers (and anyone else's gunicorn) apart.
+            "--no-control-socket",
+            *extra_args,
+        ],
+        cwd=REPO_ROOT,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    return Server(process=process, port=port, log_path=log_path, _log_file=log_file)
 
 
 def start_server(
@@ -493,32 +613,7 @@ def start_server(
     """Start gunicorn with ``WORKERS`` sync workers on a free port and wait until it answers
     (with ``warm_up``, until every worker does; that costs a provider delay or more).
     ``example_settings`` are ``EXAMPLE_*`` environment variables (``EXAMPLE_LEASE_SECONDS``…)."""
-    port = free_port()
-    log_file = log_path.open("wb")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "example_project.wsgi:application",
-            "-w",
-            str(WORKERS),
-            "-k",
-            "sync",
-            "-b",
-            f"127.0.0.1:{port}",
-            # The default control socket is one path in $HOME for every master: keep
-            # concurrent test servers (and anyone else's gunicorn) apart.
-            "--no-control-socket",
-        ],
-        cwd=REPO_ROOT,
-        env=example_env(database.url, **(example_settings or {})),
-        stdin=subprocess.DEVNULL,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    server = Server(process=process, port=port, log_path=log_path, _log_file=log_file)
+    server = spawn_gunicorn(example_env(database.url, **(example_settings or {})), log_path)
     try:
         server.wait_ready()
         if warm_up:
