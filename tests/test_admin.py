@@ -966,3 +966,16 @@ def test_search_by_exact_username(client_: Client) -> None:
     assert listed(client_, q="ali") == set()  # exact, as keys and accounts are
     assert listed(client_, q="bob-1") == {"bob-1"}  # keys are still found
     assert listed(client_, q="alice", state__exact="in_progress") == set()  # with filters
+
+
+def test_username_display_called_one_account_at_a_time() -> None:
+    alice = UserFactory(username="alice")
+    display = idempotency_admin.username_display
+    assert display(str(alice.pk)) == f"alice ({alice.pk})"
+    assert display("not-a-pk") == "not-a-pk"
+    assert display.many(["not-a-pk", "x"]) == {}
+
+
+def test_a_record_that_is_gone_is_a_redirect_not_an_error(client_: Client) -> None:
+    response = client_.get(reverse(CHANGE, args=[987654]))
+    assert response.status_code == 302

@@ -394,6 +394,11 @@ def test_no_codec_no_hooks_no_messages(settings: Settings) -> None:
     assert check_ids(settings) == []
 
 
+def test_a_setting_that_is_not_a_dict_is_left_to_e001(settings: Settings) -> None:
+    settings.IDEMPOTENCY = "not a dict"
+    assert check_codec_settings() == []
+
+
 def test_a_working_codec_passes(settings: Settings) -> None:
     assert check_ids(settings, RESPONSE_CODEC="tests.test_codecs.Reversed") == []
 
