@@ -112,6 +112,12 @@ class FernetCodec:
                 "IDEMPOTENCY ENCRYPTION_KEYS must be a list of Fernet keys, newest first "
                 f"(got a {type(keys).__name__})."
             )
+        for index, key in enumerate(keys):
+            if not isinstance(key, (str, bytes)):
+                raise EncryptionKeysInvalid(
+                    f"IDEMPOTENCY ENCRYPTION_KEYS[{index}] is a {type(key).__name__}, not a "
+                    "Fernet key (a string)."
+                )
         return _multi_fernet(tuple(keys))
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from cryptography.fernet import Fernet, InvalidToken
 from django.contrib.auth.models import User
+from rest_framework.test import APIClient
 
 from idempotency_django import codecs
 from idempotency_django.codecs import SEALED, UNSTORABLE, FernetCodec, check_codec_settings
@@ -171,7 +172,8 @@ def test_working_keys_pass_the_checks(settings: Settings) -> None:
         ((), "ENCRYPTION_KEYS is empty"),
         (NEW_KEY, "must be a list of Fernet keys"),
         ([NEW_KEY, NEW_KEY[:-4]], "ENCRYPTION_KEYS[1] is not a Fernet key"),
-        ([42], "ENCRYPTION_KEYS[0] is not a Fernet key"),
+        ([42], "ENCRYPTION_KEYS[0] is a int, not a Fernet key"),
+        ([NEW_KEY, [NEW_KEY]], "ENCRYPTION_KEYS[1] is a list, not a Fernet key"),
     ],
 )
 def test_check_e022_missing_or_invalid_keys_named_by_position_never_shown(
@@ -194,3 +196,43 @@ def test_check_e021_cryptography_not_installed(
         codecs._multi_fernet.cache_clear()
     assert check_id == "idempotency_django.E021"
     assert "idempotency-django[encryption]" in text
+
+
+# --- through the DRF mixin ---------------------------------------------------------------------
+
+
+def drf_post(client: APIClient, body: Any) -> Any:
+    return client.post(
+        "/api/charges/",
+        data=json.dumps(body),
+        content_type="application/json",
+        headers={"Idempotency-Key": "drf-1"},
+    )
+
+
+def test_the_drf_mixin_replays_encrypted_responses_and_their_hook(
+    alice: User, settings: Settings
+) -> None:
+    encrypt_with(settings, NEW_KEY)
+    settings.IDEMPOTENCY = {
+        **settings.IDEMPOTENCY,
+        "REPLAY_HOOK": lambda response, stored: response.headers.setdefault("X-Hooked", "1"),
+    }
+    client = APIClient()
+    client.force_authenticate(alice)
+
+    first = drf_post(client, {"amount": 5})
+    replayed = drf_post(client, {"amount": 5})
+
+    assert first["Location"].encode() not in token_of("/api/charges/")
+    assert (replayed.status_code, replayed.content) == (201, first.content)
+    assert replayed["Location"] == first["Location"]
+    assert replayed["X-Hooked"] == "1"
+    assert effects("drf") == 1
+
+    encrypt_with(settings, OTHER_KEY)
+    unreadable = drf_post(client, {"amount": 5})
+
+    assert unreadable.status_code == 409
+    assert json.loads(unreadable.content)["type"].endswith(":response-unreadable")
+    assert effects("drf") == 1
