@@ -20,6 +20,9 @@ urlpatterns = [
     path("mw/exempt-class/", middleware_views.ExemptClassView.as_view()),
     path("mw/drf/", middleware_views.TokenChargeView.as_view()),
     path("mw/mixin/", middleware_views.MixinChargeView.as_view()),
+    path("mw/api-function/", middleware_views.api_function),
+    path("mw/exempt-drf/", middleware_views.ExemptAPIView.as_view()),
+    path("mw/non-atomic/", middleware_views.non_atomic),
     path("mw/ns/", include(([path("plain/", middleware_views.named, name="n")], "mwns"))),
     # Protected by their own decorator: the middleware must not protect them twice.
     path("mw/decorated/", views.effect),

@@ -7,10 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import View
 from rest_framework import serializers, viewsets
 from rest_framework.authentication import TokenAuthentication
+from rest_framework.decorators import api_view, authentication_classes, permission_classes
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -108,3 +110,29 @@ class MixinChargeView(IdempotentMixin, APIView):
     def post(self, request: Request) -> Response:
         effect = SideEffect.objects.create(label="mw_mixin")
         return Response({"effect": effect.pk}, status=201)
+
+
+@api_view(["POST"])
+@authentication_classes([TokenAuthentication])
+@permission_classes([IsAuthenticated])
+def api_function(request: Request) -> Response:
+    """DRF's function views are ``APIView`` classes too: claimed after DRF's auth."""
+    effect = SideEffect.objects.create(label="mw_api_function")
+    return Response({"effect": effect.pk, "user": request.user.username}, status=201)
+
+
+@idempotency_exempt
+class ExemptAPIView(APIView):
+    authentication_classes = [TokenAuthentication]
+    permission_classes = [IsAuthenticated]
+
+    def post(self, request: Request) -> Response:
+        effect = SideEffect.objects.create(label="mw_exempt_drf")
+        return Response({"effect": effect.pk}, status=201)
+
+
+@transaction.non_atomic_requests
+def non_atomic(request: HttpRequest) -> HttpResponse:
+    """Opted out of ATOMIC_REQUESTS by its author: the middleware keeps it out."""
+    effect = SideEffect.objects.create(label="mw_non_atomic")
+    return JsonResponse({"effect": effect.pk, "in_atomic": connection.in_atomic_block}, status=201)

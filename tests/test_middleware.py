@@ -256,7 +256,12 @@ def token_post(client: Client) -> Callable[..., Any]:
 
 
 @pytest.mark.parametrize(
-    ("path", "label"), [("/mw/drf/", "mw_drf"), ("/mw/viewset/", "mw_viewset")]
+    ("path", "label"),
+    [
+        ("/mw/drf/", "mw_drf"),
+        ("/mw/viewset/", "mw_viewset"),
+        ("/mw/api-function/", "mw_api_function"),
+    ],
 )
 def test_drf_views_are_scoped_to_the_token_user(
     alice: User, bob: User, client: Client, path: str, label: str
@@ -282,6 +287,18 @@ def test_drf_views_are_scoped_to_the_token_user(
     assert sorted(IdempotencyRecord.objects.values_list("account", flat=True)) == sorted(
         [str(alice.pk), str(bob.pk)]
     )
+
+
+def test_an_exempt_drf_view_is_untouched(alice: User, client: Client) -> None:
+    send = token_post(client)
+    token = Token.objects.create(user=alice).key
+    first = send("/mw/exempt-drf/", token)
+    retry = send("/mw/exempt-drf/", token)
+
+    assert first.status_code == retry.status_code == 201
+    assert "Idempotent-Replayed" not in retry
+    assert effects("mw_exempt_drf") == 2
+    assert not IdempotencyRecord.objects.exists()
 
 
 def test_drf_refuses_an_unauthenticated_request_before_any_claim(
@@ -357,6 +374,17 @@ def test_under_atomic_requests_the_view_runs_in_the_request_transaction(
     )
     post("/mw/plain/", {"amount": 1})
     assert seen == [True]
+
+
+def test_a_view_opted_out_of_atomic_requests_stays_out(
+    alice: User, post: Post, atomic_requests: None
+) -> None:
+    first = post("/mw/non-atomic/", {"amount": 1})
+    retry = post("/mw/non-atomic/", {"amount": 1})
+
+    assert json.loads(first.content)["in_atomic"] is False
+    assert retry["Idempotent-Replayed"] == "true"
+    assert effects("mw_non_atomic") == 1
 
 
 def test_a_2xx_is_never_given_for_work_that_rolled_back(
