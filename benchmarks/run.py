@@ -533,9 +533,10 @@ def add_purge(report: Report, purged: Purge, vendor: str) -> None:
 
 
 def write_results(path: Path, text: str, vendor: str) -> None:
-    """Replace the marked block of ``vendor`` in ``path`` (one block per database)."""
-    start = RESULTS_START.replace(":start", f":{vendor}:start")
-    end = RESULTS_END.replace(":end", f":{vendor}:end")
+    """Replace the marked block of ``vendor`` in ``path`` (PostgreSQL's, MariaDB's)."""
+    marker = "" if vendor == "postgresql" else ":mariadb"
+    start = RESULTS_START.replace(":start", f"{marker}:start")
+    end = RESULTS_END.replace(":end", f"{marker}:end")
     block = f"{start}\n```text\n{text}\n```\n{end}"
     current = path.read_text() if path.exists() else "# Benchmark results\n"
     if start in current and end in current:
