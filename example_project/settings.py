@@ -37,6 +37,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
     "idempotency_django",
     "example_project.payments",
 ]
@@ -82,7 +83,11 @@ REST_FRAMEWORK = {
     "DEFAULT_CONTENT_NEGOTIATION_CLASS": "example_project.payments.parsers.ContentNegotiation",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "example_project.payments.api.problem_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
+
+# /api/schema/: the OpenAPI document of /api/charges/ (drf-spectacular).
+SPECTACULAR_SETTINGS = {"TITLE": "Payments (Django REST framework)", "VERSION": "1"}
 
 IDEMPOTENCY = {
     "LEASE_SECONDS": float(os.environ.get("EXAMPLE_LEASE_SECONDS", "10")),

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.urls import path
+from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import SimpleRouter
 
-from example_project.payments import api, views
+from example_project.payments import api, ninja_api, views
 
 router = SimpleRouter()
 router.register("api/charges", api.ChargeViewSet, basename="api-charges")
@@ -16,6 +17,11 @@ urlpatterns = [
     path("charges/<str:charge_id>", views.charge_detail, name="charge-detail"),
     path("async/charges/", views.async_charges, name="async-charges"),
     *router.urls,
+    # The OpenAPI documents, each with the Idempotency-Key contract and its expiry policy:
+    # drf-spectacular's for /api/charges/ (YAML; ?format=json for JSON) and ninja's.
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    # /ninja/charges/ and /ninja/openapi.json
+    path("ninja/", ninja_api.api.urls),
 ]
 
 # Problem responses (application/problem+json) for what Django answers itself: a body it

@@ -27,6 +27,7 @@ generated (so ``override_settings`` shows in it).
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import re
@@ -257,13 +258,16 @@ class _SchemaExtra(Mapping[str, Any]):
             return dict(self.own)
         ttl = options.pick("ttl_seconds", "TTL_SECONDS")
         declared = [s for s in self.operation.response_models if isinstance(s, int)]
-        extra = contract.document(
-            {"responses": {status: {} for status in declared}},
+        # The author's openapi_extra first, so that its responses get the contract too.
+        extra = copy.deepcopy(self.own)
+        responses = extra.setdefault("responses", {})
+        for status in declared:
+            responses.setdefault(status, {})
+        return contract.document(
+            extra,
             required=bool(options.pick("required", "REQUIRED")),
             ttl=None if ttl is None else float(ttl),
         )
-        _merge(extra, self.own)
-        return extra
 
     def __getitem__(self, name: str) -> Any:
         return self._build()[name]
@@ -273,16 +277,6 @@ class _SchemaExtra(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self._build())
-
-
-def _merge(into: dict[str, Any], update: Mapping[str, Any]) -> None:
-    for name, value in update.items():
-        if isinstance(into.get(name), dict) and isinstance(value, Mapping):
-            _merge(into[name], value)
-        elif isinstance(into.get(name), list) and isinstance(value, list):
-            into[name].extend(value)
-        else:
-            into[name] = value
 
 
 __all__ = ["IdempotentRouter", "auth_account", "idempotent"]

@@ -8,6 +8,7 @@ Loaded by the app when drf-spectacular is installed; nothing to configure.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiViewExtension
@@ -33,6 +34,37 @@ def document(view: Any, method: str, operation: dict[str, Any]) -> dict[str, Any
     )
 
 
+class _Documenting:
+    """Marks a schema class that already adds the contract."""
+
+
+def _documenting(base: type[AutoSchema]) -> type[AutoSchema]:
+    """``base``, adding the contract to the operations it generates."""
+    if issubclass(base, _Documenting):
+        return base
+
+    class IdempotentSchema(_Documenting, base):  # type: ignore[misc,valid-type]
+        def get_operation(self, *args: Any, **kwargs: Any) -> Any:
+            operation = super().get_operation(*args, **kwargs)
+            if operation is None:
+                return None
+            return document(self.view, self.method, operation)
+
+    return IdempotentSchema
+
+
+def _with_schema(handler: Any, schema: type[AutoSchema]) -> Any:
+    """A handler like ``handler`` (same attributes: ``@action``'s mapping, url_path, …)
+    whose ``@extend_schema`` class is ``schema``."""
+
+    @functools.wraps(handler)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return handler(*args, **kwargs)
+
+    wrapper.kwargs = {**handler.kwargs, "schema": schema}  # type: ignore[attr-defined]
+    return wrapper
+
+
 class IdempotentViewExtension(OpenApiViewExtension):  # type: ignore[no-untyped-call]
     target_class = "idempotency_django.drf.IdempotentMixin"
     match_subclasses = True
@@ -54,12 +86,15 @@ class IdempotentViewExtension(OpenApiViewExtension):  # type: ignore[no-untyped-
             api_settings.DEFAULT_SCHEMA_CLASS, AutoSchema
         ):
             base = api_settings.DEFAULT_SCHEMA_CLASS
-
-        class IdempotentSchema(base):  # type: ignore[misc,valid-type]
-            def get_operation(self, *args: Any, **kwargs: Any) -> Any:
-                operation = super().get_operation(*args, **kwargs)
-                if operation is None:
-                    return None
-                return document(self.view, self.method, operation)
-
-        return type(self.target.__name__, (self.target,), {"schema": IdempotentSchema()})
+        attributes: dict[str, Any] = {"schema": _documenting(base)()}
+        # An action's own @extend_schema gives it a schema class of its own, which
+        # drf-spectacular uses in place of the view's: document through that one too.
+        for name in dir(self.target):
+            handler = getattr(self.target, name, None)
+            extended = getattr(handler, "kwargs", None)
+            if callable(handler) and isinstance(extended, dict) and "schema" in extended:
+                action_schema = extended["schema"]
+                if not isinstance(action_schema, type):
+                    action_schema = type(action_schema)
+                attributes[name] = _with_schema(handler, _documenting(action_schema))
+        return type(self.target.__name__, (self.target,), attributes)

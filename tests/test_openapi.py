@@ -173,3 +173,45 @@ def test_a_views_own_problem_status_keeps_its_description_and_is_replayable() ->
     assert responses["400"]["description"] == "Bad Request"
     assert set(responses["400"]["content"]) == {"application/json", "application/problem+json"}
     assert "Idempotent-Replayed" in responses["400"]["headers"]
+
+
+def test_an_actions_own_extend_schema_keeps_the_contract() -> None:
+    """``@extend_schema`` on an action gives it a schema class of its own, which
+    drf-spectacular uses in place of the view's: the contract is added through it too."""
+    from drf_spectacular.types import OpenApiTypes
+    from drf_spectacular.utils import extend_schema
+    from rest_framework import viewsets
+    from rest_framework.decorators import action
+    from rest_framework.response import Response
+    from rest_framework.routers import SimpleRouter
+
+    from idempotency_django.drf import IdempotentMixin
+
+    class Extended(IdempotentMixin, viewsets.ViewSet):
+        idempotency_actions = {"create", "refund"}
+
+        @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT})
+        def create(self, request: Any) -> Response:
+            return Response(status=201)
+
+        @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="Refund it")
+        @action(detail=False, methods=["post"])
+        def refund(self, request: Any) -> Response:
+            return Response()
+
+        @extend_schema(responses={200: OpenApiTypes.OBJECT})
+        def list(self, request: Any) -> Response:
+            return Response()
+
+    router = SimpleRouter()
+    router.register("extended", Extended, basename="extended")
+    schema = json.loads(
+        json.dumps(SchemaGenerator(patterns=router.urls).get_schema(request=None, public=True))
+    )
+    paths = schema["paths"]
+
+    assert key_header(paths["/extended/"]["post"]) is not None
+    assert "Idempotent-Replayed" in paths["/extended/"]["post"]["responses"]["201"]["headers"]
+    assert key_header(paths["/extended/refund/"]["post"]) is not None
+    assert paths["/extended/refund/"]["post"]["summary"] == "Refund it"
+    assert key_header(paths["/extended/"]["get"]) is None

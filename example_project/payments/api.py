@@ -13,6 +13,8 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.http import HttpResponseBase
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, viewsets
 from rest_framework.authentication import BasicAuthentication
 from rest_framework.permissions import IsAuthenticated
@@ -58,10 +60,16 @@ class ChargeViewSet(IdempotentMixin, viewsets.ViewSet):
     permission_classes = [IsAuthenticated]
     idempotency_actions = {"create"}
 
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def list(self, request: Request) -> Response:
         assert isinstance(request.user, User)
         return Response(service.charges_of(request.user))
 
+    @extend_schema(
+        request=OpenApiTypes.OBJECT,
+        responses={201: OpenApiTypes.OBJECT, 402: OpenApiTypes.OBJECT},
+        summary="Charge a card, once per Idempotency-Key",
+    )
     def create(self, request: Request) -> Response:
         assert isinstance(request.user, User)
         # request.data: the body through JSONParser (another media type is a 415).

@@ -1,0 +1,196 @@
+"""The example project's django-ninja front door, ``/ninja/charges/``, and the two OpenAPI
+documents it serves (``/ninja/openapi.json`` and drf-spectacular's ``/api/schema/``).
+
+The example has its own settings and apps, so it runs in a child process on a SQLite file
+of its own (migrated there), driven by Django's test client. ``tests/e2e/test_ninja_live.py``
+serves the same project under gunicorn on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.e2e.server import REPO_ROOT, example_env
+
+# Run in the child, with the example's settings: each answer by name, as JSON on the last
+# line, and the number of charges alice has at the end.
+CHILD = r"""
+import base64, json, django
+django.setup()
+from django.core.management import call_command
+from django.test import Client
+from example_project.payments.models import Charge
+
+call_command("migrate", verbosity=0)
+client = Client()
+
+def auth(user, password=None):
+    token = base64.b64encode(f"{user}:{password or user}".encode()).decode()
+    return {"HTTP_AUTHORIZATION": f"Basic {token}"}
+
+def answer(response):
+    body = response.content.decode()
+    return {
+        "status": response.status_code,
+        "type": response.get("Content-Type"),
+        "location": response.get("Location"),
+        "allow": response.get("Allow"),
+        "replayed": response.get("Idempotent-Replayed"),
+        "retry_after": response.get("Retry-After"),
+        "www_authenticate": response.get("WWW-Authenticate"),
+        "raw": body,
+        "body": json.loads(body) if body.startswith(("{", "[")) else body,
+    }
+
+CHARGE = {"amount": 1000, "currency": "eur", "card": "tok_visa"}
+
+def post(body=CHARGE, key="order-1", user="alice", content_type="application/json", **extra):
+    headers = dict(auth(user) if user else {}, **extra)
+    if key is not None:
+        headers["HTTP_IDEMPOTENCY_KEY"] = key
+    data = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    return answer(client.post("/ninja/charges/", data, content_type=content_type, **headers))
+
+results = {
+    "first": post(),
+    "retry": post(),
+    "other body": post(dict(CHARGE, amount=2000)),
+    "bob, same key": post(user="bob"),
+    "no key": post(key=None),
+    "malformed key": post(key="\u00e9t\u00e9"),
+    "anonymous": post(user=None),
+    "wrong password": post(user=None, **auth("alice", "x")),
+    "invalid json": post("{bad", key="order-2"),
+    "invalid json, retried": post("{bad", key="order-2"),
+    "form": post("amount=1", key="order-3", content_type="application/x-www-form-urlencoded"),
+    "invalid charge": post({"amount": -1}, key="order-4"),
+    "declined": post(dict(CHARGE, card="tok_declined"), key="order-5"),
+    "declined, retried": post(dict(CHARGE, card="tok_declined"), key="order-5"),
+    "PUT": answer(client.put("/ninja/charges/", "{}", content_type="application/json")),
+    "list": answer(client.get("/ninja/charges/", **auth("alice"))),
+    "ninja schema": answer(client.get("/ninja/openapi.json")),
+    "drf schema": answer(client.get("/api/schema/?format=json")),
+}
+results["charges"] = Charge.objects.filter(account__username="alice").count()
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    database = tmp_path_factory.mktemp("example") / "example.sqlite3"
+    env = example_env(f"sqlite:///{database}", EXAMPLE_PROVIDER_DELAY_MS="0")
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr
+    results: dict[str, Any] = json.loads(child.stdout.splitlines()[-1])
+    return results
+
+
+def problem(answer: dict[str, Any], status: int, type_: str) -> None:
+    assert answer["status"] == status
+    assert answer["type"] == "application/problem+json"
+    assert answer["body"]["type"] == type_
+    assert answer["body"]["status"] == status
+
+
+def test_a_charge_is_made_once_and_its_retry_replayed(answers: dict[str, Any]) -> None:
+    first, retry = answers["first"], answers["retry"]
+
+    assert first["status"] == 201
+    assert first["location"] == f"/charges/{first['body']['id']}"
+    assert first["replayed"] is None
+    assert retry["status"] == 201
+    assert retry["raw"] == first["raw"]
+    assert retry["location"] == first["location"]
+    assert retry["replayed"] == "true"
+
+
+def test_alice_was_charged_once_per_key(answers: dict[str, Any]) -> None:
+    # order-1 once; order-2/3/4 were refused by validation; order-5 was declined.
+    assert answers["charges"] == 1
+    assert answers["list"]["status"] == 200
+    assert answers["list"]["body"]["count"] == 1
+
+
+def test_keys_belong_to_the_authenticated_account(answers: dict[str, Any]) -> None:
+    bob = answers["bob, same key"]
+
+    assert bob["status"] == 201
+    assert bob["replayed"] is None
+    assert bob["body"]["id"] != answers["first"]["body"]["id"]
+
+
+def test_the_idempotency_problems_are_the_apps(answers: dict[str, Any]) -> None:
+    base = "urn:idempotency-django:problem:"
+    problem(answers["other body"], 422, base + "key-mismatch")
+    problem(answers["no key"], 400, base + "key-missing")
+    problem(answers["malformed key"], 400, base + "key-malformed")
+
+
+def test_authentication_comes_first_and_is_a_401_problem(answers: dict[str, Any]) -> None:
+    for name in ("anonymous", "wrong password"):
+        problem(answers[name], 401, "urn:example-payments:unauthorized")
+        assert answers[name]["www_authenticate"] == 'Basic realm="payments"'
+
+
+def test_bad_bodies_are_the_plain_views_problems_and_are_stored(answers: dict[str, Any]) -> None:
+    problem(answers["invalid json"], 400, "urn:example-payments:invalid-json")
+    assert answers["invalid json, retried"]["replayed"] == "true"
+    problem(answers["form"], 415, "urn:example-payments:unsupported-media-type")
+    problem(answers["invalid charge"], 400, "urn:example-payments:invalid-charge")
+    assert set(answers["invalid charge"]["body"]["errors"]) == {"amount", "currency", "card"}
+
+
+def test_a_declined_card_is_declined_again_without_a_second_attempt(
+    answers: dict[str, Any],
+) -> None:
+    problem(answers["declined"], 402, "urn:example-payments:card-declined")
+    assert answers["declined, retried"]["raw"] == answers["declined"]["raw"]
+    assert answers["declined, retried"]["replayed"] == "true"
+
+
+def test_another_method_is_a_405_problem(answers: dict[str, Any]) -> None:
+    problem(answers["PUT"], 405, "urn:example-payments:method-not-allowed")
+    assert answers["PUT"]["allow"] == "GET, POST"
+
+
+def _key_header(operation: dict[str, Any]) -> dict[str, Any]:
+    return next(p for p in operation["parameters"] if p["name"] == "Idempotency-Key")
+
+
+@pytest.mark.parametrize(
+    ("document", "path"),
+    [("ninja schema", "/ninja/charges/"), ("drf schema", "/api/charges/")],
+)
+def test_both_documents_publish_the_contract(
+    answers: dict[str, Any], document: str, path: str
+) -> None:
+    assert answers[document]["status"] == 200
+    post = answers[document]["body"]["paths"][path]["post"]
+    header = _key_header(post)
+
+    assert header["required"] is True
+    assert header["schema"]["maxLength"] == 255
+    assert "Keys expire 86400 seconds (24 hours)" in header["description"]
+    assert post["x-idempotency"]["ttlSeconds"] == 86400
+    for status in ("400", "403", "409", "413", "422", "503"):
+        assert "application/problem+json" in post["responses"][status]["content"]
+    assert "Retry-After" in post["responses"]["409"]["headers"]
+    assert "Idempotent-Replayed" in post["responses"]["201"]["headers"]
+    assert all(
+        p["name"] != "Idempotency-Key"
+        for p in answers[document]["body"]["paths"][path]["get"].get("parameters", [])
+    )
