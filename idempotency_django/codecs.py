@@ -25,7 +25,7 @@ import functools
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from django.conf import settings
@@ -39,6 +39,9 @@ from idempotency_django.responses import StoredResponse
 
 if TYPE_CHECKING:
     from cryptography.fernet import MultiFernet
+    from django.db.models import QuerySet
+
+    from idempotency_django.models import IdempotencyRecord
 
 logger = logging.getLogger("idempotency_django")
 
@@ -272,6 +275,81 @@ def _redacted(redact: Callable[..., Any], outcome: StoredResponse) -> StoredResp
             f"REDACT_RESPONSE returned {type(redacted).__name__}, not a StoredResponse."
         )
     return redacted
+
+
+# -- re-sealing stored records ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Resealed:
+    """What ``reseal_records`` did: records sealed again under the codec's current key,
+    records it could not open (left as they are), and records it skipped (not stored)."""
+
+    resealed: int
+    unreadable: int
+    skipped: int
+
+
+def reseal_records(*, using: str | None = None, batch_size: int = 100) -> Resealed:
+    """Seal every stored response again with the configured codec: under a rotated codec,
+    the first key; a record stored in clear before the codec was set, sealed for the
+    first time. After it, keys that only old records needed can be dropped at once,
+    without waiting ``TTL_SECONDS`` (and with ``TTL_SECONDS = None``, ever).
+
+    Redaction is not applied again: it already was, or the record predates it. Each
+    record is read and written on its own (a body can be ``MAX_RESPONSE_BYTES``), and the
+    write is fenced by the record's claim token and state: a record taken over since it
+    was read belongs to its new claim and is left alone. Safe while traffic flows.
+    """
+    from idempotency_django import engine
+    from idempotency_django.models import IdempotencyRecord
+
+    codec = get_codec()
+    if codec is None:
+        raise ImproperlyConfigured("IDEMPOTENCY RESPONSE_CODEC is not set: nothing to seal with.")
+    alias = using or engine.store_alias()
+    records = IdempotencyRecord.objects.using(alias).filter(
+        state=IdempotencyRecord.State.COMPLETED, response_body__isnull=False
+    )
+    counts = {"resealed": 0, "unreadable": 0, "skipped": 0, "gone": 0}
+    last = 0
+    while True:
+        batch = list(
+            records.filter(pk__gt=last).order_by("pk").values_list("pk", "token")[:batch_size]
+        )
+        if not batch:
+            return Resealed(counts["resealed"], counts["unreadable"], counts["skipped"])
+        for pk, token in batch:
+            last = pk
+            counts[reseal_one(records, pk, token, codec)] += 1
+
+
+def reseal_one(
+    records: QuerySet[IdempotencyRecord], pk: int, token: str, codec: ResponseCodec
+) -> str:
+    """Seal one record again; say what became of it: ``"resealed"``, ``"unreadable"`` (left
+    as it is), ``"skipped"`` (never stored) or ``"gone"`` (deleted or claimed again since
+    it was listed; the write is fenced the same way)."""
+    found = (
+        records.filter(pk=pk, token=token)
+        .values_list("response_status", "response_headers", "response_body")
+        .first()
+    )
+    if found is None:
+        return "gone"
+    status, headers, body = found
+    stored = StoredResponse(
+        int(status or 0), bytes(body or b""), [(str(name), str(value)) for name, value in headers]
+    )
+    if stored.body == UNSTORABLE:
+        return "skipped"
+    try:
+        opened = unseal(stored)
+    except ResponseUnreadable:
+        return "unreadable"
+    sealed = SEALED + codec.encode(_frame(opened))
+    written = records.filter(pk=pk, token=token).update(response_body=sealed, response_headers=[])
+    return "resealed" if written else "gone"
 
 
 # -- a redaction hook to start from -----------------------------------------------------------

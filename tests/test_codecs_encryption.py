@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import sys
+from io import StringIO
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from cryptography.fernet import Fernet, InvalidToken
 from django.contrib.auth.models import User
+from django.core.management import CommandError, ManagementUtility, call_command
 from rest_framework.test import APIClient
 
 from idempotency_django import codecs
@@ -17,6 +19,7 @@ from idempotency_django.codecs import SEALED, UNSTORABLE, FernetCodec, check_cod
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.tasks import claim_once
 from tests.conftest import Post, effects
+from tests.factories import IdempotencyRecordFactory
 
 if TYPE_CHECKING:
     from pytest_django import Settings
@@ -236,3 +239,103 @@ def test_the_drf_mixin_replays_encrypted_responses_and_their_hook(
     assert unreadable.status_code == 409
     assert json.loads(unreadable.content)["type"].endswith(":response-unreadable")
     assert effects("drf") == 1
+
+
+# --- resealing: rotation done at once ---------------------------------------------------------
+
+
+def test_reseal_moves_old_records_to_the_new_key_so_the_old_one_can_go(
+    post: Post, settings: Settings
+) -> None:
+    first = post("/effect/", {"n": 0}, key="plain")  # stored before encryption
+    encrypt_with(settings, OLD_KEY)
+    second = post("/effect/", {"n": 1}, key="old")
+    encrypt_with(settings, OLD_KEY)
+    codec_of_another_time = FernetCodec([OTHER_KEY])
+    lost = completed_record("lost", codec_of_another_time.encode(b"[]\nsecret"))
+    not_stored = completed_record("unstorable", UNSTORABLE)
+
+    encrypt_with(settings, NEW_KEY, OLD_KEY)
+    out, err = StringIO(), StringIO()
+    call_command("reseal_idempotency_responses", "--batch-size", "1", stdout=out, stderr=err)
+
+    assert "Resealed 2 stored responses; 1 could not be opened" in out.getvalue()
+    assert "restore the key" in err.getvalue()
+    for key in ("plain", "old"):
+        body = bytes(IdempotencyRecord.objects.get(key=key).response_body)
+        assert body.startswith(SEALED)
+        Fernet(NEW_KEY).decrypt(body[len(SEALED) :])  # under the new key now
+    assert bytes(IdempotencyRecord.objects.get(pk=lost.pk).response_body) == bytes(
+        lost.response_body
+    )
+    assert bytes(IdempotencyRecord.objects.get(pk=not_stored.pk).response_body) == UNSTORABLE
+
+    encrypt_with(settings, NEW_KEY)  # the old key dropped at once
+    for key, response, body in (("plain", first, {"n": 0}), ("old", second, {"n": 1})):
+        replayed = post("/effect/", body, key=key)
+        assert (replayed.status_code, replayed.content) == (201, response.content)
+        assert replayed["Location"] == response["Location"]
+    assert effects() == 2
+
+
+def completed_record(key: str, sealed_token: bytes) -> IdempotencyRecord:
+    body = sealed_token if sealed_token == UNSTORABLE else SEALED + sealed_token
+    return IdempotencyRecordFactory(
+        key=key,
+        state=IdempotencyRecord.State.COMPLETED,
+        lease_expires_at=None,
+        response_status=201,
+        response_body=body,
+        response_headers=[],
+    )
+
+
+def test_reseal_without_a_codec_is_refused(settings: Settings) -> None:
+    settings.IDEMPOTENCY = {}
+    with pytest.raises(CommandError, match="RESPONSE_CODEC is not set"):
+        call_command("reseal_idempotency_responses")
+
+
+@pytest.mark.parametrize(
+    "args", [["--database", "nope"], ["--batch-size", "0"], ["--batch-size", "x"]]
+)
+def test_reseal_bad_options_exit_2(settings: Settings, args: list[str]) -> None:
+    encrypt_with(settings, NEW_KEY)
+    with pytest.raises(CommandError) as error:
+        call_command("reseal_idempotency_responses", *args)
+    assert error.value.returncode == 2
+
+
+def test_reseal_leaves_a_record_deleted_or_claimed_again_since_it_was_listed(
+    settings: Settings,
+) -> None:
+    encrypt_with(settings, NEW_KEY)
+    record = completed_record("k", FernetCodec([NEW_KEY]).encode(b"[]\nbody"))
+    records = IdempotencyRecord.objects.all()
+
+    assert codecs.reseal_one(records, record.pk, "another claim's token", FernetCodec()) == "gone"
+    assert codecs.reseal_one(records, record.pk + 1, record.token, FernetCodec()) == "gone"
+    assert bytes(IdempotencyRecord.objects.get().response_body) == bytes(record.response_body)
+    assert codecs.reseal_one(records, record.pk, record.token, FernetCodec()) == "resealed"
+
+
+def test_reseal_with_everything_readable_writes_no_warning(post: Post, settings: Settings) -> None:
+    encrypt_with(settings, NEW_KEY)
+    post("/effect/", {"n": 1})
+    out, err = StringIO(), StringIO()
+
+    call_command("reseal_idempotency_responses", stdout=out, stderr=err)
+
+    assert "Resealed 1 stored responses; 0 could not be opened" in out.getvalue()
+    assert err.getvalue() == ""
+
+
+def test_reseal_bad_options_on_the_command_line_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        ManagementUtility(
+            ["manage.py", "reseal_idempotency_responses", "--batch-size", "0"]
+        ).execute()
+    assert exited.value.code == 2
+    assert "must be a positive integer" in capsys.readouterr().err

@@ -1,0 +1,76 @@
+"""``manage.py reseal_idempotency_responses``: seal every stored response again under the
+configured ``RESPONSE_CODEC`` (after a key rotation, or when encryption is turned on)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, NoReturn
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
+
+from idempotency_django.codecs import reseal_records
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
+    return value
+
+
+class _Parser(CommandParser):
+    """Every usage error a ``CommandError`` with exit status 2, under ``call_command`` too
+    (Django's parser gives status 1 there; argparse exits 2 on the command line)."""
+
+    def error(self, message: str) -> NoReturn:
+        if self.called_from_command_line:
+            super().error(message)
+        raise CommandError(f"Error: {message}", returncode=2)
+
+
+class Command(BaseCommand):
+    help = (
+        "Seal every stored idempotent response again with RESPONSE_CODEC: under the first "
+        "of ENCRYPTION_KEYS after a rotation (so older keys can be dropped), and for the "
+        "first time for records stored before the codec was set. Safe while traffic flows."
+    )
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parser.__class__ = _Parser  # Django builds a CommandParser: this one's error()
+        return parser
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--database", help="The store's database alias (default: as the engine picks)."
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=_positive_int,
+            default=100,
+            help="Records listed per query (each is read and written on its own).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        database = options["database"]
+        if database is not None and database not in connections:
+            raise CommandError(f"Unknown database {database!r}.", returncode=2)
+        try:
+            result = reseal_records(using=database, batch_size=options["batch_size"])
+        except ImproperlyConfigured as error:
+            raise CommandError(str(error)) from error
+        self.stdout.write(
+            f"Resealed {result.resealed} stored responses; {result.unreadable} could not be "
+            f"opened with the configured keys (left as they are); {result.skipped} were "
+            "never stored."
+        )
+        if result.unreadable:
+            self.stderr.write(
+                "Records that cannot be opened answer 409 response-unreadable until they "
+                "expire: restore the key that sealed them to read them again."
+            )
