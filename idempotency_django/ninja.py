@@ -44,6 +44,7 @@ from ninja.utils import contribute_operation_callback
 
 from idempotency_django import contract, keys
 from idempotency_django.conf import DEFAULTS, conf
+from idempotency_django.exceptions import IdempotencyError
 from idempotency_django.protect import _UNSET, ViewOptions, aprotect, options_from, protect
 from idempotency_django.responses import problem_response
 
@@ -216,7 +217,8 @@ def _protected(
 
             if not options.protects(request.method):
                 return await call_view()
-            return await aprotect(request, call_view, options, problem_response)
+            errors = functools.partial(error_response, operation, request)
+            return await aprotect(request, call_view, options, errors)
 
         return async_view
 
@@ -231,9 +233,33 @@ def _protected(
 
         if not options.protects(request.method):
             return call_view()
-        return protect(request, call_view, options, problem_response)
+        return protect(
+            request, call_view, options, functools.partial(error_response, operation, request)
+        )
 
     return view
+
+
+def error_response(
+    operation: Operation, request: HttpRequest, error: IdempotencyError
+) -> HttpResponseBase:
+    """The response for one of the app's own errors (400, 403, 409, 413, 422, 503).
+
+    ``application/problem+json`` (RFC 9457), the same body as ``@idempotent`` views, unless
+    the API has an exception handler of its own for the error's class (or for
+    ``IdempotencyError``): then the project's format, as a custom ``EXCEPTION_HANDLER`` does
+    with the DRF mixin, with ``Retry-After`` kept.
+    """
+    handlers = getattr(operation.api, "_exception_handlers", {})
+    for klass in type(error).__mro__:
+        if klass in handlers:
+            response: HttpResponseBase = handlers[klass](request, error)
+            if error.retry_after is not None:
+                response["Retry-After"] = str(error.retry_after)
+            return response
+        if klass is IdempotencyError:
+            break
+    return problem_response(error)
 
 
 class _SchemaExtra(Mapping[str, Any]):

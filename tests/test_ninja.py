@@ -325,3 +325,50 @@ def test_auth_account_names_the_caller() -> None:
     request.auth = b"secret"  # type: ignore[attr-defined]
     assert auth_account(request) == auth_account(request)
     assert "secret" not in str(auth_account(request))
+
+
+def test_an_api_handler_for_idempotency_errors_answers_them(alice: User) -> None:
+    """As a custom EXCEPTION_HANDLER does with the DRF mixin: the project's format."""
+    from django.http import HttpRequest, JsonResponse
+
+    from idempotency_django.exceptions import IdempotencyError
+
+    custom = NinjaAPI(urls_namespace="custom-errors")
+
+    @custom.exception_handler(IdempotencyError)
+    def ours(request: HttpRequest, exc: IdempotencyError) -> JsonResponse:
+        return JsonResponse({"error": exc.slug}, status=exc.status)
+
+    @custom.post("/x/", response={201: dict[str, int]})
+    @idempotent
+    def make(request: Any) -> Any:
+        return Status(201, {"n": SideEffect.objects.create(label="custom").pk})
+
+    client = TestClient(custom)
+    missing = client.post("/x/", json={}, user=alice)
+    client.post("/x/", json={"a": 1}, headers={"Idempotency-Key": "c1"}, user=alice)
+    mismatch = client.post("/x/", json={"a": 2}, headers={"Idempotency-Key": "c1"}, user=alice)
+
+    assert (missing.status_code, missing.json()) == (400, {"error": "key-missing"})
+    assert (mismatch.status_code, mismatch.json()) == (422, {"error": "key-mismatch"})
+    assert effects("custom") == 1
+
+
+def test_under_atomic_requests_the_operation_runs_once_in_the_request_transaction(
+    send: Send, alice: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ninja's view is inside the ATOMIC_REQUESTS transaction before the operation runs, so
+    the claim cannot commit first: the lifecycle runs it in atomic mode (claim, work and
+    outcome in that transaction). Single flight holds; a failure rolls all of it back."""
+    from django.db import connections
+
+    monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
+    first = send("/r/effects/", {"amount": 1})
+    again = send("/r/effects/", {"amount": 1})
+    with pytest.raises(RuntimeError):
+        send("/r/effects/", {"amount": 1, "fail": "raise"}, key="boom")
+
+    assert first.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+    assert effects() == 1  # the failed one's work rolled back with its claim
+    assert not IdempotencyRecord.objects.filter(key="boom").exists()
