@@ -172,10 +172,8 @@ def _protected_method(method: str | None) -> bool:
 
 
 def _exempt_by_name(request: HttpRequest) -> bool:
-    match = getattr(request, "resolver_match", None)
-    name = getattr(match, "view_name", None)
-    if not name:
-        return False
+    match = request.resolver_match  # set by Django before any process_view
+    name = match.view_name if match is not None else ""
     for pattern in conf.EXEMPT_URL_NAMES:
         if pattern == name or (pattern.endswith(":*") and name.startswith(pattern[:-1])):
             return True

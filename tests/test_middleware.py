@@ -516,3 +516,19 @@ def test_an_async_view_under_atomic_requests_gets_djangos_own_error(
     assert refused.status_code == 500
     assert effects() == 0
     assert not IdempotencyRecord.objects.exists()
+
+
+def test_under_asgi_an_async_view_under_atomic_requests_gets_djangos_own_error(
+    alice: User, atomic_requests: None
+) -> None:
+    async def send() -> Any:
+        return await AsyncClient(raise_request_exception=False).post(
+            "/mw/async/",
+            data=json.dumps({"amount": 1}),
+            content_type="application/json",
+            headers={"Idempotency-Key": "k1", "X-User": "alice"},
+        )
+
+    assert async_to_sync(send)().status_code == 500
+    assert effects() == 0
+    assert not IdempotencyRecord.objects.exists()
