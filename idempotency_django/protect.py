@@ -11,9 +11,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
+from django.core.signals import setting_changed
 from django.db import connections
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
@@ -100,32 +102,103 @@ class ViewOptions:
         value = getattr(self, name)
         return conf.get(setting) if value is _UNSET else value
 
+    def resolved(self) -> Resolved:
+        """This view's settings, resolved on first use and kept until a setting changes
+        (``setting_changed``: ``override_settings`` and pytest-django's ``settings`` send
+        it), rather than looked up in ``settings.IDEMPOTENCY`` a score of times per request."""
+        cached = self.__dict__.get("_resolved")
+        if cached is None or cached.generation != _settings_generation:
+            cached = Resolved(self, _settings_generation)
+            object.__setattr__(self, "_resolved", cached)  # frozen: a cache, not a field
+        return cached
+
     def protects(self, method: str | None) -> bool:
-        methods = self.pick("methods", "METHODS")
-        return conf.ENABLED and (method or "").upper() in {m.upper() for m in methods}
+        resolved = self.resolved()
+        return resolved.enabled and (method or "").upper() in resolved.methods
 
     def raw_key(self, request: HttpRequest) -> str | None:
         """The unparsed key: the ``HEADER`` header, or what the ``key`` callable returns."""
         if self.key is not None:
             return self.key(request)
-        return request.headers.get(conf.HEADER)
+        return request.headers.get(self.resolved().header)
 
     def policy(self) -> lifecycle.Policy:
-        ttl = self.pick("ttl_seconds", "TTL_SECONDS")
+        return self.resolved().policy(engine.store_alias())
+
+
+_settings_generation = 0
+
+
+def _settings_changed(**kwargs: Any) -> None:
+    global _settings_generation
+    _settings_generation += 1
+
+
+setting_changed.connect(_settings_changed, dispatch_uid="idempotency_django.protect")
+
+
+class Resolved:
+    """One view's options merged with the ``IDEMPOTENCY`` setting. Cheap values are read
+    at once; callables are imported on first use (a bad dotted path raises then, on every
+    request, as before); the policy is built once per store alias. The alias itself is
+    looked up per request (``engine.store_alias``): a database router may depend on the
+    request (a tenant), so it is never cached."""
+
+    def __init__(self, options: ViewOptions, generation: int) -> None:
+        self.options = options
+        self.generation = generation
+        self.enabled = conf.ENABLED
+        self.methods = frozenset(m.upper() for m in options.pick("methods", "METHODS"))
+        self.header = conf.HEADER
+        self.required = bool(options.pick("required", "REQUIRED"))
+        self.anonymous = conf.ANONYMOUS
+        self.max_response_bytes = conf.MAX_RESPONSE_BYTES
+        self._policies: dict[str, lifecycle.Policy] = {}
+
+    @cached_property
+    def account(self) -> Callable[..., Any]:
+        return resolve_callable(self.options.pick("account", "ACCOUNT"), "ACCOUNT")
+
+    @cached_property
+    def endpoint(self) -> Callable[..., Any]:
+        return resolve_callable(self.options.pick("endpoint", "ENDPOINT"), "ENDPOINT")
+
+    @cached_property
+    def fingerprint(self) -> Callable[..., Any]:
+        return resolve_callable(conf.get("FINGERPRINT"), "FINGERPRINT")
+
+    @cached_property
+    def body(self) -> Callable[..., Any] | None:
+        body = self.options.fingerprint
+        return resolve_callable(body, "fingerprint") if body is not None else None
+
+    @cached_property
+    def store_statuses(self) -> Callable[[int], bool]:
+        return status_predicate(self.options.pick("store_statuses", "STORE_STATUSES"))
+
+    def policy(self, alias: str) -> lifecycle.Policy:
+        policy = self._policies.get(alias)
+        if policy is None:
+            policy = self._policies[alias] = self._policy(alias)
+        return policy
+
+    def _policy(self, alias: str) -> lifecycle.Policy:
+        options = self.options
+        ttl = options.pick("ttl_seconds", "TTL_SECONDS")
         return lifecycle.Policy(
             options=engine.Options(
-                alias=engine.store_alias(),
-                lease=float(self.pick("lease_seconds", "LEASE_SECONDS")),
+                alias=alias,
+                lease=float(options.pick("lease_seconds", "LEASE_SECONDS")),
                 ttl=None if ttl is None else float(ttl),
-                in_flight=str(self.pick("in_flight", "IN_FLIGHT")),
-                wait_seconds=float(self.pick("wait_seconds", "WAIT_SECONDS")),
+                in_flight=str(options.pick("in_flight", "IN_FLIGHT")),
+                wait_seconds=float(options.pick("wait_seconds", "WAIT_SECONDS")),
                 retry_after=conf.RETRY_AFTER_SECONDS,
             ),
-            mode=str(self.pick("mode", "MODE")),
-            max_run=float(self.pick("max_run_seconds", "MAX_RUN_SECONDS")),
-            on_store_error=str(self.pick("on_store_error", "ON_STORE_ERROR")),
-            on_disconnect=str(self.pick("on_disconnect", "ON_DISCONNECT")),
-            label=self.label,
+            mode=str(options.pick("mode", "MODE")),
+            max_run=float(options.pick("max_run_seconds", "MAX_RUN_SECONDS")),
+            on_store_error=str(options.pick("on_store_error", "ON_STORE_ERROR")),
+            on_disconnect=str(options.pick("on_disconnect", "ON_DISCONNECT")),
+            label=options.label,
         )
 
 
@@ -176,33 +249,31 @@ class Guard:
     fingerprint: str
     policy: lifecycle.Policy
     store_statuses: Callable[[int], bool]
+    max_response_bytes: int = 1024 * 1024
 
     @classmethod
     def for_request(cls, request: HttpRequest, options: ViewOptions) -> Guard | None:
         """Parse, scope and fingerprint ``request``; ``None`` when it runs unprotected."""
+        resolved = options.resolved()
         raw = options.raw_key(request)
         if raw is None:
-            if options.pick("required", "REQUIRED"):
-                raise KeyMissing(f"This endpoint requires an {conf.HEADER} header.")
+            if resolved.required:
+                raise KeyMissing(f"This endpoint requires an {resolved.header} header.")
             return None
         key = keys.parse_key(raw)
-        account = resolve_callable(options.pick("account", "ACCOUNT"), "ACCOUNT")(request)
+        account = resolved.account(request)
         if account is None:
-            if conf.ANONYMOUS == "bypass":
+            if resolved.anonymous == "bypass":
                 return None
             raise AnonymousNotAllowed(
                 "Authenticate to use an Idempotency-Key on this endpoint. (If the view does "
                 "authenticate, apply its authentication outside @idempotent, so that it runs "
                 "first.)"
             )
-        endpoint = resolve_callable(options.pick("endpoint", "ENDPOINT"), "ENDPOINT")(request)
-        body = options.fingerprint
+        endpoint = resolved.endpoint(request)
         try:
-            fingerprint = resolve_callable(conf.get("FINGERPRINT"), "FINGERPRINT")(
-                request,
-                endpoint,
-                fields=options.fingerprint_fields,
-                body=resolve_callable(body, "fingerprint") if body is not None else None,
+            fingerprint = resolved.fingerprint(
+                request, endpoint, fields=options.fingerprint_fields, body=resolved.body
             )
         except RequestDataTooBig as exc:
             raise BodyTooLarge(
@@ -216,8 +287,9 @@ class Guard:
             ),
             # A custom FINGERPRINT may return anything: keep it within its column.
             fingerprint=keys.fit(str(fingerprint), FINGERPRINT_MAX_LENGTH),
-            policy=options.policy(),
-            store_statuses=status_predicate(options.pick("store_statuses", "STORE_STATUSES")),
+            policy=resolved.policy(engine.store_alias()),
+            store_statuses=resolved.store_statuses,
+            max_response_bytes=resolved.max_response_bytes,
         )
 
     def outcome(self, response: HttpResponseBase) -> lifecycle.Outcome:
@@ -225,7 +297,7 @@ class Guard:
         when it fits and is not streamed); anything else releases the key."""
         if not self.store_statuses(response.status_code):
             return lifecycle.Outcome(None)
-        if isinstance(response, HttpResponse) and len(response.content) <= conf.MAX_RESPONSE_BYTES:
+        if isinstance(response, HttpResponse) and len(response.content) <= self.max_response_bytes:
             return lifecycle.Outcome(capture(response))
         logger.warning(
             "Idempotency response not stored (streaming or over MAX_RESPONSE_BYTES); "
