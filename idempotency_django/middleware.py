@@ -44,6 +44,7 @@ class _Plan:
     action: str
     options: ViewOptions | None = None
     view: View | None = None  # the DRF view with the mixin, for _DRF
+    exempt_methods: frozenset[str] = frozenset()  # whose handler is @idempotency_exempt
 
 
 _plans: weakref.WeakKeyDictionary[Any, _Plan] = weakref.WeakKeyDictionary()
@@ -164,7 +165,9 @@ def _plan_for(request: HttpRequest, view: View) -> _Plan | None:
         plan = _plans[view] = _make_plan(view)
     except TypeError:  # pragma: no cover - a callable that cannot be weakly referenced
         plan = _make_plan(view)
-    return None if plan.action == _LEAVE else plan
+    if plan.action == _LEAVE or (request.method or "").upper() in plan.exempt_methods:
+        return None
+    return plan
 
 
 def _protected_method(method: str | None) -> bool:
@@ -186,16 +189,34 @@ def _make_plan(view: View) -> _Plan:
         return _Plan(_LEAVE)
     if _marked(view, "idempotent_view") or _has_protected_method(cls):
         return _Plan(_LEAVE)
+    exempt = _exempt_methods(view, cls)
     drf = _drf_classes()
     if drf is not None and isinstance(cls, type) and issubclass(cls, drf[0]):
         if issubclass(cls, drf[1]):
             return _Plan(_LEAVE)
-        return _Plan(_DRF, view=_with_mixin(view, cls))
-    return _Plan(_PLAIN, options=ViewOptions(label=f"IdempotencyMiddleware on {_name(view)}"))
+        return _Plan(_DRF, view=_with_mixin(view, cls), exempt_methods=exempt)
+    label = f"IdempotencyMiddleware on {_name(view)}"
+    return _Plan(_PLAIN, options=ViewOptions(label=label), exempt_methods=exempt)
 
 
 def _marked(obj: Any, marker: str) -> bool:
     return obj is not None and bool(getattr(obj, marker, False))
+
+
+def _exempt_methods(view: View, cls: Any) -> frozenset[str]:
+    """The HTTP methods whose handler is marked ``@idempotency_exempt``: a class-based
+    view's ``post``, or a viewset's action (``create``, an ``@action``) bound to a method."""
+    if not isinstance(cls, type):
+        return frozenset()
+    actions = getattr(view, "actions", None)  # a viewset: method -> action name
+    handlers = (
+        actions if actions is not None else {m: m for m in getattr(cls, "http_method_names", ())}
+    )
+    return frozenset(
+        method.upper()
+        for method, handler in handlers.items()
+        if _marked(getattr(cls, handler, None), "idempotency_exempt")
+    )
 
 
 def _has_protected_method(cls: Any) -> bool:

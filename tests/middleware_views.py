@@ -12,7 +12,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import View
 from rest_framework import serializers, viewsets
 from rest_framework.authentication import TokenAuthentication
-from rest_framework.decorators import api_view, authentication_classes, permission_classes
+from rest_framework.decorators import action, api_view, authentication_classes, permission_classes
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -54,6 +54,10 @@ async def async_plain(request: HttpRequest) -> HttpResponse:
 class PlainClassView(View):
     def post(self, request: HttpRequest) -> HttpResponse:
         return _effect(request, "mw_class")
+
+    @idempotency_exempt
+    def patch(self, request: HttpRequest) -> HttpResponse:
+        return _effect(request, "mw_class_exempt_patch")
 
 
 @idempotency_exempt
@@ -99,6 +103,12 @@ class ChargeViewSet(viewsets.ViewSet):
 
     def list(self, request: Request) -> Response:
         return Response({"effects": SideEffect.objects.filter(label="mw_viewset").count()})
+
+    @idempotency_exempt
+    @action(detail=False, methods=["post"])
+    def ping(self, request: Request) -> Response:
+        effect = SideEffect.objects.create(label="mw_viewset_ping")
+        return Response({"effect": effect.pk}, status=201)
 
 
 class MixinChargeView(IdempotentMixin, APIView):

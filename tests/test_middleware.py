@@ -166,6 +166,28 @@ def test_an_exempt_view_is_untouched(alice: User, post: Post, path: str, label: 
     assert not IdempotencyRecord.objects.exists()
 
 
+def test_an_exempt_handler_of_a_class_based_view_is_untouched(alice: User, post: Post) -> None:
+    post("/mw/class/", {"amount": 1}, method="patch")
+    post("/mw/class/", {"amount": 1}, method="patch", key=None)
+    assert effects("mw_class_exempt_patch") == 2
+    assert post("/mw/class/", {"amount": 1}, key=None).status_code == 400  # post: protected
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_an_exempt_viewset_action_is_untouched(alice: User, client: Client) -> None:
+    send = token_post(client)
+    token = Token.objects.create(user=alice).key
+    first = send("/mw/viewset/ping/", token)
+    retry = send("/mw/viewset/ping/", token)
+
+    assert first.status_code == retry.status_code == 201
+    assert "Idempotent-Replayed" not in retry
+    assert effects("mw_viewset_ping") == 2
+    assert not IdempotencyRecord.objects.exists()
+    send("/mw/viewset/", token)  # create, on the same viewset: still protected
+    assert send("/mw/viewset/", token)["Idempotent-Replayed"] == "true"
+
+
 @pytest.mark.parametrize(
     ("exempt", "path"),
     [(["mw-named"], "/mw/named/"), (["mwns:n"], "/mw/ns/plain/"), (["mwns:*"], "/mw/ns/plain/")],
