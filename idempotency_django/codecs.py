@@ -191,7 +191,8 @@ def _as_codec(value: Any, name: str) -> ResponseCodec:
 
 def seal(outcome: StoredResponse) -> StoredResponse:
     """The outcome as it will be stored: redacted, then encoded."""
-    if conf.get("REDACT_RESPONSE") is None and conf.RESPONSE_CODEC is None:
+    user = conf.raw()  # one settings read on every completion (both default to None)
+    if user.get("REDACT_RESPONSE") is None and user.get("RESPONSE_CODEC") is None:
         return outcome
     try:
         redact = conf.optional_callable("REDACT_RESPONSE")
