@@ -595,7 +595,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--no-peers", action="store_true", help="measure idempotency_django only")
     add("--peers-cache", type=Path, default=Path.home() / ".cache" / "idempotency-django-bench")
     add("--no-purge", action="store_true")
-    add("--purge-args", default="", help="extra options, e.g. '--no-pacing' or '--rate 50000'")
+    add("--purge-args", default="", help="extra options of the command, after '=': "
+        "--purge-args=--no-pacing, '--purge-args=--rate 50000'")  # fmt: skip
     add("--probe-rate", type=float, default=0.0, help="claims/s during the purge (default: 30%% "
         "of the large table's throughput)")  # fmt: skip
     add("--purge-timeout", type=float, default=900.0)
