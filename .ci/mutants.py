@@ -323,7 +323,7 @@ MUTANTS = [
         "malformed-key-accepted",
         "a bare key with non-visible-ASCII characters is accepted",
         "keys.py",
-        "if any(not 0x21 <= ord(char) <= 0x7E for char in value):",
+        "if not _VISIBLE_ASCII.fullmatch(value):",
         "if False:",
         (DEC + "test_malformed_key_is_400_and_runs_nothing",),
     ),

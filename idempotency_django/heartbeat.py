@@ -66,6 +66,10 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
         self._worker: _Worker | None = None
+        # The interval the thread is sleeping on (None: idle, or about to look again).
+        # A claim whose beat is no shorter needs no wake-up: the thread's next beat comes
+        # soon enough for it, so a request costs no thread switch.
+        self._sleeping: float | None = None
         _instances.add(self)
 
     @property
@@ -76,19 +80,17 @@ class Heartbeat:
 
     def register(self, claim: Claim, lease: float, max_run: float) -> None:
         with self._lock:
-            shortest = min((entry.lease for entry in self._entries.values()), default=None)
             self._entries[claim.token] = _Entry(claim, lease, time.monotonic() + max_run)
             worker = self._ensure_worker()
-        if shortest is None or lease < shortest:
+            sleeping = self._sleeping
+        if sleeping is None or lease / 3 < sleeping:
             worker.wake.set()
 
     def unregister(self, claim: Claim) -> None:
+        """Forget ``claim``. The thread is not woken: at its next beat it finds nothing to
+        renew, drops its database connection and goes idle."""
         with self._lock:
             self._entries.pop(claim.token, None)
-            idle = not self._entries
-            worker = self._worker
-        if idle and worker is not None:
-            worker.wake.set()  # let the thread drop its database connection now
 
     def stop(self, timeout: float | None = 5) -> None:
         """Forget every claim and end the thread (tests, and process shutdown hooks).
@@ -166,10 +168,13 @@ class Heartbeat:
         return renewed
 
     def _interval(self) -> float | None:
+        """The interval to sleep on, recorded for ``register`` (under the same lock)."""
         with self._lock:
             if not self._entries:
-                return None
-            return min(entry.lease for entry in self._entries.values()) / 3
+                self._sleeping = None
+            else:
+                self._sleeping = min(entry.lease for entry in self._entries.values()) / 3
+            return self._sleeping
 
     def _ensure_worker(self) -> _Worker:
         """The running worker, or a new one. Called with the lock held."""
@@ -179,6 +184,7 @@ class Heartbeat:
         if worker is not None:
             worker.stop.set()  # it died (or is ending): make sure it stays ended
             worker.wake.set()
+        self._sleeping = None
         stop, wake = threading.Event(), threading.Event()
         thread = threading.Thread(
             target=self._run, args=(stop, wake), name=THREAD_NAME, daemon=True
@@ -225,6 +231,7 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._entries = {}
         self._worker = None
+        self._sleeping = None
 
 
 def _renew(alias: str, lease: float, claims: list[Claim], timeout: float) -> int:

@@ -94,6 +94,9 @@ FINGERPRINT_VERSION = 2
 MAX_JSON_DEPTH = 128
 
 
+_VISIBLE_ASCII = re.compile(r"[\x21-\x7e]*")
+
+
 def parse_key(raw: str) -> str:
     """Parse an ``Idempotency-Key`` value: a bare token or an RFC 8941 sf-string.
 
@@ -104,7 +107,7 @@ def parse_key(raw: str) -> str:
     if value.startswith('"'):
         key = _parse_sf_string(value)
     else:
-        if any(not 0x21 <= ord(char) <= 0x7E for char in value):
+        if not _VISIBLE_ASCII.fullmatch(value):
             raise KeyMalformed("The key must be visible ASCII characters (or a quoted string).")
         key = value
     if not key.strip(" "):
@@ -264,6 +267,8 @@ def digest(*parts: bytes) -> str:
 def _canonical_query(query_string: str) -> bytes:
     """The query string's pairs, stable-sorted by name: parameter order doesn't count, the
     order of one name's values does."""
+    if not query_string:
+        return b"[]"  # what the general case writes for no pairs, without building it
     pairs = sorted(_parse_pairs(query_string), key=lambda pair: pair[0])
     return _encode([list(pair) for pair in pairs])
 

@@ -43,10 +43,15 @@ store_unavailable = Signal()
 def emit(
     signal: Signal, level: int, message: str, account: str, endpoint: str, key: str, **extra: Any
 ) -> None:
-    """Send ``signal`` and log ``message`` with the scope as structured fields."""
-    from idempotency_django.models import IdempotencyRecord
+    """Send ``signal`` and log ``message`` with the scope as structured fields.
 
-    signal.send(IdempotencyRecord, account=account, endpoint=endpoint, key=key, **extra)
+    With no receiver connected and the level off (a request's ``claimed`` and ``replayed``
+    at DEBUG, in production), this builds nothing: no keyword arguments, no log fields.
+    """
+    if signal.receivers:
+        from idempotency_django.models import IdempotencyRecord
+
+        signal.send(IdempotencyRecord, account=account, endpoint=endpoint, key=key, **extra)
     if logger.isEnabledFor(level):
         logger.log(level, message, extra=log_fields(account, endpoint, key, **extra))
 

@@ -40,7 +40,7 @@ from django.db import (
     connections,
     transaction,
 )
-from django.db.models import Field, Q
+from django.db.models import CharField, Field, Q
 
 from idempotency_django.models import IdempotencyRecord
 
@@ -317,10 +317,7 @@ class DatabaseStore:
         claim that was taken over matches nothing (``rowcount`` 0)."""
         connection = connections[alias]
         statements = _statements(alias)
-        params = [
-            field.get_db_prep_save(values[field.name], connection)
-            for field in statements.complete_fields
-        ]
+        params = _prepared(statements.complete_fields, values, connection)
         with transaction.mark_for_rollback_on_error(alias), connection.cursor() as cursor:
             cursor.execute(
                 statements.complete,
@@ -465,8 +462,21 @@ def _lookup(values: dict[str, Any]) -> dict[str, str]:
 def _claim_params(statements: _Statements, values: dict[str, Any], connection: Any) -> list[Any]:
     if len(values) != len(statements.claim_fields):
         raise ValueError(f"a claim sets {sorted(f.name for f in statements.claim_fields)}")
+    return _prepared(statements.claim_fields, values, connection)
+
+
+def _prepared(
+    fields: Sequence[Field[Any, Any]], values: dict[str, Any], connection: Any
+) -> list[Any]:
+    """``values`` as the ORM would send them: each through its field's ``get_db_prep_save``
+    (datetimes made naive for MariaDB, JSON adapted per backend), except a ``str`` for a
+    ``CharField``, which that returns unchanged (most of a claim's ten values)."""
     return [
-        field.get_db_prep_save(values[field.name], connection) for field in statements.claim_fields
+        value
+        if type(value) is str and isinstance(field, CharField)
+        else field.get_db_prep_save(value, connection)
+        for field in fields
+        for value in (values[field.name],)
     ]
 
 
