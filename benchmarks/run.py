@@ -122,7 +122,7 @@ class Scenario:
     path: str
     replay: bool = False  # one fixed key, every request after the first a replay
     base: str = "bare"  # the scenario its ratio is to
-    peer: str = ""  # the SKIPS entry printed next to it
+    peer: str = ""  # the SKIPS entry its row points to
 
 
 SCENARIOS = (
@@ -133,16 +133,21 @@ SCENARIOS = (
     Scenario("replay", "idempotency_django, replays", "ours", "/bench/commit/", replay=True),
     Scenario("dik", "django-idempotency-key 1.3.0, new keys", "dik", "/bench/bare/", peer="dik"),
     Scenario(
-        "dik-replay", "django-idempotency-key 1.3.0, replays", "dik", "/bench/bare/", True
+        "dik-replay", "django-idempotency-key 1.3.0, replays", "dik", "/bench/bare/", True,
+        peer="dik",
     ),
     Scenario("drf", "drf-idempotency 1.0.0, new keys", "drf", "/bench/bare/", peer="drf"),
-    Scenario("drf-replay", "drf-idempotency 1.0.0, replays", "drf", "/bench/bare/", True),
+    Scenario(
+        "drf-replay", "drf-idempotency 1.0.0, replays", "drf", "/bench/bare/", True,
+        peer="drf",
+    ),
     Scenario(
         "large", "idempotency_django, new keys, large table", "large", "/bench/commit/",
         base="commit",
     ),
 )  # fmt: skip
 PEER_SCENARIOS = {"dik", "dik-replay", "drf", "drf-replay"}
+MARKS = {"dik": "a", "drf": "b"}  # a peer's rows point to its SKIPS line
 
 
 # --- the peers' own environment -------------------------------------------------------------
@@ -440,6 +445,8 @@ def build_report(
         if scenario.name == "bare":
             cell = "1.00x (the baseline)"
         label = scenario.label
+        if scenario.peer:
+            label += f" ({MARKS[scenario.peer]})"
         if scenario.server == "large":
             label += f" ({records['large']:,})"
         errors = f" ({m.errors} errors)" if m.errors else ""
@@ -458,7 +465,7 @@ def build_report(
         report.add("What each peer skips that idempotency_django does:")
         for name in peers:
             label = next(s.label for s in SCENARIOS if s.name == name).split(",")[0]
-            report.add(f"- {label}: {SKIPS[name]}.")
+            report.add(f"({MARKS[name]}) {label}: {SKIPS[name]}.")
 
     report.target(
         rel["replay"] >= TARGET_REPLAY,
