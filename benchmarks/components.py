@@ -1,72 +1,203 @@
 #!/usr/bin/env python
 """Where a protected request's time goes: CPU per call of each piece, in one process.
 
-    python benchmarks/components.py [--calls 400]
+    python benchmarks/components.py [--calls 400] [--database-url URL] [--profile]
 
-No HTTP and no load: the benchmark's views and the engine's functions are called directly
-(with ``RequestFactory`` requests) against a fresh PostgreSQL database, and each line is the
-CPU time of this process per call (``time.process_time``, best of 3 runs of ``--calls``), so
-it does not count waiting for the database and is much steadier than throughput on a busy
-machine. The last lines time the same statements written as raw SQL, for comparison: what
-the ORM costs on top of the database work.
+No HTTP server and no load: requests go through Django's own handler (middleware, URL
+routing, the view) and through the app's functions directly, against a fresh database of
+its own (PostgreSQL or MariaDB), and each line is the CPU time of this process per call
+(``time.process_time``, best of 3 runs of ``--calls``). It does not count waiting for the
+database, so it is much steadier than throughput on a busy machine. Each whole request is
+shown next to the bare view's, as "added": that is the app's cost per request.
+
+The last block answers issue 10 item 5 (an in-process replay cache): what a replay costs
+with its database read, and what it would cost without it (the read replaced by a lookup in
+a dict), in CPU and in wall time per call.
+
+``--profile`` prints, after the table, the functions where the app's CPU goes (cProfile of
+the first request and of the replay through the handler).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks import common  # noqa: E402
-
 SETTINGS = "benchmarks.benchproject.settings"
-BODY = json.dumps({"amount": 1000, "currency": "EUR", "card": "tok_visa"})
-TABLE = "idempotency_django_idempotencyrecord"
+BODY = json.dumps({"amount": 1000, "currency": "EUR", "card": "tok_visa"}).encode()
+REPLAY_KEY = "components-replay"
+Row = tuple[str, float]
 
 
-def measure(calls: int) -> list[tuple[str, float]]:
+def _views() -> Any:
+    """The benchmark's charge (parse the body, validate, one ``INSERT`` of a ``Charge``),
+    bare and behind ``@idempotent``, defined here so that this file measures the package
+    whatever the benchmark project's views look like."""
+    from django.contrib.auth.models import User
+    from django.http import HttpRequest, HttpResponse
+    from django.urls import path
+    from django.views.decorators.csrf import csrf_exempt
+    from django.views.decorators.http import require_POST
+
+    from example_project.payments import jsonbody, service
+    from idempotency_django.decorators import idempotent
+
+    def charge(request: HttpRequest) -> HttpResponse:
+        account = request.user
+        if not isinstance(account, User):
+            return HttpResponse(status=401)
+        outcome = service.charge(account, jsonbody.loads(request.body))
+        response = HttpResponse(
+            json.dumps(outcome.data), status=outcome.status, content_type=outcome.content_type
+        )
+        for name, value in outcome.headers.items():
+            response[name] = value
+        return response
+
+    class Views:
+        bare = csrf_exempt(require_POST(charge))
+        commit = csrf_exempt(require_POST(idempotent(charge)))
+        atomic = csrf_exempt(require_POST(idempotent(mode="atomic")(charge)))
+        urlpatterns = [
+            path("bare/", bare),
+            path("commit/", commit),
+            path("atomic/", atomic),
+        ]
+
+    return Views
+
+
+def measure(calls: int, profile: bool) -> list[Row]:
     import django
 
     django.setup()
+    from django.conf import settings
     from django.contrib.auth.models import User
+    from django.core.handlers.wsgi import WSGIHandler
+    from django.core.management import call_command
     from django.db import connection
     from django.http import HttpRequest
     from django.test import RequestFactory
-    from django.utils import timezone
 
-    from benchmarks.benchproject import views
     from idempotency_django import engine
-    from idempotency_django.heartbeat import heartbeat
     from idempotency_django.protect import Guard, ViewOptions
-    from idempotency_django.responses import capture
     from idempotency_django.store import store
 
+    call_command("migrate", "--noinput", verbosity=0)
+    User.objects.get_or_create(username="alice")
+    views = _views()
+    settings.ROOT_URLCONF = views
+    handler = WSGIHandler()
     factory = RequestFactory()
     alice = User.objects.get(username="alice")
     options = ViewOptions()
 
-    def request(key: str) -> HttpRequest:
+    def request(key: str, path: str = "/commit/") -> HttpRequest:
         made = factory.post(
-            "/bench/commit/", data=BODY, content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
+            path, data=BODY, content_type="application/json", HTTP_IDEMPOTENCY_KEY=key
         )
         made.user = alice
         return made
 
-    def new_request() -> HttpRequest:
-        return request(str(uuid.uuid4()))
+    def environ(path: str, key: str | None = None) -> dict[str, Any]:
+        import io
+
+        env = {
+            "REQUEST_METHOD": "POST",
+            "PATH_INFO": path,
+            "SERVER_NAME": "testserver",
+            "SERVER_PORT": "80",
+            "wsgi.url_scheme": "http",
+            "wsgi.input": io.BytesIO(BODY),
+            "CONTENT_TYPE": "application/json",
+            "CONTENT_LENGTH": str(len(BODY)),
+            "HTTP_X_BENCH_USER": "alice",
+        }
+        if key is not None:
+            env["HTTP_IDEMPOTENCY_KEY"] = key
+        return env
+
+    def serve(env: dict[str, Any]) -> None:
+        statuses: list[str] = []
+        response = handler(env, lambda status, headers: statuses.append(status))
+        b"".join(response)
+        response.close()
+        assert statuses[0][:1] == "2", statuses
+
+    results: list[Row] = []
+
+    def cpu(name: str, call: Callable[[Any], object], prepare: Callable[[], Any]) -> float:
+        best = float("inf")
+        for _ in range(3):
+            prepared = [prepare() for _ in range(calls)]
+            started = time.process_time()
+            for item in prepared:
+                call(item)
+            best = min(best, (time.process_time() - started) / calls)
+        results.append((name, best))
+        print(f"{name:<64} {best * 1000:7.3f} ms", flush=True)
+        return best
+
+    def wall(name: str, call: Callable[[], object]) -> float:
+        best = float("inf")
+        for _ in range(3):
+            started = time.perf_counter()
+            for _ in range(calls):
+                call()
+            best = min(best, (time.perf_counter() - started) / calls)
+        print(f"{name:<64} {best * 1000:7.3f} ms (wall)", flush=True)
+        return best
+
+    def added(name: str, value: float, bare: float) -> None:
+        print(f"{'  added over bare: ' + name:<64} {(value - bare) * 1000:7.3f} ms", flush=True)
+        results.append((f"added: {name}", value - bare))
+
+    connection.ensure_connection()
+    serve(environ("/commit/", REPLAY_KEY))  # the record every replay below replays
+    serve(environ("/atomic/", REPLAY_KEY + "-atomic"))
+
+    def new_key() -> str:
+        return str(uuid.uuid4())
+
+    print(f"CPU per call, best of 3 x {calls} calls ({connection.vendor}):")
+    bare = cpu("bare view, whole request (handler)", serve, lambda: environ("/bare/"))
+    first = cpu(
+        "@idempotent, new key, commit mode, whole request",
+        serve,
+        lambda: environ("/commit/", new_key()),
+    )
+    first_atomic = cpu(
+        "@idempotent, new key, atomic mode, whole request",
+        serve,
+        lambda: environ("/atomic/", new_key()),
+    )
+    replay = cpu(
+        "@idempotent, replay, whole request",
+        serve,
+        lambda: environ("/commit/", REPLAY_KEY),
+    )
+    added("first request (commit)", first, bare)
+    added("first request (atomic)", first_atomic, bare)
+    # A replay runs no view: its cost is against the bare request, whose view work it skips.
+    added("replay", replay, bare)
 
     def guard() -> Guard:
-        made = Guard.for_request(new_request(), options)
+        made = Guard.for_request(request(new_key()), options)
         assert made is not None
         return made
 
@@ -76,104 +207,136 @@ def measure(calls: int) -> list[tuple[str, float]]:
         assert isinstance(began, engine.Claim)
         return began
 
-    results: list[tuple[str, float]] = []
-
-    def cpu(name: str, call: Callable[[Any], object], prepare: Callable[[], Any]) -> None:
-        best = float("inf")
-        for _ in range(3):
-            prepared = [prepare() for _ in range(calls)]
-            started = time.process_time()
-            for item in prepared:
-                call(item)
-            best = min(best, (time.process_time() - started) / calls)
-        results.append((name, best))
-        print(f"{name:<58} {best * 1000:7.3f} ms", flush=True)
-
-    connection.ensure_connection()
-    stored = views.commit(request("components-replay"))
-    outcome = capture(stored)
-    replay = Guard.for_request(request("components-replay"), options)
-    assert replay is not None
+    replayed = Guard.for_request(request(REPLAY_KEY), options)
+    assert replayed is not None
+    outcome_of = engine.begin(replayed.scope, replayed.fingerprint, replayed.policy.options)
+    assert not isinstance(outcome_of, engine.Claim)
     nothing: Callable[[], None] = lambda: None  # noqa: E731
 
-    print(f"CPU per call, best of 3 x {calls} calls:")
-    cpu("null view (no database)", views.null, new_request)
-    cpu("bare view (validation + INSERT of a Charge)", views.bare, new_request)
-    cpu("@idempotent view, new key, commit mode", views.commit, new_request)
-    cpu("@idempotent view, new key, atomic mode", views.atomic, new_request)
-    cpu("@idempotent view, replay", views.commit, lambda: request("components-replay"))
     cpu(
-        "  Guard.for_request: parse, scope, fingerprint",
+        "  Guard.for_request: parse, scope, fingerprint, policy",
         lambda r: Guard.for_request(r, options),
-        new_request,
+        lambda: request(new_key()),
     )
     cpu(
-        "  engine.begin, new key: the claim INSERT",
+        "  engine.begin, new key: the claim",
         lambda g: engine.begin(g.scope, g.fingerprint, g.policy.options),
         guard,
     )
+    cpu("  engine.complete: the completion", lambda c: engine.complete(c, outcome_of), claim)
+    cpu("  engine.release: the release", engine.release, claim)
     cpu(
-        "  engine.complete: the completion UPDATE (ORM)",
-        lambda c: engine.complete(c, outcome),
-        claim,
-    )
-
-    def beat(c: engine.Claim) -> None:
-        heartbeat.register(c, 10, 300)
-        heartbeat.unregister(c)
-
-    cpu("  heartbeat.register + unregister", beat, claim)
-    cpu(
-        "  engine.begin, replay: INSERT attempt + read",
-        lambda _: engine.begin(replay.scope, replay.fingerprint, replay.policy.options),
-        nothing,
-    )
-    cpu(
-        "  store.read alone (ORM, only the columns needed)",
-        lambda _: store.read(replay.policy.alias, replay.scope.lookup(), replay.fingerprint),
+        "  engine.begin, replay: claim attempt + read",
+        lambda _: engine.begin(replayed.scope, replayed.fingerprint, replayed.policy.options),
         nothing,
     )
 
-    def raw_read(_: object) -> None:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT id, fingerprint, state, token, lease_expires_at, response_status, "
-                f"response_headers, response_body, expires_at FROM {TABLE} "
-                "WHERE account = %s AND endpoint = %s AND key = %s",
-                [replay.scope.account, replay.scope.endpoint, replay.scope.key],
-            )
-            cursor.fetchone()
+    if not hasattr(store, "claim_or_read"):  # an older version of the package
+        return results
+    # Item 5: the replay with and without its database read. "Without" serves the record
+    # from a dict, as an in-process cache would on a hit; everything else is the same.
+    values = {
+        **replayed.scope.lookup(),
+        "fingerprint": replayed.fingerprint,
+        "state": "in_progress",
+        "token": engine.new_token(),
+        "lease_expires_at": None,
+        "response_headers": [],
+        "created_at": None,
+        "expires_at": None,
+    }
 
-    def raw_complete(c: engine.Claim) -> None:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {TABLE} SET state = %s, response_status = %s, response_headers = %s, "
-                "response_body = %s, completed_at = %s, lease_expires_at = NULL "
-                "WHERE token = %s AND state = %s AND account = %s AND endpoint = %s "
-                "AND key = %s",
-                [
-                    "completed",
-                    outcome.status,
-                    json.dumps([list(pair) for pair in outcome.headers]),
-                    outcome.body,
-                    timezone.now(),
-                    c.token,
-                    "in_progress",
-                    c.scope.account,
-                    c.scope.endpoint,
-                    c.scope.key,
-                ],
-            )
+    def claim_or_read(_: object) -> object:
+        from django.utils import timezone
+
+        now = timezone.now()
+        return store.claim_or_read(
+            replayed.policy.alias,
+            {**values, "created_at": now, "lease_expires_at": now, "expires_at": now},
+            replayed.fingerprint,
+        )
+
+    snapshot = claim_or_read(None)
+    cpu("  store.claim_or_read on a completed key (the replay's DB work)", claim_or_read, nothing)
+    with _cached(store, snapshot):
+        cached_cpu = cpu(
+            "@idempotent, replay served from a dict, whole request",
+            serve,
+            lambda: environ("/commit/", REPLAY_KEY),
+        )
+        cached_wall = wall(
+            "@idempotent, replay served from a dict, whole request",
+            lambda: serve(environ("/commit/", REPLAY_KEY)),
+        )
+    replay_wall = wall(
+        "@idempotent, replay, whole request", lambda: serve(environ("/commit/", REPLAY_KEY))
+    )
+    print(
+        f"{'  a replay cache would save':<64} {(replay - cached_cpu) * 1000:7.3f} ms CPU, "
+        f"{(replay_wall - cached_wall) * 1000:.3f} ms wall per replay",
+        flush=True,
+    )
+    results.append(("replay cache saves (CPU)", replay - cached_cpu))
 
     def round_trip(_: object) -> None:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
 
-    cpu("  for comparison: the same read as raw SQL", raw_read, nothing)
-    cpu("  for comparison: the same completion as raw SQL", raw_complete, claim)
     cpu("  for comparison: one round trip (SELECT 1)", round_trip, nothing)
+
+    if profile:
+        for name, path, key in (
+            ("first request", "/commit/", None),
+            ("replay", "/commit/", REPLAY_KEY),
+        ):
+            envs = [environ(path, key or new_key()) for _ in range(calls)]
+            profiler = cProfile.Profile(time.process_time)
+            profiler.enable()
+            for env in envs:
+                serve(env)
+            profiler.disable()
+            print(f"\n--- profile: {name}, {calls} calls, by cumulative CPU time")
+            stats = pstats.Stats(profiler).sort_stats("cumulative")
+            stats.print_stats(r"idempotency_django|django/db|psycopg|MySQLdb", 30)
     connection.close()
     return results
+
+
+@contextmanager
+def _cached(store: Any, snapshot: Any) -> Iterator[None]:
+    """Serve every claim attempt from ``snapshot``, as a replay cache's hit would."""
+    original = store.claim_or_read
+    store.claim_or_read = lambda alias, values, fingerprint: snapshot
+    try:
+        yield
+    finally:
+        store.claim_or_read = original
+
+
+# -- a database of its own ---------------------------------------------------------------------
+
+
+def _server_execute(url: str, statement: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme.startswith("postgres"):
+        import psycopg
+
+        server = urlunsplit(parts._replace(path="/postgres"))
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(statement.replace("`", '"'))  # type: ignore[arg-type]
+    else:
+        import MySQLdb
+
+        conn = MySQLdb.connect(
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or 3306,
+            user=parts.username or "root",
+            password=parts.password or "",
+        )
+        try:
+            conn.cursor().execute(statement)
+        finally:
+            conn.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,21 +345,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--database-url",
         default=os.environ.get("BENCH_DATABASE_URL", "postgres://root@127.0.0.1:5432/bench"),
-        help="PostgreSQL server; the database used is its name + _components",
+        help="PostgreSQL or MariaDB server; the database used is its name + _components",
     )
+    parser.add_argument(
+        "--database-name", help="the database to create, use and drop (default: see above)"
+    )
+    parser.add_argument("--profile", action="store_true", help="print where the CPU goes")
     args = parser.parse_args(argv)
-    base = common.database(args.database_url)
-    db = base.renamed(f"{base.name}_components")
-    common.create_database(db)
+    parts = urlsplit(args.database_url)
+    name = args.database_name or f"{parts.path.strip('/')}_components"
+    url = urlunsplit(parts._replace(path=f"/{name}"))
+    postgres = parts.scheme.startswith("postgres")
+    _server_execute(
+        url, f"DROP DATABASE IF EXISTS `{name}`" + (" WITH (FORCE)" if postgres else "")
+    )
+    _server_execute(
+        url, f"CREATE DATABASE `{name}`" + ("" if postgres else " CHARACTER SET utf8mb4")
+    )
     try:
-        env = common.project_env(SETTINGS, db, EXAMPLE_PROVIDER_DELAY_MS="0")
-        common.manage(env, "migrate", "--noinput", "-v", "0")
         os.environ.update(
-            DJANGO_SETTINGS_MODULE=SETTINGS, DATABASE_URL=db.url, EXAMPLE_PROVIDER_DELAY_MS="0"
+            DJANGO_SETTINGS_MODULE=SETTINGS, DATABASE_URL=url, EXAMPLE_PROVIDER_DELAY_MS="0"
         )
-        measure(args.calls)
+        measure(args.calls, args.profile)
     finally:
-        common.drop_database(db)
+        from django.db import connections
+
+        connections.close_all()
+        _server_execute(
+            url, f"DROP DATABASE IF EXISTS `{name}`" + (" WITH (FORCE)" if postgres else "")
+        )
     return 0
 
 
