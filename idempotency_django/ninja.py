@@ -251,14 +251,13 @@ def error_response(
     with the DRF mixin, with ``Retry-After`` kept.
     """
     handlers = getattr(operation.api, "_exception_handlers", {})
-    for klass in type(error).__mro__:
+    mro = type(error).__mro__
+    for klass in mro[: mro.index(IdempotencyError) + 1]:  # not ninja's handler of Exception
         if klass in handlers:
             response: HttpResponseBase = handlers[klass](request, error)
             if error.retry_after is not None:
                 response["Retry-After"] = str(error.retry_after)
             return response
-        if klass is IdempotencyError:
-            break
     return problem_response(error)
 
 

@@ -372,3 +372,103 @@ def test_under_atomic_requests_the_operation_runs_once_in_the_request_transactio
     assert again["Idempotent-Replayed"] == "true"
     assert effects() == 1  # the failed one's work rolled back with its claim
     assert not IdempotencyRecord.objects.filter(key="boom").exists()
+
+
+def test_auth_account_names_a_model_by_label_and_a_user_by_pk(alice: User) -> None:
+    from django.http import HttpRequest
+
+    request = HttpRequest()
+    request.auth = alice  # type: ignore[attr-defined]
+    assert auth_account(request) == str(alice.pk)
+    client = SideEffect.objects.create(label="an api client")
+    request.auth = client  # type: ignore[attr-defined]
+    assert auth_account(request) == f"tests.sideeffect:{client.pk}"
+
+
+def test_a_project_account_setting_takes_precedence(send: Send, alice: User, bob: User) -> None:
+    with override_settings(IDEMPOTENCY={"ACCOUNT": lambda request: "tenant-1"}):
+        send("/r/effects/", {"amount": 1}, user="alice")
+        bobs = send("/r/effects/", {"amount": 1}, user="bob")
+
+    assert bobs["Idempotent-Replayed"] == "true"  # one tenant: one account
+    assert list(IdempotencyRecord.objects.values_list("account", flat=True)) == ["tenant-1"]
+
+
+def test_an_async_operations_http_error_is_stored_and_the_switch_turns_it_off(
+    send: Send, alice: User
+) -> None:
+    first = send("/r/async/", {"amount": 1, "fail": "http-404"})
+    again = send("/r/async/", {"amount": 1, "fail": "http-404"})
+    with override_settings(IDEMPOTENCY={"ENABLED": False}):
+        send("/r/async/", {"amount": 2})
+        send("/r/async/", {"amount": 2})
+
+    assert first.status_code == again.status_code == 404
+    assert again["Idempotent-Replayed"] == "true"
+    assert effects("ninja-async") == 3
+
+
+def test_decorate_view_decorators_stack_with_the_adapter(alice: User) -> None:
+    """ninja applies decorate_view's decorators to each clone's run first: the adapter
+    finds the operation beneath one that uses functools.wraps, and refuses one that
+    doesn't (it could not protect the operation) when the router is mounted."""
+    from django.views.decorators.cache import never_cache
+    from ninja.decorators import decorate_view
+
+    def opaque(run: Any) -> Any:
+        return lambda request, *args, **kwargs: run(request, *args, **kwargs)
+
+    wrapped, hidden = IdempotentRouter(), IdempotentRouter()
+
+    @wrapped.post("/x/", response={201: dict[str, int]})
+    @decorate_view(never_cache)
+    def make(request: Any) -> Any:
+        return Status(201, {"n": SideEffect.objects.create(label="cached").pk})
+
+    @hidden.post("/x/", response={201: dict[str, int]})
+    @decorate_view(opaque)
+    def lost(request: Any) -> Any:
+        return Status(201, {"n": 0})  # pragma: no cover - never mounted
+
+    client = TestClient(wrapped)
+    first = client.post("/x/", json={}, headers={"Idempotency-Key": "d1"}, user=alice)
+    again = client.post("/x/", json={}, headers={"Idempotency-Key": "d1"}, user=alice)
+    assert "no-cache" in first["Cache-Control"]
+    assert again["Idempotent-Replayed"] == "true"
+    assert effects("cached") == 1
+    with pytest.raises(ImproperlyConfigured, match=r"functools\.wraps"):
+        TestClient(hidden).post("/x/", json={}, headers={"Idempotency-Key": "d2"}, user=alice)
+
+
+def test_an_older_ninja_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ninja.operation import Operation
+
+    monkeypatch.delattr(Operation, "clone")
+    with pytest.raises(ImproperlyConfigured, match=r"django-ninja 1\.7"):
+
+        @NinjaAPI(urls_namespace="old-ninja").post("/x/")
+        @idempotent
+        def make(request: Any) -> None: ...
+
+
+def test_an_api_handler_keeps_retry_after() -> None:
+    from types import SimpleNamespace
+
+    from django.http import HttpRequest, JsonResponse
+
+    from idempotency_django.exceptions import InFlight, KeyMismatch
+    from idempotency_django.ninja import error_response
+
+    custom = NinjaAPI(urls_namespace="retry-after")
+    custom.add_exception_handler(
+        InFlight, lambda request, exc: JsonResponse({"error": exc.slug}, status=409)
+    )
+    operation: Any = SimpleNamespace(api=custom)
+
+    in_flight = error_response(operation, HttpRequest(), InFlight(retry_after=2))
+    mismatch = error_response(operation, HttpRequest(), KeyMismatch())
+
+    assert (in_flight.status_code, in_flight["Retry-After"]) == (409, "2")
+    assert in_flight["Content-Type"] == "application/json"
+    # No handler for KeyMismatch or IdempotencyError (only ninja's own for Exception):
+    assert mismatch["Content-Type"] == "application/problem+json"

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 from django.test import override_settings
+from django.urls import path
 from drf_spectacular.generators import SchemaGenerator
+from drf_spectacular.openapi import AutoSchema
 
 from tests.ninja_views import api as ninja_api
 
@@ -184,11 +186,16 @@ def test_an_actions_own_extend_schema_keeps_the_contract() -> None:
     from rest_framework.decorators import action
     from rest_framework.response import Response
     from rest_framework.routers import SimpleRouter
+    from rest_framework.views import APIView
 
     from idempotency_django.drf import IdempotentMixin
 
+    class Tagged(AutoSchema):  # an action's own schema instance, not a class
+        def get_tags(self) -> list[str]:
+            return ["tagged"]
+
     class Extended(IdempotentMixin, viewsets.ViewSet):
-        idempotency_actions = {"create", "refund"}
+        idempotency_actions = {"create", "refund", "hidden", "tagged"}
 
         @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT})
         def create(self, request: Any) -> Response:
@@ -203,10 +210,26 @@ def test_an_actions_own_extend_schema_keeps_the_contract() -> None:
         def list(self, request: Any) -> Response:
             return Response()
 
+        @extend_schema(exclude=True)
+        @action(detail=False, methods=["post"])
+        def hidden(self, request: Any) -> Response:
+            return Response()
+
+        @action(detail=False, methods=["post"], schema=Tagged())
+        def tagged(self, request: Any) -> Response:
+            return Response()
+
+    class OwnSchema(IdempotentMixin, APIView):  # the view's own schema class is kept
+        schema = Tagged()
+
+        def post(self, request: Any) -> Response:
+            return Response(status=201)
+
     router = SimpleRouter()
     router.register("extended", Extended, basename="extended")
+    patterns = [*router.urls, path("own/", OwnSchema.as_view())]
     schema = json.loads(
-        json.dumps(SchemaGenerator(patterns=router.urls).get_schema(request=None, public=True))
+        json.dumps(SchemaGenerator(patterns=patterns).get_schema(request=None, public=True))
     )
     paths = schema["paths"]
 
@@ -215,3 +238,8 @@ def test_an_actions_own_extend_schema_keeps_the_contract() -> None:
     assert key_header(paths["/extended/refund/"]["post"]) is not None
     assert paths["/extended/refund/"]["post"]["summary"] == "Refund it"
     assert key_header(paths["/extended/"]["get"]) is None
+    assert "/extended/hidden/" not in paths
+    assert paths["/extended/tagged/"]["post"]["tags"] == ["tagged"]
+    assert key_header(paths["/extended/tagged/"]["post"]) is not None
+    assert paths["/own/"]["post"]["tags"] == ["tagged"]
+    assert key_header(paths["/own/"]["post"]) is not None
