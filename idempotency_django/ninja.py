@@ -120,7 +120,8 @@ def idempotent(view: Func | None = None, **given: Any) -> Any:
 class IdempotentRouter(Router):
     """A ninja ``Router`` whose operations are protected as if each had ``@idempotent``
     (with ``idempotency=``'s options); only the methods in ``methods`` (``METHODS``: POST
-    and PATCH) are protected. An operation's own ``@idempotent`` takes precedence."""
+    and PATCH, as set when the operation is added) are protected, and other operations are
+    left as ninja made them. An operation's own ``@idempotent`` takes precedence."""
 
     def __init__(self, *, idempotency: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -130,7 +131,9 @@ class IdempotentRouter(Router):
     def add_api_operation(self, path: str, methods: list[str], view_func: Any, **kw: Any) -> None:
         super().add_api_operation(path, methods, view_func, **kw)
         operation = self.path_operations[_ninja_path(path)].operations[-1]
-        if _MARK not in view_func.__dict__:
+        # Operations of other methods (GET, a streamed listing) are left as ninja made them.
+        protected = {m.upper() for m in _options(self.idempotency, "").pick("methods", "METHODS")}
+        if _MARK not in view_func.__dict__ and protected & {m.upper() for m in methods}:
             label = f"IdempotentRouter operation {getattr(view_func, '__qualname__', path)}"
             view_func.__dict__[_MARK] = (self.idempotency, label)
             _install(operation)

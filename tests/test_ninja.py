@@ -472,3 +472,24 @@ def test_an_api_handler_keeps_retry_after() -> None:
     assert in_flight["Content-Type"] == "application/json"
     # No handler for KeyMismatch or IdempotencyError (only ninja's own for Exception):
     assert mismatch["Content-Type"] == "application/problem+json"
+
+
+def test_a_router_leaves_other_methods_as_ninja_made_them(alice: User) -> None:
+    """A streamed GET listing on an IdempotentRouter is fine; a streamed POST is refused."""
+    from ninja.streaming import JSONL
+
+    listing = IdempotentRouter()
+
+    @listing.get("/stream/", response=JSONL[int])
+    def stream(request: Any) -> Any:
+        yield from (1, 2)
+
+    with pytest.raises(ImproperlyConfigured, match="streaming"):
+
+        @listing.post("/stream/", response=JSONL[int])
+        def upload(request: Any) -> Any:
+            yield 1  # pragma: no cover - refused before it runs
+
+    response = TestClient(listing).get("/stream/")
+    assert response.status_code == 200
+    assert response.content.splitlines() == [b"1", b"2"]

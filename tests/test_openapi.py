@@ -243,3 +243,13 @@ def test_an_actions_own_extend_schema_keeps_the_contract() -> None:
     assert key_header(paths["/extended/tagged/"]["post"]) is not None
     assert paths["/own/"]["post"]["tags"] == ["tagged"]
     assert key_header(paths["/own/"]["post"]) is not None
+
+
+@BOTH
+def test_switched_off_the_contract_is_not_published(generate: Generate) -> None:
+    with override_settings(IDEMPOTENCY={"ENABLED": False}):
+        operation = create(generate)
+
+    assert key_header(operation) is None
+    assert "x-idempotency" not in operation
+    assert "409" not in operation["responses"]
