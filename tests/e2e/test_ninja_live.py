@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import requests
 
+from tests.e2e.fuzz import CORPUS, Case, send
 from tests.e2e.server import (
     BOB,
     REPLAYED,
@@ -116,3 +117,20 @@ def test_the_published_expiry_policy_is_served(server: Server, url: str, path: s
     assert post["x-idempotency"]["ttlSeconds"] == 86400
     assert "Retry-After" in post["responses"]["409"]["headers"]
     assert REPLAYED in post["responses"]["201"]["headers"]
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=[case.name for case in CORPUS])
+def test_each_fuzz_case_gets_the_plain_views_answer(case: Case, server: Server, key: str) -> None:
+    """The fuzz's corpus (``tests/e2e/fuzz.py``): ``/ninja/charges/`` reads a charge as the
+    plain view does, so each case gets the plain view's status and problem type."""
+    amount = charge_body()["amount"]
+    expected = case.expected("plain")
+
+    answer = send(server.port, case.request(NINJA, key, amount))
+
+    assert answer.status_code == expected.status, (answer.status_code, answer.text)
+    if expected.status >= 400:
+        assert answer.headers["Content-Type"] == "application/problem+json", answer.headers
+        assert answer.json()["type"] == expected.type, answer.json()
+    charged = sum(c["amount"] == amount for c in server.charges(path=NINJA)["results"])
+    assert charged == (1 if expected.status == 201 else 0)
