@@ -493,3 +493,36 @@ def test_a_router_leaves_other_methods_as_ninja_made_them(alice: User) -> None:
     response = TestClient(listing).get("/stream/")
     assert response.status_code == 200
     assert response.content.splitlines() == [b"1", b"2"]
+
+
+def test_ninja_users_need_no_django_rest_framework() -> None:
+    """``ninja.py`` and ``contract.py`` import neither DRF nor drf-spectacular."""
+    import subprocess
+    import sys
+
+    child = """
+import sys
+sys.modules["rest_framework"] = None  # any import of it fails
+sys.modules["drf_spectacular"] = None
+import django
+from django.conf import settings
+settings.configure(
+    INSTALLED_APPS=["django.contrib.auth", "django.contrib.contenttypes", "idempotency_django"],
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+)
+django.setup()
+from ninja import NinjaAPI
+from idempotency_django import contract
+from idempotency_django.ninja import IdempotentRouter
+api, router = NinjaAPI(), IdempotentRouter()
+router.post("/x/")(lambda request: {})
+api.add_router("/", router)
+schema = api.get_openapi_schema(path_prefix="/")
+print(schema["paths"]["/x/"]["post"]["x-idempotency"]["header"])
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=60, check=False
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "Idempotency-Key"
