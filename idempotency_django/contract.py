@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from idempotency_django import exceptions
+from idempotency_django.codecs import ResponseUnreadable
 from idempotency_django.conf import conf
 from idempotency_django.models import KEY_MAX_LENGTH
 
@@ -21,7 +22,7 @@ from idempotency_django.models import KEY_MAX_LENGTH
 PROBLEMS: dict[int, tuple[type[exceptions.IdempotencyError], ...]] = {
     400: (exceptions.KeyMissing, exceptions.KeyMalformed),
     403: (exceptions.AnonymousNotAllowed,),
-    409: (exceptions.InFlight, exceptions.ResponseNotStored),
+    409: (exceptions.InFlight, exceptions.ResponseNotStored, ResponseUnreadable),
     413: (exceptions.BodyTooLarge,),
     422: (exceptions.KeyMismatch,),
     503: (exceptions.StoreUnavailable,),
@@ -32,7 +33,8 @@ _WHEN = {
     400: "The {header} header is missing (where required) or malformed.",
     403: "An {header} was sent by an unauthenticated client: keys belong to an account.",
     409: "A request with this {header} is still being processed (retry after Retry-After "
-    "seconds), or it was processed but its response was too large to store.",
+    "seconds), or it was processed but its response cannot be replayed (it was too large "
+    "to store, or the stored response cannot be read): it is not run again.",
     413: "The request body is too large to fingerprint (DATA_UPLOAD_MAX_MEMORY_SIZE).",
     422: "This {header} was already used with a different request (method, path, query or body).",
     503: "The idempotency store cannot be reached; nothing was run. Retry after Retry-After "

@@ -253,3 +253,32 @@ def test_switched_off_the_contract_is_not_published(generate: Generate) -> None:
     assert key_header(operation) is None
     assert "x-idempotency" not in operation
     assert "409" not in operation["responses"]
+
+
+def test_every_problem_of_the_package_is_published() -> None:
+    """Each ``IdempotencyError`` the package defines is in ``contract.PROBLEMS`` under its
+    status, so that a new problem cannot go unpublished."""
+    import importlib
+    import pkgutil
+
+    import idempotency_django
+    from idempotency_django.contract import PROBLEMS
+    from idempotency_django.exceptions import IdempotencyError
+
+    # Not HTTP: the task API's errors are raised to the caller, not answered.
+    not_http = ("idempotency_django.tasks",)
+    for module in pkgutil.iter_modules(idempotency_django.__path__):
+        if module.name not in ("openapi", "drf", "ninja"):  # adapters: no errors of their own
+            importlib.import_module(f"idempotency_django.{module.name}")
+
+    def every(klass: type[IdempotencyError]) -> list[type[IdempotencyError]]:
+        return [klass] + [sub for child in klass.__subclasses__() for sub in every(child)]
+
+    defined = {
+        klass
+        for klass in every(IdempotencyError)[1:]
+        if klass.__module__.startswith("idempotency_django.") and klass.__module__ not in not_http
+    }
+    assert defined
+    for klass in defined:
+        assert klass in PROBLEMS[klass.status], klass
