@@ -526,3 +526,28 @@ print(schema["paths"]["/x/"]["post"]["x-idempotency"]["header"])
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "Idempotency-Key"
+
+
+def test_a_nested_idempotent_router_is_protected_a_nested_plain_one_is_not(
+    alice: User,
+) -> None:
+    from ninja import Router
+
+    outer, inner, plain = Router(), IdempotentRouter(), Router()
+
+    @inner.post("/x/", response={201: dict[str, int]})
+    def protected(request: Any) -> Any:
+        return Status(201, {"n": SideEffect.objects.create(label="inner").pk})
+
+    @plain.post("/y/", response={201: dict[str, int]})
+    def unprotected(request: Any) -> Any:
+        return Status(201, {"n": SideEffect.objects.create(label="plain").pk})
+
+    outer.add_router("/in", inner)
+    outer.add_router("/plain", plain)
+    client = TestClient(outer)
+    for path in ("/in/x/", "/in/x/", "/plain/y/", "/plain/y/"):
+        client.post(path, json={}, headers={"Idempotency-Key": "n1"}, user=alice)
+
+    assert effects("inner") == 1
+    assert effects("plain") == 2
