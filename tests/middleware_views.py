@@ -21,7 +21,7 @@ from rest_framework.views import APIView
 from idempotency_django.decorators import idempotency_exempt
 from idempotency_django.drf import IdempotentMixin
 from tests.models import SideEffect
-from tests.views import _body, _effect, gate
+from tests.views import _body, _effect, async_hold, gate
 
 # Called inside ``plain`` while it holds its claim (tests set it).
 DURING: list[Callable[[], object]] = []
@@ -45,6 +45,9 @@ def named(request: HttpRequest) -> HttpResponse:
 
 async def async_plain(request: HttpRequest) -> HttpResponse:
     data = _body(request)
+    if data.get("hold") and async_hold.entered is not None and async_hold.release is not None:
+        async_hold.entered.set()
+        await async_hold.release.wait()
     effect = await SideEffect.objects.acreate(label="mw_async")
     if data.get("raise"):
         raise RuntimeError("the view failed")

@@ -7,6 +7,7 @@ charges. Runs on SQLite, and on PostgreSQL and MariaDB with ``DATABASE_URL``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
@@ -15,9 +16,11 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.contrib.auth.models import User
 from django.db import connections
-from django.test import AsyncClient, Client
+from django.test import AsyncClient, AsyncRequestFactory, Client
+from django.urls import resolve
 from rest_framework.authtoken.models import Token
 
+from idempotency_django.middleware import IdempotencyMiddleware
 from idempotency_django.models import IdempotencyRecord
 from tests import middleware_views
 from tests.conftest import Post, effects
@@ -554,3 +557,47 @@ def test_under_asgi_an_async_view_under_atomic_requests_gets_djangos_own_error(
     assert async_to_sync(send)().status_code == 500
     assert effects() == 0
     assert not IdempotencyRecord.objects.exists()
+
+
+def test_under_asgi_a_duplicate_of_a_running_async_view_is_a_409(alice: User) -> None:
+    """The middleware in async mode, called as Django's ASGI handler calls it: the first
+    request parks inside its view on the event loop, and the duplicate is answered on the
+    same loop meanwhile, so the claim never blocked the loop."""
+
+    async def get_response(request: Any) -> Any:  # pragma: no cover - process_view answers
+        raise AssertionError("the view middleware answers protected requests")
+
+    middleware = IdempotencyMiddleware(get_response)
+
+    def held_request() -> Any:
+        request = AsyncRequestFactory().post(
+            "/mw/async/",
+            data=json.dumps({"hold": True}),
+            content_type="application/json",
+            headers={"Idempotency-Key": "k1"},
+        )
+        request.user = alice
+        request.resolver_match = resolve("/mw/async/")
+        return request
+
+    async def send() -> Any:
+        return await middleware.process_view(held_request(), middleware_views.async_plain, (), {})
+
+    async def scenario() -> tuple[Any, Any]:
+        middleware_views.async_hold.entered = asyncio.Event()
+        middleware_views.async_hold.release = asyncio.Event()
+        first = asyncio.ensure_future(send())
+        await asyncio.wait_for(middleware_views.async_hold.entered.wait(), timeout=20)
+        duplicate = await asyncio.wait_for(send(), timeout=20)
+        middleware_views.async_hold.release.set()
+        return await asyncio.wait_for(first, timeout=20), duplicate
+
+    try:
+        first, duplicate = async_to_sync(scenario)()
+    finally:
+        middleware_views.async_hold.entered = middleware_views.async_hold.release = None
+
+    assert duplicate.status_code == 409
+    assert problem(duplicate)["status"] == 409
+    assert first.status_code == 201
+    assert effects("mw_async") == 1
