@@ -34,6 +34,7 @@ GetResponse = Callable[[HttpRequest], Any]
 View = Callable[..., Any]
 
 # What the middleware does with one view, decided once per view function.
+_NINJA_VIEWS = "ninja.operation"  # the module of every view django-ninja routes to
 _LEAVE = "leave"  # exempt, or protected by its own decorator or mixin
 _PLAIN = "plain"  # a Django view: the middleware protects it
 _DRF = "drf"  # a DRF view without the mixin: run through a subclass that has it
@@ -188,6 +189,10 @@ def _make_plan(view: View) -> _Plan:
     if _marked(view, "idempotency_exempt") or _marked(cls, "idempotency_exempt"):
         return _Plan(_LEAVE)
     if _marked(view, "idempotent_view") or _has_protected_method(cls):
+        return _Plan(_LEAVE)
+    if getattr(view, "__module__", None) == _NINJA_VIEWS:
+        # django-ninja authenticates inside its view, like DRF: a claim here would come
+        # before that authentication. Its operations are protected by idempotency_django.ninja.
         return _Plan(_LEAVE)
     exempt = _exempt_methods(view, cls)
     drf = _drf_classes()

@@ -551,3 +551,23 @@ def test_a_nested_idempotent_router_is_protected_a_nested_plain_one_is_not(
 
     assert effects("inner") == 1
     assert effects("plain") == 2
+
+
+def test_the_middleware_leaves_ninja_operations_to_the_adapter(
+    send: Send, alice: User, settings: Any
+) -> None:
+    """Project-wide middleware plus ninja: claimed once, after ninja's authentication (a
+    claim in the middleware would see an anonymous caller and answer 403)."""
+    settings.MIDDLEWARE = [
+        *settings.MIDDLEWARE,
+        "idempotency_django.middleware.IdempotencyMiddleware",
+    ]
+    first = send("/r/effects/", {"amount": 7})
+    again = send("/r/effects/", {"amount": 7})
+
+    assert first.status_code == 201
+    assert again.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    assert effects("ninja-router") == 1
+    assert IdempotencyRecord.objects.count() == 1
