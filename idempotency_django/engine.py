@@ -326,6 +326,10 @@ def _replay(stored: Stored, scope: Scope) -> StoredResponse:
             f"{stored.status}, but its response was not stored "
             "(it was streamed or larger than MAX_RESPONSE_BYTES)."
         )
+    # Opened first: a record the codec cannot open is refused, never reported as replayed.
+    response = codecs.unseal(
+        StoredResponse(status=stored.status, body=stored.body, headers=stored.headers)
+    )
     emit(
         signals.replayed,
         logging.DEBUG,
@@ -333,6 +337,4 @@ def _replay(stored: Stored, scope: Scope) -> StoredResponse:
         status=stored.status,
         **scope.lookup(),
     )
-    return codecs.unseal(
-        StoredResponse(status=stored.status, body=stored.body, headers=stored.headers)
-    )
+    return response

@@ -237,6 +237,10 @@ class ClaimOnce:
                 f"{self._label}: key {key!r} was already used with different arguments."
             )
         if isinstance(error, ResponseNotStored):
+            if error.slug != ResponseNotStored.slug:  # stored, but RESPONSE_CODEC can't open it
+                return TaskResultNotStored(
+                    f"{self._label}: key {key!r} already ran. {error.detail}"
+                )
             return TaskResultNotStored(
                 f"{self._label}: key {key!r} already ran, but its result was larger than "
                 "MAX_RESPONSE_BYTES and was not stored."

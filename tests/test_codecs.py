@@ -429,3 +429,24 @@ def test_the_codec_checks_are_registered(settings: Settings) -> None:
     settings.IDEMPOTENCY = {"RESPONSE_CODEC": "tests.test_codecs.Nowhere"}
     with pytest.raises(SystemCheckError, match=r"idempotency_django\.E020"):
         call_command("check")
+
+
+def test_an_unreadable_record_is_not_reported_as_replayed(post: Post, settings: Settings) -> None:
+    from idempotency_django import signals
+
+    replays: list[dict[str, Any]] = []
+
+    def receiver(**kwargs: Any) -> None:
+        replays.append(kwargs)
+
+    configure(settings, RESPONSE_CODEC="tests.test_codecs.Reversed")
+    post("/effect/", {"n": 1})
+    signals.replayed.connect(receiver)
+    try:
+        assert post("/effect/", {"n": 1}).status_code == 201  # readable: a replay
+        configure(settings, RESPONSE_CODEC="tests.test_codecs.Refuses")
+        assert post("/effect/", {"n": 1}).status_code == 409  # unreadable: refused
+    finally:
+        signals.replayed.disconnect(receiver)
+
+    assert len(replays) == 1

@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 from idempotency_django import codecs
 from idempotency_django.codecs import SEALED, UNSTORABLE, FernetCodec, check_codec_settings
 from idempotency_django.models import IdempotencyRecord
-from idempotency_django.tasks import claim_once
+from idempotency_django.tasks import TaskResultNotStored, claim_once
 from tests.conftest import Post, effects
 from tests.factories import IdempotencyRecordFactory
 
@@ -339,3 +339,24 @@ def test_reseal_bad_options_on_the_command_line_exit_2(
         ).execute()
     assert exited.value.code == 2
     assert "must be a positive integer" in capsys.readouterr().err
+
+
+def test_a_task_result_no_key_opens_is_refused_as_such_and_never_reruns(
+    settings: Settings,
+) -> None:
+    encrypt_with(settings, OLD_KEY)
+    runs = []
+    with claim_once("shop", "order-8", name="charge-card") as run:
+        runs.append(1)
+        run.result = {"ok": True}
+    encrypt_with(settings, NEW_KEY)  # the old key dropped
+
+    with (
+        pytest.raises(TaskResultNotStored) as refused,
+        claim_once("shop", "order-8", name="charge-card"),
+    ):
+        runs.append(1)
+
+    assert runs == [1]
+    assert "MAX_RESPONSE_BYTES" not in str(refused.value)
+    assert "cannot be read back" in str(refused.value)
