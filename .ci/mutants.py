@@ -376,6 +376,58 @@ MUTANTS = [
         "if False:",
         (ATOM + "test_the_mixin_after_the_drf_view_is_refused_at_class_creation",),
     ),
+    Mutant(
+        "middleware-claims-drf-before-auth",
+        "the middleware claims DRF views itself, before DRF authenticates the caller",
+        "middleware.py",
+        "return _Plan(_DRF, view=_with_mixin(view, cls), exempt_methods=exempt)",
+        "return _Plan(_PLAIN, options=ViewOptions(label='x'), exempt_methods=exempt)",
+        ("test_middleware.py::test_drf_views_are_scoped_to_the_token_user",),
+    ),
+    Mutant(
+        "middleware-protects-twice",
+        "a view protected by its own decorator is claimed again by the middleware",
+        "middleware.py",
+        'if _marked(view, "idempotent_view") or _has_protected_method(cls):',
+        "if False:",
+        ("test_middleware.py::test_a_decorated_view_is_protected_once",),
+    ),
+    Mutant(
+        "middleware-ignores-atomic-requests",
+        "the middleware runs the view outside the ATOMIC_REQUESTS transaction",
+        "middleware.py",
+        "request_transactions=_request_transactions(view)",
+        "request_transactions=()",
+        (
+            "test_middleware.py::test_under_atomic_requests_a_view_that_raises_after_writing_commits_nothing",
+        ),
+    ),
+    Mutant(
+        "unreadable-replayed-as-garbage",
+        "a stored response the codec cannot open is replayed as it is stored",
+        "codecs.py",
+        "        raise ResponseUnreadable(",
+        "        return stored\n        raise ResponseUnreadable(",
+        (
+            "test_codecs.py::test_a_sealed_record_the_codec_cannot_open_is_a_409_never_garbage_never_a_rerun",
+        ),
+    ),
+    Mutant(
+        "admin-shows-plaintext-to-all",
+        "the admin shows decrypted bodies to staff without the permission",
+        "admin.py",
+        "conf.RESPONSE_CODEC is None or request.user.has_perm(DECRYPT_PERMISSION)",
+        "True",
+        ("test_admin.py::test_staff_without_the_permission_read_encrypted",),
+    ),
+    Mutant(
+        "middleware-claims-ninja-before-auth",
+        "the middleware claims django-ninja views before ninja authenticates the caller",
+        "middleware.py",
+        'if getattr(view, "__module__", None) == _NINJA_VIEWS:',
+        "if False:",
+        ("test_ninja.py::test_the_middleware_leaves_ninja_operations_to_the_adapter",),
+    ),
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
