@@ -3,7 +3,6 @@ configured ``RESPONSE_CODEC`` (after a key rotation, or when encryption is turne
 
 from __future__ import annotations
 
-import argparse
 from typing import Any, NoReturn
 
 from django.core.exceptions import ImproperlyConfigured
@@ -11,16 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from idempotency_django.codecs import reseal_records
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
-    return value
+from idempotency_django.management.commands.purge_idempotency_keys import _positive_int
 
 
 class _Parser(CommandParser):
