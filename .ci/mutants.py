@@ -44,8 +44,33 @@ class Mutant:
 DEC = "test_decorators.py::"
 ATOM = "test_atomicity.py::"
 HOT = "test_store_hot_path.py::"
+PREP = "test_store_prepared.py::"
 
 MUTANTS = [
+    Mutant(
+        "prepared-ignores-the-connection",
+        "statements prepared although OPTIONS leave prepare_threshold unset: poolers break",
+        "store.py",
+        '"prepare_threshold", None) is None:\n        return connection.cursor()',
+        '"prepare_threshold", None) is None:\n        raw.prepare_threshold = 0',
+        (PREP + "test_without_a_threshold_nothing_is_prepared",),
+    ),
+    Mutant(
+        "prepared-never",
+        "the hot path never prepared, even where the connection allows it",
+        "store.py",
+        '"prepare_threshold", None) is None:\n        return connection.cursor()',
+        '"prepare_threshold", None) is None or True:\n        return connection.cursor()',
+        (PREP + "test_with_a_threshold_the_claim_and_the_completion_are_prepared",),
+    ),
+    Mutant(
+        "prepared-cursor-unwrapped",
+        "the prepared cursor bypasses Django: psycopg errors reach the engine untranslated",
+        "store.py",
+        "    return connection.make_cursor(cursor)",
+        "    return cursor",
+        (PREP + "test_errors_are_django_errors_and_statements_are_seen_by_execute_wrappers",),
+    ),
     Mutant(
         "takeover-ignores-lease",
         "take_over no longer re-checks the lease: a claim renewed since the read is stolen",

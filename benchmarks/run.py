@@ -93,11 +93,20 @@ class ServerSpec:
     settings: str
     table: str = "small"
     peer: bool = False
+    postgres_only: bool = False
+    env: tuple[tuple[str, str], ...] = ()
 
 
 SERVERS = {
     "ours": ServerSpec("benchmarks.benchproject.settings"),
     "large": ServerSpec("benchmarks.benchproject.settings", table="large"),
+    # Ours with Django's default of no prepared statements (README "PostgreSQL: prepared
+    # statements"): what a project that cannot turn them on gets.
+    "unprepared": ServerSpec(
+        "benchmarks.benchproject.settings",
+        postgres_only=True,
+        env=(("EXAMPLE_PG_PREPARE_THRESHOLD", "off"),),
+    ),
     "dik": ServerSpec("benchmarks.benchproject.settings_dik", peer=True),
     "drf": ServerSpec("benchmarks.benchproject.settings_drf", peer=True),
 }
@@ -131,6 +140,14 @@ SCENARIOS = (
     Scenario("commit", "idempotency_django, new keys, commit mode", "ours", "/bench/commit/"),
     Scenario("atomic", "idempotency_django, new keys, atomic mode", "ours", "/bench/atomic/"),
     Scenario("replay", "idempotency_django, replays", "ours", "/bench/commit/", replay=True),
+    Scenario(
+        "commit-unprepared", "idempotency_django, new keys, commit, unprepared (c)",
+        "unprepared", "/bench/commit/",
+    ),
+    Scenario(
+        "replay-unprepared", "idempotency_django, replays, unprepared (c)", "unprepared",
+        "/bench/commit/", True,
+    ),
     Scenario("dik", "django-idempotency-key 1.3.0, new keys", "dik", "/bench/bare/", peer="dik"),
     Scenario(
         "dik-replay", "django-idempotency-key 1.3.0, replays", "dik", "/bench/bare/", True,
@@ -466,6 +483,11 @@ def build_report(
         for name in peers:
             label = next(s.label for s in SCENARIOS if s.name == name).split(",")[0]
             report.add(f"({MARKS[name]}) {label}: {SKIPS[name]}.")
+    if "replay-unprepared" in measures:
+        report.add()
+        report.add("(c) the same view and settings with Django's default of no prepared statements")
+        report.add("(OPTIONS prepare_threshold unset): every other row of ours runs with")
+        report.add("prepare_threshold 5, as the README recommends on PostgreSQL.")
 
     report.target(
         rel["replay"] >= TARGET_REPLAY,
@@ -663,8 +685,17 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
-    specs = {n: s for n, s in SERVERS.items() if not (args.no_peers and s.peer)}
-    scenarios = [s for s in SCENARIOS if not (args.no_peers and s.name in PEER_SCENARIOS)]
+    postgres = (args.database_url or DEFAULT_URLS[args.database]).startswith("postgres")
+    specs = {
+        n: s
+        for n, s in SERVERS.items()
+        if not (args.no_peers and s.peer) and (postgres or not s.postgres_only)
+    }
+    scenarios = [
+        s
+        for s in SCENARIOS
+        if not (args.no_peers and s.name in PEER_SCENARIOS) and s.server in specs
+    ]
     try:
         peers = None if args.no_peers else peers_directory(args.peers_cache)
         with databases(args) as dbs:
@@ -676,6 +707,7 @@ def main(argv: list[str] | None = None) -> int:
                     dbs[spec.table].url,
                     pythonpath=[REPO_ROOT, *([peers] if spec.peer and peers else [])],
                     EXAMPLE_PROVIDER_DELAY_MS="0",
+                    **dict(spec.env),
                     BENCH_REDIS_PREFIX=f"idempotency-bench-{os.getpid()}",
                 )
             for name in ("ours", "large", "drf"):

@@ -28,6 +28,13 @@ DATABASES = {
         os.environ.get("DATABASE_URL") or f"sqlite:///{BASE_DIR / 'example.sqlite3'}",
     ),
 }
+# PostgreSQL: let psycopg prepare the statements idempotency_django sends on every request
+# (README "PostgreSQL: prepared statements"; Django leaves prepared statements off for the
+# sake of transaction-mode poolers). EXAMPLE_PG_PREPARE_THRESHOLD=off turns it off.
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    _threshold = os.environ.get("EXAMPLE_PG_PREPARE_THRESHOLD", "5")
+    if _threshold != "off":
+        DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = int(_threshold)
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -229,7 +229,7 @@ class DatabaseStore:
         """
         connection = connections[alias]
         params = _claim_params(statements, values, connection)
-        with connection.cursor() as cursor:
+        with _cursor(connection) as cursor:
             cursor.execute(sql, [*params, fingerprint, fingerprint, *_key(values)])
             row = cursor.fetchone()
         if row is None:
@@ -258,7 +258,7 @@ class DatabaseStore:
                 raise
             return True
         if connection.vendor in ("postgresql", "sqlite"):
-            with connection.cursor() as cursor:
+            with _cursor(connection) as cursor:
                 cursor.execute(statements.claim, params)
                 return bool(cursor.rowcount == 1)
         try:  # pragma: no cover - other backends take the portable, slower path
@@ -278,7 +278,7 @@ class DatabaseStore:
         """
         connection = connections[alias]
         statements = _statements(alias)
-        with connection.cursor() as cursor:
+        with _cursor(connection) as cursor:
             cursor.execute(
                 statements.read,
                 [fingerprint, fingerprint, lookup["account"], lookup["endpoint"], lookup["key"]],
@@ -318,7 +318,7 @@ class DatabaseStore:
         connection = connections[alias]
         statements = _statements(alias)
         params = _prepared(statements.complete_fields, values, connection)
-        with transaction.mark_for_rollback_on_error(alias), connection.cursor() as cursor:
+        with transaction.mark_for_rollback_on_error(alias), _cursor(connection) as cursor:
             cursor.execute(
                 statements.complete,
                 [State.COMPLETED.value, *params, *_key(lookup), token, State.IN_PROGRESS.value],
@@ -335,7 +335,7 @@ class DatabaseStore:
         """Delete the claim's record, fenced by its token: one statement (the ORM's
         ``delete()`` wraps its ``DELETE`` in a transaction: two more round trips)."""
         connection = connections[alias]
-        with transaction.mark_for_rollback_on_error(alias), connection.cursor() as cursor:
+        with transaction.mark_for_rollback_on_error(alias), _cursor(connection) as cursor:
             cursor.execute(_statements(alias).release, [*_key(lookup), token])
             return int(cursor.rowcount)
 
@@ -351,7 +351,7 @@ class DatabaseStore:
         params: list[Any] = [lease]
         for lookup, token in claims:
             params += [*_key(lookup), token]
-        with connection.cursor() as cursor:
+        with _cursor(connection) as cursor:
             cursor.execute(statements.renew_many(len(claims)), params)
             return int(cursor.rowcount)
 
@@ -449,6 +449,51 @@ _COMPLETE_FIELDS = (
     "completed_at",
     "expires_at",
 )
+
+
+def _cursor(connection: Any) -> Any:
+    """A cursor for the hot path's statements: Django's, except on PostgreSQL when the
+    connection may prepare statements (``OPTIONS["prepare_threshold"]`` set; Django leaves
+    it unset so that transaction-mode poolers keep working).
+
+    Django's psycopg cursor binds parameters on the client, which psycopg never prepares,
+    so PostgreSQL plans every statement again: for the claim's ``INSERT`` with its read,
+    planning costs more than running it (pgbench: 9,000 against 24,000 statements/s,
+    ``benchmarks/RESULTS.md``). A server-side binding cursor on the same connection, in the
+    same transaction, wrapped by Django as its own cursors are (error translation, execute
+    wrappers), lets psycopg prepare the statements the hot path sends again and again. The
+    ORM's own queries are left as they are.
+    """
+    if connection.vendor != "postgresql" or connection.queries_logged:
+        # Logging queries (DEBUG, assertNumQueries): Django's cursor, whose log shows the
+        # SQL with its parameters, where a prepared statement's would show None.
+        return connection.cursor()
+    connection.ensure_connection()
+    raw = connection.connection
+    if getattr(raw, "prepare_threshold", None) is None:
+        return connection.cursor()
+    connection.validate_thread_sharing()
+    with connection.wrap_database_errors:
+        cursor = _server_binding_cursor(connection, raw)
+    return connection.make_cursor(cursor)
+
+
+def _server_binding_cursor(connection: Any, raw: Any) -> Any:
+    """What Django's ``create_cursor`` builds with ``server_side_binding``, time zone
+    included."""
+    from django.db.backends.postgresql.base import ServerBindingCursor
+    from psycopg.pq import Format
+
+    cursor = ServerBindingCursor(raw)  # type: ignore[call-arg]  # psycopg's Cursor(conn)
+    loader = raw.adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT)
+    if connection.timezone != getattr(loader, "timezone", connection.timezone):
+        from django.db.backends.postgresql.psycopg_any import register_tzloader
+
+        register_tzloader(connection.timezone, cursor)
+    return cursor
+
+
+_TIMESTAMPTZ_OID: Final = 1184
 
 
 def _key(values: dict[str, Any]) -> tuple[str, str, str]:

@@ -22,6 +22,13 @@ DATABASES = {
     ),
 }
 DATABASES["default"]["TEST"] = {"NAME": None}
+# PostgreSQL with prepared statements (README "PostgreSQL: prepared statements"): .ci/run
+# runs the store's tests once more with TEST_PREPARE_THRESHOLD=5; the suite itself runs with
+# Django's default (none prepared).
+if os.environ.get("TEST_PREPARE_THRESHOLD"):
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = int(
+        os.environ["TEST_PREPARE_THRESHOLD"]
+    )
 # A second database on the same server, for a store kept apart from the work
 # (IDEMPOTENCY["DATABASE"]); only the tests that ask for it create it.
 DATABASES["store"] = {
