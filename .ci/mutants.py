@@ -48,6 +48,14 @@ PREP = "test_store_prepared.py::"
 
 MUTANTS = [
     Mutant(
+        "purge-cursor-first-row",
+        "the purge's next page starts after its first row, not its last: rows counted twice",
+        "purge.py",
+        "    last_pk, last_order = raw_rows[-1]",
+        "    last_pk, last_order = raw_rows[0]",
+        ("test_purge.py::test_pages_continue_after_their_last_row_through_ties_in_the_expiry",),
+    ),
+    Mutant(
         "prepared-ignores-the-connection",
         "statements prepared although OPTIONS leave prepare_threshold unset: poolers break",
         "store.py",

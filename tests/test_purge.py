@@ -203,6 +203,28 @@ def test_each_batch_reads_a_bounded_page_in_index_order() -> None:
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("use_tz", [True, False])
+def test_pages_continue_after_their_last_row_through_ties_in_the_expiry(
+    settings: Any, use_tz: bool
+) -> None:
+    """The keyset cursor is the page's last ``(expiry, pk)``, read with the page (on
+    PostgreSQL only that row's timestamp is parsed): a dry run, which deletes nothing, counts
+    every record once across pages, with equal expiry times and with naive datetimes."""
+    settings.USE_TZ = use_tz
+    records = bulk_expired(8)
+    IdempotencyRecord.objects.filter(pk__in=[r.pk for r in records[2:6]]).update(
+        expires_at=records[2].expires_at
+    )
+
+    counted = purge_records(batch_size=3, include_stale=False, dry_run=True)
+    result = purge_records(batch_size=3, include_stale=False)
+
+    assert (counted.expired, counted.batches) == (8, 3)
+    assert (result.expired, result.batches) == (8, 3)
+    assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.django_db
 def test_dry_run_counts_and_deletes_nothing(purged_reports: list[dict[str, Any]]) -> None:
     bulk_expired(12)
     in_progress(timedelta(hours=2), key="stale")
