@@ -45,7 +45,7 @@ from django.utils import timezone
 from idempotency_django import engine
 from idempotency_django.conf import conf, problem
 from idempotency_django.models import IdempotencyRecord
-from idempotency_django.store import expired_q
+from idempotency_django.store import TIMESTAMPTZ_OID, expired_q
 
 logger = logging.getLogger("idempotency_django")
 
@@ -265,10 +265,9 @@ def purge_records(
                 result = replace(result, limit_reached=more, seconds=clock() - started)
                 return _finish(result, alias)
             batch_started = clock()
-            pks, last = _read_page(alias, current.page(base, cursor)[:room])
+            pks, cursor = _read_page(alias, current.page(base, cursor)[:room])
             if not pks:
                 break
-            cursor = last
             deleted = len(pks) if dry_run else _delete(alias, pks, current.condition)
             batch_ended = clock()
             result = replace(
@@ -313,9 +312,10 @@ class _Pass:
         return rows.order_by(self.order_field, "pk").values_list("pk", self.order_field)
 
 
-def _read_page(alias: str, page: QuerySet[Any]) -> tuple[list[int], tuple[datetime, int]]:
-    """A page's primary keys, and the keyset cursor after it: the last row's
-    ``(order value, pk)``, read in the same statement (the same snapshot) as the page.
+def _read_page(alias: str, page: QuerySet[Any]) -> tuple[list[int], tuple[datetime, int] | None]:
+    """A page's primary keys, and the keyset cursor after it (None for an empty page): the
+    last row's ``(order value, pk)``, read in the same statement (the same snapshot) as the
+    page.
 
     PostgreSQL: the order column arrives unparsed and only the last row's value is loaded,
     by the loader the ORM would have used. Parsing every row's timestamp was most of the
@@ -324,24 +324,20 @@ def _read_page(alias: str, page: QuerySet[Any]) -> tuple[list[int], tuple[dateti
     connection = connections[alias]
     if connection.vendor != "postgresql" or not hasattr(connection.connection, "adapters"):
         rows: list[tuple[int, datetime]] = list(page)
-        return [pk for pk, _ in rows], (rows[-1][1], rows[-1][0]) if rows else (_EPOCH, 0)
+        return [pk for pk, _ in rows], (rows[-1][1], rows[-1][0]) if rows else None
     from psycopg.pq import Format
 
     sql, params = page.query.get_compiler(alias).as_sql()
     with connection.cursor() as cursor:
-        cursor.cursor.adapters.register_loader(_TIMESTAMPTZ_OID, _unparsed())
+        cursor.cursor.adapters.register_loader(TIMESTAMPTZ_OID, _unparsed())
         cursor.execute(sql, params)
         raw_rows = cursor.fetchall()
     if not raw_rows:
-        return [], (_EPOCH, 0)
+        return [], None
     adapters = connection.connection.adapters
-    loader = adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT)(_TIMESTAMPTZ_OID, adapters)
+    loader = adapters.get_loader(TIMESTAMPTZ_OID, Format.TEXT)(TIMESTAMPTZ_OID, adapters)
     last_pk, last_order = raw_rows[-1]
     return [pk for pk, _ in raw_rows], (loader.load(last_order), last_pk)
-
-
-_TIMESTAMPTZ_OID = 1184
-_EPOCH = datetime.min
 
 
 @functools.cache

@@ -485,7 +485,7 @@ def _server_binding_cursor(connection: Any, raw: Any) -> Any:
     from psycopg.pq import Format
 
     cursor = ServerBindingCursor(raw)  # type: ignore[call-arg]  # psycopg's Cursor(conn)
-    loader = raw.adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT)
+    loader = raw.adapters.get_loader(TIMESTAMPTZ_OID, Format.TEXT)
     if connection.timezone != getattr(loader, "timezone", connection.timezone):
         from django.db.backends.postgresql.psycopg_any import register_tzloader
 
@@ -493,7 +493,8 @@ def _server_binding_cursor(connection: Any, raw: Any) -> Any:
     return cursor
 
 
-_TIMESTAMPTZ_OID: Final = 1184
+#: PostgreSQL's type oid of ``timestamp with time zone`` (the purge reads it too).
+TIMESTAMPTZ_OID: Final = 1184
 
 
 def _key(values: dict[str, Any]) -> tuple[str, str, str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -18,12 +17,12 @@ from django.contrib.auth.models import User
 from django.db import DataError, connection, connections
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
-from django.utils import timezone
 
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store import _cursor, store
 from tests.conftest import Post, effects
 from tests.test_query_budget import round_trips
+from tests.test_store_hot_path import LOOKUP, _record
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -175,24 +174,8 @@ def test_datetimes_json_and_bytes_read_through_a_prepared_statement_are_the_orms
     settings.USE_TZ = use_tz
     settings.TIME_ZONE = "Europe/Paris"
     threshold(0)
-    now = timezone.now()
-    orm = IdempotencyRecord.objects.create(
-        account="7",
-        endpoint="POST /x/",
-        key="k",
-        fingerprint="fp",
-        token="t" * 32,
-        state=IdempotencyRecord.State.COMPLETED,
-        response_status=201,
-        response_headers=[["Location", "/x/1"]],
-        response_body=b"\x00\xff{}",
-        created_at=now,
-        completed_at=now,
-        expires_at=now + timedelta(hours=1),
-    )
-    lookup = {"account": "7", "endpoint": "POST /x/", "key": "k"}
-
-    read = [store.read("default", lookup, "fp") for _ in range(3)][-1]  # prepared by now
+    orm = _record(fingerprint="fp", response_body=b"\x00\xff{}")
+    read = [store.read("default", LOOKUP, "fp") for _ in range(3)][-1]  # prepared by now
 
     assert read is not None
     assert read.expires_at == IdempotencyRecord.objects.get(pk=orm.pk).expires_at
