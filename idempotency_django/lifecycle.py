@@ -24,7 +24,10 @@ policies that decide an outcome all live here:
 - **Store errors.** Only a store that cannot be reached (refused or lost connection, after
   one reconnect) may fail open; contention (a lock timeout, a deadlock) is a duplicate in
   flight and answers 409; anything else fails closed (503).
-- **Disconnects** (async): by default the work runs to its end and its outcome is stored.
+- **Disconnects** (async): by default the work runs to its end and its outcome is stored;
+  ``ON_DISCONNECT`` "release" abandons it. That choice is only for a disconnect while the
+  work runs: a claim made for a request that is gone before the work began is released,
+  and the outcome of work that has returned is always stored.
 """
 
 from __future__ import annotations
