@@ -279,7 +279,8 @@ def test_a_disconnect_while_the_response_renders_makes_no_second_charge(
         try:
             # Past the work: the receipt's read waits on the lock, and the charge is made.
             retry_until(
-                lambda: lock_waits(e2e_db, f"SELECT%{RENDER_GATE_TABLE}%"),
+                # (Not "SELECT%table%": lock_waits' own query would match that.)
+                lambda: lock_waits(e2e_db, f"SELECT COUNT(*) FROM {RENDER_GATE_TABLE}%"),
                 lambda waiting: waiting == 1,
                 within=20,
                 every=0.05,
