@@ -4,7 +4,9 @@ Under ASGI the view runs as a task on the worker's event loop; ``aprotect`` clai
 completes the key with ``sync_to_async`` (one thread per request, under Django's ASGI
 handler), and a client that disconnects gets its view task cancelled by Django, which
 releases the key (safe while the view waits on the provider; not once its charge is being
-written, see the last test). Charges are counted as a client would, with
+written, see ``test_a_disconnect_while_the_charge_is_being_written_makes_no_second_charge``;
+nor, under either policy, once the view has returned, see the last test, which serves
+``tests/asgi_live_urls.py``). Charges are counted as a client would, with
 ``GET /async/charges/``; where the claim itself is the point, the e2e database is read (and
 locked) directly.
 """
