@@ -394,6 +394,44 @@ MUTANTS = [
         ("test_async.py::test_a_disconnected_request_finishes_and_its_retry_gets_the_replay",),
     ),
     Mutant(
+        "async-capture-unshielded",
+        "a cancel after the work returned, while its outcome is captured, releases the key",
+        "lifecycle.py",
+        "outcome, late = await _outliving_cancellation(_in_thread(record, value))",
+        "outcome, late = await _in_thread(record, value)(), None",
+        (
+            "test_async.py::test_a_disconnect_while_the_response_renders_stores_it_and_the"
+            "_retry_replays_it",
+            "test_async.py::test_a_disconnect_as_the_view_returns_stores_its_outcome[release]",
+            "test_ninja.py::test_an_async_operation_cancelled_as_it_returns_stores_its_response"
+            "[release]",
+            "test_middleware.py::test_under_asgi_an_async_view_cancelled_as_it_returns_stores"
+            "_its_response[release]",
+        ),
+    ),
+    Mutant(
+        "async-finished-work-taken-for-cancelled",
+        "work that returned as the cancel came is taken for cancelled work: the key released",
+        "lifecycle.py",
+        "            if task.cancelled():",
+        "            if task.done():",
+        (
+            "test_async.py::test_a_disconnect_as_the_view_returns_stores_its_outcome[finish]",
+            "test_ninja.py::test_an_async_operation_cancelled_as_it_returns_stores_its_response"
+            "[finish]",
+            "test_middleware.py::test_under_asgi_an_async_view_cancelled_as_it_returns_stores"
+            "_its_response[finish]",
+        ),
+    ),
+    Mutant(
+        "async-cancelled-claim-kept",
+        "a claim whose request was cancelled before the work began is kept: 409 for minutes",
+        "lifecycle.py",
+        "if started is None and protected.claimed:",
+        "if started is None and protected.claimed and False:",
+        ("test_async.py::test_a_disconnect_while_the_key_is_claimed_releases_the_claim",),
+    ),
+    Mutant(
         "view-options-unchecked",
         "per-view arguments are no longer validated when the view is decorated",
         "protect.py",

@@ -24,18 +24,22 @@ policies that decide an outcome all live here:
 - **Store errors.** Only a store that cannot be reached (refused or lost connection, after
   one reconnect) may fail open; contention (a lock timeout, a deadlock) is a duplicate in
   flight and answers 409; anything else fails closed (503).
-- **Disconnects** (async): by default the work runs to its end and its outcome is stored.
+- **Disconnects** (async): by default the work runs to its end and its outcome is stored;
+  ``ON_DISCONNECT`` "release" abandons it. That choice is only for a disconnect while the
+  work runs: a claim made for a request that is gone before the work began is released,
+  and the outcome of work that has returned is always stored.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
@@ -50,6 +54,7 @@ from idempotency_django.store import store
 logger = logging.getLogger("idempotency_django")
 
 V = TypeVar("V")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -147,29 +152,52 @@ async def arun(
     record: Callable[[V], Outcome],
 ) -> Result[V]:
     """``run`` for coroutines: always ``commit`` mode (Django has no async transactions),
-    every store call off the event loop, and the disconnect policy applied."""
+    every store call off the event loop, and the disconnect policy applied.
+
+    A cancellation (the client went away) releases the key only while the work runs, and
+    only under ON_DISCONNECT "release". Before the work, the claim is released; once the
+    work has returned, its outcome is recorded and stored whatever the policy (a release
+    then would let the retry do the work again); either way the cancellation is re-raised
+    when that is done.
+    """
     protected = Protected(scope, fingerprint, policy, (), mode="commit")
-    started = await sync_to_async(protected.start)()
+    started, cancelled = await _outliving_cancellation(_in_thread(protected.start))
+    if cancelled is not None:
+        if started is None and protected.claimed:
+            # The claim committed in its thread, but nobody will run the work: free the key
+            # (and its heartbeat entry) now, not when MAX_RUN_SECONDS ends its renewal.
+            await _outliving_cancellation(_in_thread(protected.fail, cancelled))
+        raise cancelled
     if started is not None:
         return started
     if not protected.claimed:
         return Ran(await work())
-    cancelled: asyncio.CancelledError | None = None
     try:
         if policy.on_disconnect == "finish":
             value, cancelled = await _outliving_cancellation(work)
         else:
             value = await work()
-        outcome = await sync_to_async(record)(value)
     except BaseException as error:
         # Includes CancelledError under ON_DISCONNECT "release": the client went away
-        # mid-flight. Shielded, so the release completes even if cancelled again.
-        await asyncio.shield(sync_to_async(protected.fail)(error))
+        # mid-flight. Run to its end, so the release completes even if cancelled again.
+        await _outliving_cancellation(_in_thread(protected.fail, error))
         raise
-    refused = await asyncio.shield(sync_to_async(protected.finish)(outcome))
+    # The work has returned: a cancellation from here on waits until its outcome is stored.
+    try:
+        outcome, late = await _outliving_cancellation(_in_thread(record, value))
+    except BaseException as error:  # the capture failed (a template that raised)
+        await _outliving_cancellation(_in_thread(protected.fail, error))
+        raise
+    refused, later = await _outliving_cancellation(_in_thread(protected.finish, outcome))
+    cancelled = cancelled or late or later
     if cancelled is not None:
         raise cancelled
     return refused if refused is not None else Ran(value)
+
+
+def _in_thread(func: Callable[..., R], *args: Any) -> Callable[[], Awaitable[R]]:
+    """``func(*args)`` as a step for ``_outliving_cancellation``, off the event loop."""
+    return functools.partial(sync_to_async(func), *args)
 
 
 class Protected:
@@ -500,20 +528,23 @@ def _warn_once(label: str, alias: str) -> None:
 
 
 async def _outliving_cancellation(
-    work: Callable[[], Awaitable[V]],
+    step: Callable[[], Awaitable[V]],
 ) -> tuple[V, asyncio.CancelledError | None]:
-    """Run the work to its end even if the request is cancelled (its client went away).
+    """Run ``step`` to its end even if the request is cancelled (its client went away), and
+    return the cancellation with its value, for the caller to re-raise once it is safe.
 
     Cancelling a view cannot call back work it already started, such as a database write
     running in a thread: releasing the key then would let the retry do it twice. So the work
-    finishes, its outcome is stored, and the retry gets the replay.
+    finishes, its outcome is stored, and the retry gets the replay. The same holds for the
+    store's own steps (a claim committing in its thread, the capture of the outcome).
     """
-    task: asyncio.Future[V] = asyncio.ensure_future(work())
+    task: asyncio.Future[V] = asyncio.ensure_future(step())
     cancelled: asyncio.CancelledError | None = None
     while True:
         try:
             return await asyncio.shield(task), cancelled
         except asyncio.CancelledError as error:
-            if task.done():
-                raise  # the work itself was cancelled: it did not finish
+            if task.cancelled():
+                raise  # the step itself was cancelled: it did not finish
+            # Done or not: a step that returned as the cancel came is still a step that ran.
             cancelled = error

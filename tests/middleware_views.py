@@ -51,6 +51,7 @@ async def async_plain(request: HttpRequest) -> HttpResponse:
     effect = await SideEffect.objects.acreate(label="mw_async")
     if data.get("raise"):
         raise RuntimeError("the view failed")
+    async_hold.returning()
     return JsonResponse({"effect": effect.pk, "echo": data}, status=201)
 
 

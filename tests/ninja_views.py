@@ -17,7 +17,7 @@ from ninja.security import HttpBearer
 
 from idempotency_django.ninja import IdempotentRouter, idempotent
 from tests.models import SideEffect
-from tests.views import gate
+from tests.views import async_hold, gate
 
 
 class UserBearer(HttpBearer):
@@ -97,7 +97,9 @@ def optional_effect(request: HttpRequest, payload: EffectIn) -> Any:
 async def async_effect(request: HttpRequest, payload: EffectIn) -> Any:
     from asgiref.sync import sync_to_async
 
-    return await sync_to_async(_effect)("ninja-async", payload)
+    result = await sync_to_async(_effect)("ninja-async", payload)
+    async_hold.returning()
+    return result
 
 
 @router.post("/stream/", response={201: EffectOut}, include_in_schema=False)

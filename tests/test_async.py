@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
 from django.test import AsyncClient, AsyncRequestFactory
 
 from idempotency_django.decorators import idempotent
+from idempotency_django.heartbeat import heartbeat
 from idempotency_django.models import IdempotencyRecord
 from tests import views
 from tests.conftest import effects
+from tests.models import SideEffect
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -79,19 +83,46 @@ def test_a_5xx_releases_and_a_4xx_is_stored(alice: User) -> None:
     assert effects("async") == 3
 
 
-def cancel_mid_flight(request: Any, let_the_view_finish: bool) -> bool:
-    """Cancel the view's task while it runs, as Django's ASGI handler does when the client
-    disconnects; True when the task ended cancelled."""
+async def deliver(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` as Django's ASGI handler does when the client disconnects, and let
+    the loop hand it the cancellation (where it is parked now) before anything moves on."""
+    task.cancel()
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+async def in_thread(event: threading.Event) -> None:
+    """Wait on the event loop for an event set in a thread."""
+    assert await asyncio.get_running_loop().run_in_executor(None, event.wait, 20)
+
+
+def cancelled_at(view: Any, request: Any, where: str, *, let_the_view_finish: bool = True) -> bool:
+    """Run ``view`` as a task and cancel it ``where``:
+
+    - ``"view"``: while the view runs (parked in its body, then let go, unless not
+      ``let_the_view_finish``);
+    - ``"return"``: as the view returns (it cancels its own request's task there);
+    - ``"render"``: after it returned, while its response renders in its thread (the
+      capture of the outcome; ``async_receipt``).
+
+    True when the task ended cancelled."""
+    hold = views.async_hold
 
     async def scenario() -> bool:
-        views.async_hold.entered = asyncio.Event()
-        views.async_hold.release = asyncio.Event()
-        task = asyncio.ensure_future(views.async_effect(request))
-        await asyncio.wait_for(views.async_hold.entered.wait(), timeout=20)
-        task.cancel()
-        await asyncio.sleep(0)  # deliver the cancellation while the view is still parked
-        if let_the_view_finish:
-            views.async_hold.release.set()
+        hold.entered, hold.release = asyncio.Event(), asyncio.Event()
+        hold.rendering, hold.render_release = threading.Event(), threading.Event()
+        task = asyncio.ensure_future(view(request))
+        if where == "return":
+            hold.on_return = task.cancel
+        elif where == "view":
+            await asyncio.wait_for(hold.entered.wait(), timeout=20)
+            await deliver(task)
+            if let_the_view_finish:
+                hold.release.set()
+        elif where == "render":
+            await in_thread(hold.rendering)
+            await deliver(task)
+            hold.render_release.set()
         try:
             await asyncio.wait_for(task, timeout=20)
         except asyncio.CancelledError:
@@ -101,13 +132,14 @@ def cancel_mid_flight(request: Any, let_the_view_finish: bool) -> bool:
     try:
         return async_to_sync(scenario)()
     finally:
-        views.async_hold.entered = views.async_hold.release = None
+        hold.entered = hold.release = hold.on_return = None
+        hold.rendering = hold.render_release = None
 
 
-def held_request(user: User) -> Any:
+def held_request(user: User, path: str = "/async/", body: dict[str, Any] | None = None) -> Any:
     request = AsyncRequestFactory().post(
-        "/async/",
-        data=json.dumps({"hold": True}),
+        path,
+        data=json.dumps({"hold": True} if body is None else body),
         content_type="application/json",
         headers={"Idempotency-Key": "k1"},
     )
@@ -118,7 +150,7 @@ def held_request(user: User) -> Any:
 def test_a_disconnected_request_finishes_and_its_retry_gets_the_replay(alice: User) -> None:
     """Default ON_DISCONNECT "finish": cancelling cannot call back work already started
     (a database write in a thread), so the view finishes and its outcome is stored."""
-    assert cancel_mid_flight(held_request(alice), let_the_view_finish=True)
+    assert cancelled_at(views.async_effect, held_request(alice), "view")
 
     record = IdempotencyRecord.objects.get()
     assert record.state == IdempotencyRecord.State.COMPLETED
@@ -128,16 +160,131 @@ def test_a_disconnected_request_finishes_and_its_retry_gets_the_replay(alice: Us
     assert effects("async") == 1
 
 
+@pytest.mark.parametrize("on_disconnect", ["finish", "release"])
+def test_a_disconnect_as_the_view_returns_stores_its_outcome(
+    alice: User, settings: Any, on_disconnect: str
+) -> None:
+    """The work is done: under either policy, its outcome is stored before the
+    cancellation goes on, and the retry is a replay, not a second run."""
+    settings.IDEMPOTENCY = {"ON_DISCONNECT": on_disconnect}
+    assert cancelled_at(views.async_effect, held_request(alice, body={}), "return")
+
+    assert IdempotencyRecord.objects.get().state == IdempotencyRecord.State.COMPLETED
+    retry = apost({})
+    assert retry.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert effects("async") == 1
+
+
+def receipt(user: str = "alice") -> Any:
+    async def send() -> Any:
+        return await AsyncClient().post(
+            "/async-receipt/",
+            data="{}",
+            content_type="application/json",
+            headers={"Idempotency-Key": "k1", "X-User": user},
+        )
+
+    return async_to_sync(send)()
+
+
+@pytest.mark.parametrize("on_disconnect", ["finish", "release"])
+def test_a_disconnect_while_the_response_renders_stores_it_and_the_retry_replays_it(
+    alice: User, settings: Any, on_disconnect: str
+) -> None:
+    """A ``TemplateResponse`` renders after the view returned, when its outcome is
+    captured (in a thread, reading a lazy value that takes its time): a cancel landing
+    there must not release the key, under either policy."""
+    settings.IDEMPOTENCY = {"ON_DISCONNECT": on_disconnect}
+    request = held_request(alice, "/async-receipt/", body={})
+    assert cancelled_at(views.async_receipt, request, "render")
+
+    assert effects("async_receipt") == 1
+    record = IdempotencyRecord.objects.get()
+    assert record.state == IdempotencyRecord.State.COMPLETED
+    retry = receipt()
+    assert retry.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == f"Charge {SideEffect.objects.get().pk}: paid".encode()
+    assert effects("async_receipt") == 1
+
+
 def test_on_disconnect_release_cancels_the_view_and_frees_the_key(
     alice: User, settings: Any
 ) -> None:
     settings.IDEMPOTENCY = {"ON_DISCONNECT": "release"}
-    assert cancel_mid_flight(held_request(alice), let_the_view_finish=False)
+    assert cancelled_at(views.async_effect, held_request(alice), "view", let_the_view_finish=False)
 
     assert not IdempotencyRecord.objects.exists()
     retry = apost({"hold": True})
     assert retry.status_code == 201
     assert "Idempotent-Replayed" not in retry
+    assert effects("async") == 1
+
+
+class ClaimHeld:
+    """An execute wrapper that holds this thread's connection right after the claim's
+    ``INSERT`` ran, until the test lets it go: the claim is in its thread, done or nearly."""
+
+    def __init__(self) -> None:
+        self.inserted = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        try:
+            return execute(sql, params, many, context)
+        finally:  # a duplicate key too (MariaDB raises it)
+            if "INSERT INTO" in sql.upper() and "IDEMPOTENCYRECORD" in sql.upper():
+                self.inserted.set()
+                self.release.wait(30)
+
+
+def cancelled_while_claiming(user: User) -> bool:
+    """Cancel the request while its claim is in its thread; True when it ended cancelled."""
+    held = ClaimHeld()
+
+    async def scenario() -> bool:
+        task = asyncio.ensure_future(views.async_effect(held_request(user, body={})))
+        await in_thread(held.inserted)
+        await deliver(task)
+        held.release.set()
+        try:
+            await asyncio.wait_for(task, timeout=20)
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    # The claim runs in this thread (async_to_sync's executor for thread-sensitive calls).
+    with connection.execute_wrapper(held):
+        return async_to_sync(scenario)()
+
+
+@pytest.mark.parametrize("on_disconnect", ["finish", "release"])
+def test_a_disconnect_while_the_key_is_claimed_releases_the_claim(
+    alice: User, settings: Any, on_disconnect: str
+) -> None:
+    """The claim commits in its thread whatever the event loop does; a request cancelled
+    before its view began must not leave that claim behind (renewed by the heartbeat for
+    MAX_RUN_SECONDS, every retry a 409): it is released, and the retry runs, once."""
+    settings.IDEMPOTENCY = {"ON_DISCONNECT": on_disconnect}
+    assert cancelled_while_claiming(alice)
+
+    assert effects("async") == 0
+    assert not IdempotencyRecord.objects.exists()
+    assert not [e for e in heartbeat._entries.values() if e.claim.scope.key == "k1"]
+    retry = apost({})
+    assert retry.status_code == 201
+    assert "Idempotent-Replayed" not in retry
+    assert effects("async") == 1
+
+
+def test_a_disconnect_while_a_completed_key_is_read_leaves_its_record(alice: User) -> None:
+    first = apost({})
+
+    assert cancelled_while_claiming(alice)
+
+    assert IdempotencyRecord.objects.get().state == IdempotencyRecord.State.COMPLETED
+    assert apost({}).content == first.content
     assert effects("async") == 1
 
 

@@ -24,6 +24,7 @@ from idempotency_django.middleware import IdempotencyMiddleware
 from idempotency_django.models import IdempotencyRecord
 from tests import middleware_views
 from tests.conftest import Post, effects
+from tests.test_async import cancelled_at
 from tests.test_atomicity import connection_killed_before, is_completion
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.middleware_urls")]
@@ -600,4 +601,33 @@ def test_under_asgi_a_duplicate_of_a_running_async_view_is_a_409(alice: User) ->
     assert duplicate.status_code == 409
     assert problem(duplicate)["status"] == 409
     assert first.status_code == 201
+    assert effects("mw_async") == 1
+
+
+@pytest.mark.parametrize("on_disconnect", ["finish", "release"])
+def test_under_asgi_an_async_view_cancelled_as_it_returns_stores_its_response(
+    alice: User, settings: Any, on_disconnect: str
+) -> None:
+    """The middleware's async path: a client that goes away once the view has run does not
+    release the key, under either policy; the retry is the replay."""
+    settings.IDEMPOTENCY = {"ON_DISCONNECT": on_disconnect}
+
+    async def get_response(request: Any) -> Any:  # pragma: no cover - process_view answers
+        raise AssertionError("the view middleware answers protected requests")
+
+    middleware = IdempotencyMiddleware(get_response)
+    request = AsyncRequestFactory().post(
+        "/mw/async/", data="{}", content_type="application/json", headers={"Idempotency-Key": "k1"}
+    )
+    request.user = alice
+    request.resolver_match = resolve("/mw/async/")
+
+    def view(request: Any) -> Any:
+        return middleware.process_view(request, middleware_views.async_plain, (), {})
+
+    assert cancelled_at(view, request, "return")
+
+    retry = apost("/mw/async/", {})
+    assert retry.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
     assert effects("mw_async") == 1

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
-from django.test import Client, override_settings
+from django.test import AsyncRequestFactory, Client, override_settings
+from django.urls import resolve
 from ninja import NinjaAPI
 from ninja.responses import Status
 from ninja.testing import TestClient
@@ -21,6 +22,7 @@ from idempotency_django.ninja import IdempotentRouter, auth_account, idempotent
 from tests.conftest import effects
 from tests.models import SideEffect
 from tests.ninja_views import router
+from tests.test_async import cancelled_at
 
 # Transactional: the claim commits before the operation runs (commit mode, the default), as
 # it does in production; inside a test's transaction it would run in atomic mode.
@@ -571,3 +573,25 @@ def test_the_middleware_leaves_ninja_operations_to_the_adapter(
     assert again.content == first.content
     assert effects("ninja-router") == 1
     assert IdempotencyRecord.objects.count() == 1
+
+
+@pytest.mark.parametrize("on_disconnect", ["finish", "release"])
+def test_an_async_operation_cancelled_as_it_returns_stores_its_response(
+    send: Send, alice: User, settings: Any, on_disconnect: str
+) -> None:
+    """A client that goes away once the operation has run (its response rendered) does not
+    release the key, under either policy: the retry is the replay."""
+    settings.IDEMPOTENCY = {"ON_DISCONNECT": on_disconnect}
+    request = AsyncRequestFactory().post(
+        "/ninja/r/async/",
+        data=json.dumps({"amount": 5}),
+        content_type="application/json",
+        headers={"Idempotency-Key": "k1", "Authorization": "Bearer alice"},
+    )
+    assert cancelled_at(resolve("/ninja/r/async/").func, request, "return")
+
+    retry = send("/r/async/", {"amount": 5})
+    assert retry.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.json() == {"effect": SideEffect.objects.get().pk, "amount": 5}
+    assert effects("ninja-async") == 1

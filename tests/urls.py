@@ -19,6 +19,7 @@ urlpatterns = [
     path("stream/", views.stream),
     path("class-based/", views.EffectView.as_view()),
     path("async/", views.async_effect),
+    path("async-receipt/", views.async_receipt),
     path("loses-its-connection/", views.loses_its_connection),
     path("dies-mid-write/", views.dies_mid_write),
     path("", include("tests.drf_urls")),

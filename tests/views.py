@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.template import engines
+from django.template.response import TemplateResponse
 from django.utils.decorators import method_decorator
 from django.views import View
 
@@ -127,10 +130,28 @@ class EffectView(View):
 
 
 class AsyncHold:
-    """Parks an async view until the test lets it go (or cancels it)."""
+    """Parks an async view until the test lets it go (or cancels it).
+
+    ``on_return``: called by the async views as they return (a test cancels the request's
+    task there). ``rendering``/``render_release``: hold ``async_receipt``'s response while
+    it renders, in its ``sync_to_async`` thread."""
 
     entered: asyncio.Event | None = None
     release: asyncio.Event | None = None
+    on_return: Callable[[], object] | None = None
+    rendering: threading.Event | None = None
+    render_release: threading.Event | None = None
+
+    def returning(self) -> None:
+        if self.on_return is not None:
+            self.on_return()
+
+    def slow_value(self) -> str:
+        """What the receipt's template reads: a lazy value that takes its time."""
+        if self.rendering is not None and self.render_release is not None:
+            self.rendering.set()
+            self.render_release.wait(30)
+        return "paid"
 
 
 async_hold = AsyncHold()
@@ -145,7 +166,20 @@ async def async_effect(request: HttpRequest) -> HttpResponse:
     effect = await SideEffect.objects.acreate(label="async")
     if data.get("raise"):
         raise RuntimeError("the view failed")
+    async_hold.returning()
     return JsonResponse({"effect": effect.pk, "echo": data}, status=int(data.get("status", 201)))
+
+
+_RECEIPT = engines["django"].from_string("Charge {{ effect }}: {{ status }}")
+
+
+@idempotent
+async def async_receipt(request: HttpRequest) -> TemplateResponse:
+    """Its response renders after it returned, when ``@idempotent`` captures it."""
+    effect = await SideEffect.objects.acreate(label="async_receipt")
+    return TemplateResponse(
+        request, _RECEIPT, {"effect": effect.pk, "status": async_hold.slow_value}, status=201
+    )
 
 
 def terminate_backend(alias: str = "default") -> None:

@@ -80,18 +80,23 @@ def start_example(e2e_db: Database, tmp_path: Path) -> Iterator[Callable[..., Se
 def uvicorn_example(
     e2e_db: Database, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Callable[..., Server]]:
-    """``uvicorn_example(workers=1, **example_settings)``: the example's ASGI application
-    under uvicorn with ``workers`` processes and these ``EXAMPLE_*`` settings. Started on
+    """``uvicorn_example(workers=1, settings_module=..., **example_settings)``: the example's
+    ASGI application under uvicorn with ``workers`` processes, the example's settings (or a
+    test project's built on them) and these ``EXAMPLE_*`` settings. Started on
     first use and shared by the tests asking for the same configuration; stopped at the end
     of the session."""
-    started: dict[tuple[int, tuple[tuple[str, str], ...]], Server] = {}
+    started: dict[tuple[int, str, tuple[tuple[str, str], ...]], Server] = {}
     logs = tmp_path_factory.mktemp("uvicorn")
 
-    def get(workers: int = 1, **example_settings: str) -> Server:
-        configuration = (workers, tuple(sorted(example_settings.items())))
+    def get(
+        workers: int = 1, settings_module: str = "example_project.settings", **example_settings: str
+    ) -> Server:
+        configuration = (workers, settings_module, tuple(sorted(example_settings.items())))
         if configuration not in started:
             log_path = logs / f"uvicorn-{len(started)}.log"
-            new = start_uvicorn(e2e_db, log_path, example_settings, workers=workers)
+            new = start_uvicorn(
+                e2e_db, log_path, example_settings, workers=workers, settings_module=settings_module
+            )
             started[configuration] = new
             _servers.append(new)
         return started[configuration]

@@ -343,6 +343,23 @@ def charges_locked(database: Database) -> HeldLock:
     return HeldLock(database, [(f"LOCK TABLES {CHARGES_TABLE} READ", [])])
 
 
+RENDER_GATE_TABLE = "e2e_render_gate"  # tests/asgi_live_urls.py reads it as it renders
+
+
+def render_gate_locked(database: Database) -> HeldLock:
+    """Make every read of ``RENDER_GATE_TABLE`` wait until the lock is released: a receipt
+    of ``tests/asgi_live_urls.py`` waits in the database meanwhile, while it renders."""
+    with _connect(database, database.name) as connection:
+        connection.cursor().execute(f"CREATE TABLE IF NOT EXISTS {RENDER_GATE_TABLE} (id integer)")
+    if database.vendor == "postgresql":
+        # The one mode that conflicts with a plain SELECT.
+        return HeldLock(
+            database, [(f"LOCK TABLE {RENDER_GATE_TABLE} IN ACCESS EXCLUSIVE MODE", [])]
+        )
+    # A WRITE lock: other sessions can neither read nor write the table.
+    return HeldLock(database, [(f"LOCK TABLES {RENDER_GATE_TABLE} WRITE", [])])
+
+
 def records_locked(database: Database, keys: Collection[str]) -> HeldLock:
     """Lock the idempotency records of ``keys`` (``SELECT … FOR UPDATE``) until released:
     a completion (``UPDATE``) of one of them waits in the database meanwhile."""
@@ -634,9 +651,11 @@ def start_uvicorn(
     example_settings: Mapping[str, str] | None = None,
     *,
     workers: int = 1,
+    settings_module: str = "example_project.settings",
 ) -> Server:
     """Serve the example's ASGI application (``example_project.asgi``) with uvicorn on a free
     port, ``workers`` processes, and wait until every worker has started and one answers.
+    ``settings_module``: the example's settings, or a test project's built on them.
 
     On stop, requests still running get ``UVICORN_GRACE_SECONDS`` before they are cancelled.
     """
@@ -660,7 +679,7 @@ def start_uvicorn(
             str(UVICORN_GRACE_SECONDS),
         ],
         cwd=REPO_ROOT,
-        env=example_env(database.url, **(example_settings or {})),
+        env=project_env(settings_module, database.url, **(example_settings or {})),
         stdin=subprocess.DEVNULL,
         stdout=log_file,
         stderr=subprocess.STDOUT,

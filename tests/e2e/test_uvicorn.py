@@ -4,7 +4,9 @@ Under ASGI the view runs as a task on the worker's event loop; ``aprotect`` clai
 completes the key with ``sync_to_async`` (one thread per request, under Django's ASGI
 handler), and a client that disconnects gets its view task cancelled by Django, which
 releases the key (safe while the view waits on the provider; not once its charge is being
-written, see the last test). Charges are counted as a client would, with
+written, see ``test_a_disconnect_while_the_charge_is_being_written_makes_no_second_charge``;
+nor, under either policy, once the view has returned, see the last test, which serves
+``tests/asgi_live_urls.py``). Charges are counted as a client would, with
 ``GET /async/charges/``; where the claim itself is the point, the e2e database is read (and
 locked) directly.
 """
@@ -26,6 +28,7 @@ from tests.e2e.server import (
     COMPLETED,
     IN_PROGRESS,
     RECORDS_TABLE,
+    RENDER_GATE_TABLE,
     REPLAYED,
     SUPPORTED_VENDORS,
     Database,
@@ -42,6 +45,7 @@ from tests.e2e.server import (
     new_key,
     record_states,
     records_locked,
+    render_gate_locked,
     retry_until,
 )
 
@@ -54,6 +58,7 @@ pytestmark = [
 ]
 
 ASYNC = "/async/charges/"
+RECEIPTS = "/receipts/charges/"  # tests/asgi_live_urls.py
 CLIENTS = 16
 PARALLEL = 8
 # Leases that outlast the tests: no key here is freed by a lapse, only by a completion or a
@@ -252,3 +257,56 @@ def test_a_disconnect_while_the_charge_is_being_written_makes_no_second_charge(
     assert retried.status_code == 201, (retried.status_code, retried.text)
     assert retried.headers.get(REPLAYED) == "true", retried.headers
     assert retried.json()["id"] == made[0]
+
+
+@pytest.mark.parametrize("on_disconnect", ["finish", "release"])
+def test_a_disconnect_while_the_response_renders_makes_no_second_charge(
+    uvicorn_example: Callable[..., Server], e2e_db: Database, key: str, on_disconnect: str
+) -> None:
+    """The view has charged and returned; its ``TemplateResponse`` renders when the outcome
+    is captured, reading a table the test holds locked (``tests/asgi_live_urls.py``). The
+    client hangs up there. Under either ON_DISCONNECT policy the work is done, so the key is
+    not released: the outcome is stored, and the retry gets the replay of the one charge."""
+    server = uvicorn_example(
+        workers=1,
+        settings_module="tests.asgi_live_settings",
+        EXAMPLE_ON_DISCONNECT=on_disconnect,
+        **LONG_LEASE,
+    )
+    body = charge_body()
+    before = server.charge_count(path=ASYNC)
+
+    with render_gate_locked(e2e_db) as gate:
+        sock = _raw_post(server.port, RECEIPTS, body, key)
+        try:
+            # Past the work: the receipt's read waits on the lock, and the charge is made.
+            retry_until(
+                # (Not "SELECT%table%": lock_waits' own query would match that.)
+                lambda: lock_waits(e2e_db, f"SELECT COUNT(*) FROM {RENDER_GATE_TABLE}%"),
+                lambda waiting: waiting == 1,
+                within=20,
+                every=0.05,
+            )
+            assert server.charge_count(path=ASYNC) == before + 1
+        finally:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+        assert_in_flight(server.post_charge(body, key=key, path=RECEIPTS))
+        gate.release()
+
+    retried, refused = retry_until(
+        lambda: server.post_charge(body, key=key, path=RECEIPTS),
+        lambda response: response.status_code != 409,
+        within=15,
+        every=0.1,
+    )
+    for response in refused:
+        assert_in_flight(response)
+    charges = server.charges(path=ASYNC)
+    made = [c["id"] for c in charges["results"] if c["amount"] == body["amount"]]
+    assert len(made) == 1, f"{len(made)} charges for one Idempotency-Key: {made}"
+    assert charges["count"] == before + 1
+    assert retried.status_code == 201, (retried.status_code, retried.text)
+    assert retried.headers.get(REPLAYED) == "true", retried.headers
+    assert retried.text == f"Charge {made[0]}: paid"
+    assert record_states(e2e_db, [key]) == {key: COMPLETED}
