@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from idempotency_django import keys
 from idempotency_django.exceptions import KeyMalformed
-from idempotency_django.models import KEY_MAX_LENGTH
+from idempotency_django.models import FINGERPRINT_MAX_LENGTH, KEY_MAX_LENGTH
 
 settings.register_profile("ci", derandomize=True, database=None, deadline=None)
 settings.register_profile(
@@ -841,3 +841,41 @@ def test_any_bytes_with_any_content_type_get_a_fingerprint(
     assert value == keys.default_fingerprint(
         request_of(body, content_type, method=method), f"{method} /o/"
     )
+
+
+# -- fingerprints: a project's own FINGERPRINT ----------------------------------------------
+
+# What a project's FINGERPRINT returns: anything, often shaped like "<number>:<text>" or a
+# hex digest, sometimes too long for the column.
+custom_values = st.one_of(
+    st.text(max_size=120),
+    st.builds(lambda n, rest: f"{n}:{rest}", st.integers(0, 10**9), st.text(max_size=70)),
+    st.builds(
+        lambda n, digest: f"{n}:{digest}",
+        st.integers(1, 9),
+        st.text("0123456789abcdef", min_size=64, max_size=64),
+    ),
+    st.text("0123456789abcdef", min_size=64, max_size=64),
+)
+
+
+@given(one=custom_values, other=custom_values)
+@example(one="100:EUR", other="250:EUR")
+@example(one="3:" + "a" * 64, other="2:" + "a" * 64)
+@example(one="a" * 64, other="2:" + "a" * 64)
+@example(one="x", other="custom:x")
+@example(one="v" * 73, other="v" * 74)
+def test_two_custom_fingerprints_match_exactly_when_equal(one: str, other: str) -> None:
+    stored, current = keys.custom_fingerprint(one), keys.custom_fingerprint(other)
+
+    assert keys.fingerprints_match(stored, current) is (one == other)
+    assert len(stored) <= FINGERPRINT_MAX_LENGTH
+
+
+@given(value=custom_values, body=st.binary(max_size=50))
+def test_a_custom_fingerprint_never_matches_a_library_one(value: str, body: bytes) -> None:
+    library = keys.default_fingerprint(request_of(body, JSON), "POST /o/")
+    custom = keys.custom_fingerprint(value)
+
+    assert not keys.fingerprints_match(custom, library)
+    assert not keys.fingerprints_match(library, custom) or value == library
