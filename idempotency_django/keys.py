@@ -95,7 +95,10 @@ FINGERPRINT_VERSION = 2
 MAX_JSON_DEPTH = 128
 
 
-_VISIBLE_ASCII = re.compile(r"[\x21-\x7e]*")
+# What a bare key is made of: visible ASCII but the comma (see parse_key). The published
+# contract (contract.key_parameter) gives clients this same set as the key's pattern.
+KEY_CHARACTER = r"[\x21-\x2b\x2d-\x7e]"
+_KEY_CHARACTERS = re.compile(KEY_CHARACTER + "*")
 
 
 def parse_key(raw: str) -> str:
@@ -103,12 +106,21 @@ def parse_key(raw: str) -> str:
 
     ``abc`` and ``"abc"`` name the same key, so clients that follow the IETF draft and
     clients that follow Stripe's examples interoperate.
+
+    A key never holds a comma: servers join repeated header lines with one (WSGI servers
+    into one environ value, Django's ASGI handler likewise), so ``a,b`` may be two keys
+    sent at once, and which one the client meant is unknowable.
     """
     value = raw.strip(" \t")
+    if "," in value:
+        raise KeyMalformed(
+            "Send one Idempotency-Key header; a key may not contain a comma (repeated "
+            "header lines arrive joined by commas)."
+        )
     if value.startswith('"'):
         key = _parse_sf_string(value)
     else:
-        if not _VISIBLE_ASCII.fullmatch(value):
+        if not _KEY_CHARACTERS.fullmatch(value):
             raise KeyMalformed("The key must be visible ASCII characters (or a quoted string).")
         key = value
     if not key.strip(" "):

@@ -131,6 +131,18 @@ def test_malformed_key_is_400_and_runs_nothing(alice: User, post: Post, key: str
     assert not IdempotencyRecord.objects.exists()
 
 
+@pytest.mark.parametrize("joined", ["k1,k2", "k1, k2", "k1,k1", '"k1","k2"', '"k1,k2"'])
+def test_two_key_header_lines_are_400_and_run_nothing(alice: User, post: Post, joined: str) -> None:
+    """A WSGI server hands two ``Idempotency-Key`` lines to Django joined by a comma."""
+    post("/effect/", {}, key="k1")
+
+    response = post("/effect/", {}, key=joined)
+
+    assert response.status_code == 400
+    assert problem(response)["type"] == "urn:idempotency-django:problem:key-malformed"
+    assert effects() == 1
+
+
 def test_bare_and_structured_field_forms_name_the_same_key(alice: User, post: Post) -> None:
     post("/effect/", {}, key="abc")
     retry = post("/effect/", {}, key='"abc"')
