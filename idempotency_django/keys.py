@@ -76,6 +76,7 @@ from django.core.files.uploadedfile import UploadedFile
 from django.http import HttpRequest, QueryDict
 from django.http.multipartparser import MultiPartParser, MultiPartParserError
 from django.http.request import RawPostDataException
+from django.urls import Resolver404, resolve
 from django.utils.datastructures import MultiValueDict
 from django.utils.duration import duration_iso_string
 from django.utils.functional import Promise
@@ -169,8 +170,29 @@ def default_account(request: HttpRequest) -> str | None:
 
 
 def default_endpoint(request: HttpRequest) -> str:
-    """Method and concrete path: ``/orders/1/refund`` and ``/orders/2/refund`` are apart."""
-    return f"{request.method} {request.path}"
+    """Method and concrete path: ``/orders/1/refund`` and ``/orders/2/refund`` are apart.
+
+    A path and its trailing-slash twin that resolve to the same view with the same arguments
+    (``re_path(r"^x/?$")``, a router with ``trailing_slash="/?"``) are one endpoint, written
+    with the slash, so a retry whose slash a client or proxy added or dropped is a retry.
+    Paths that end with a slash, and paths whose twin resolves elsewhere (or nowhere), are
+    written as they are: the endpoint of every other request is what it always was, and
+    so are the records stored under it.
+    """
+    return f"{request.method} {_route_path(request)}"
+
+
+def _route_path(request: HttpRequest) -> str:
+    path = request.path
+    match = getattr(request, "resolver_match", None)
+    if match is None or path.endswith("/"):
+        return path
+    try:
+        twin = resolve(request.path_info + "/", getattr(request, "urlconf", None))
+    except Resolver404:
+        return path
+    same_route = twin.func == match.func and twin.args == match.args and twin.kwargs == match.kwargs
+    return path + "/" if same_route else path
 
 
 def media_type(request: HttpRequest) -> str:
