@@ -96,10 +96,10 @@ FINGERPRINT_VERSION = 2
 MAX_JSON_DEPTH = 128
 
 
-# What a bare key is made of: visible ASCII but the comma (see parse_key). The published
-# contract (contract.key_parameter) gives clients this same set as the key's pattern.
+# What a bare key is made of, as the published contract (contract.key_parameter) gives it
+# to clients: visible ASCII but the comma, which parse_key refuses in any form.
 KEY_CHARACTER = r"[\x21-\x2b\x2d-\x7e]"
-_KEY_CHARACTERS = re.compile(KEY_CHARACTER + "*")
+_VISIBLE_ASCII = re.compile(r"[\x21-\x7e]*")
 
 
 def parse_key(raw: str) -> str:
@@ -121,7 +121,7 @@ def parse_key(raw: str) -> str:
     if value.startswith('"'):
         key = _parse_sf_string(value)
     else:
-        if not _KEY_CHARACTERS.fullmatch(value):
+        if not _VISIBLE_ASCII.fullmatch(value):
             raise KeyMalformed("The key must be visible ASCII characters (or a quoted string).")
         key = value
     if not key.strip(" "):

@@ -769,11 +769,17 @@ def amount_and_currency(request: HttpRequest, endpoint: str, **options: Any) -> 
     return f"{body['amount']}:{body['currency']}"
 
 
+def amount_and_digest(request: HttpRequest, endpoint: str, **options: Any) -> str:
+    """One shaped exactly like the library's own: "<number>:" and 64 hex characters."""
+    body = json.loads(request.body)
+    return f"{body['amount']}:{hashlib.sha256(body['currency'].encode()).hexdigest()}"
+
+
 @pytest.mark.django_db(transaction=True)
 class TestCustomFingerprintSetting:
-    @pytest.fixture(autouse=True)
-    def _custom(self, settings: Any) -> None:
-        settings.IDEMPOTENCY = {"FINGERPRINT": amount_and_currency}
+    @pytest.fixture(autouse=True, params=[amount_and_currency, amount_and_digest])
+    def _custom(self, settings: Any, request: pytest.FixtureRequest) -> None:
+        settings.IDEMPOTENCY = {"FINGERPRINT": request.param}
 
     def test_another_amount_with_the_key_is_422_not_a_replay(
         self, alice: User, client: Client
@@ -800,7 +806,8 @@ class TestCustomFingerprintSetting:
     ) -> None:
         first = charge(client, 100)
         # The previous release stored a custom value as it was, with no namespace.
-        IdempotencyRecord.objects.update(fingerprint="100:EUR")
+        stored = IdempotencyRecord.objects.get().fingerprint
+        IdempotencyRecord.objects.update(fingerprint=stored.removeprefix("custom:"))
 
         retry = charge(client, 100)
         other = charge(client, 250)
