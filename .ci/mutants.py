@@ -45,6 +45,8 @@ DEC = "test_decorators.py::"
 ATOM = "test_atomicity.py::"
 HOT = "test_store_hot_path.py::"
 PREP = "test_store_prepared.py::"
+FP = "test_fingerprints.py::"
+CUSTOM_FP = FP + "TestCustomFingerprintSetting::"
 
 MUTANTS = [
     Mutant(
@@ -498,6 +500,97 @@ MUTANTS = [
         'if getattr(view, "__module__", None) == _NINJA_VIEWS:',
         "if False:",
         ("test_ninja.py::test_the_middleware_leaves_ninja_operations_to_the_adapter",),
+    ),
+    Mutant(
+        "custom-fingerprint-not-namespaced",
+        "a project's FINGERPRINT value is stored bare: 100:EUR and 250:EUR read as versions",
+        "protect.py",
+        "                else keys.custom_fingerprint(fingerprint)",
+        "                else str(fingerprint)",
+        (CUSTOM_FP + "test_another_amount_with_the_key_is_422_not_a_replay",),
+    ),
+    Mutant(
+        "custom-fingerprint-reads-as-a-version",
+        "any N: prefix counts as a library version: a stored 100:EUR matches any fingerprint",
+        "keys.py",
+        '_VERSIONED = re.compile(r"([1-9][0-9]{0,8}):[0-9a-f]{64}")',
+        '_VERSIONED = re.compile(r"([0-9]{1,9}):.*")',
+        ("test_fingerprints.py::test_custom_fingerprints_match_only_the_same_value",),
+    ),
+    Mutant(
+        "custom-fingerprint-namespace-unchecked",
+        "a namespaced stored value is unwrapped again: the custom value x matches custom:x",
+        "keys.py",
+        "    if stored.startswith(_CUSTOM_NAMESPACES):\n        return False\n",
+        "",
+        ("test_properties.py::test_two_custom_fingerprints_match_exactly_when_equal",),
+    ),
+    Mutant(
+        "custom-fingerprint-previous-release-lost",
+        "a custom fingerprint the previous release stored no longer matches: a retry is a 422",
+        "keys.py",
+        "    return stored == current[len(_CUSTOM) :]",
+        "    return False",
+        (CUSTOM_FP + "test_a_record_the_previous_release_stored_still_matches",),
+    ),
+    Mutant(
+        "endpoint-slash-twins-apart",
+        "one route's path with and without its trailing slash are two endpoints: two runs",
+        "keys.py",
+        '    return path + "/" if same_route else path',
+        "    return path",
+        (
+            DEC + "test_a_retry_that_differs_only_in_the_trailing_slash_is_replayed",
+            "test_drf.py::test_a_retry_that_differs_only_in_the_trailing_slash_is_replayed",
+        ),
+    ),
+    Mutant(
+        "endpoint-slash-any-twin",
+        "a path's slash twin shares its endpoint even when it routes to another view",
+        "keys.py",
+        "    same_route = twin.func == match.func and",
+        "    same_route = True or twin.func == match.func and",
+        (
+            DEC + "test_routes_a_slash_apart_keep_their_own_keys",
+            DEC + "test_other_arguments_of_one_route_keep_their_own_keys",
+        ),
+    ),
+    Mutant(
+        "endpoint-slash-less-form",
+        "the shared endpoint is written without the slash: records stored before are lost",
+        "keys.py",
+        '    if match is None or path.endswith("/"):\n        return path\n',
+        '    if match is None:\n        return path\n    if path.endswith("/"):\n'
+        '        return path[:-1] if resolve(request.path_info[:-1] or "/").func == match.func'
+        " else path\n",
+        (DEC + "test_a_record_stored_under_the_previous_endpoint_format_is_replayed",),
+    ),
+    Mutant(
+        "key-comma-bare",
+        "a bare key may hold a comma: two header lines joined by a server are one key",
+        "keys.py",
+        '    if "," in value:',
+        '    if value.startswith(\'"\') and "," in value:',
+        (
+            DEC + "test_two_key_header_lines_are_400_and_run_nothing",
+            "test_async.py::test_two_key_header_lines_are_400_and_run_nothing",
+        ),
+    ),
+    Mutant(
+        "key-comma-quoted",
+        "a quoted key may hold a comma, which the published pattern refuses",
+        "keys.py",
+        '    if "," in value:',
+        '    if not value.startswith(\'"\') and "," in value:',
+        ("test_keys.py::test_parse_key_rejects_malformed",),
+    ),
+    Mutant(
+        "key-pattern-disagrees",
+        "the published key pattern allows a comma the parser refuses",
+        "keys.py",
+        'KEY_CHARACTER = r"[\\x21-\\x2b\\x2d-\\x7e]"',
+        'KEY_CHARACTER = r"[\\x21-\\x7e]"',
+        ("test_keys.py::test_parse_key_accepts_exactly_the_published_pattern",),
     ),
 ]
 

@@ -131,13 +131,15 @@ class RetriesExhausted(Exception):
 
 
 def check_key(key: str) -> str:
-    """A key the server accepts as a bare token: 1-255 visible ASCII characters."""
+    """A key the server accepts as a bare token: 1-255 visible ASCII characters, no comma."""
     if not isinstance(key, str) or not key:
         raise ValueError("An Idempotency-Key is a non-empty string made once per operation")
     if len(key) > KEY_MAX_LENGTH:
         raise ValueError(f"An Idempotency-Key is at most {KEY_MAX_LENGTH} characters")
     if any(not 0x21 <= ord(char) <= 0x7E for char in key):
         raise ValueError("An Idempotency-Key is visible ASCII characters (no spaces)")
+    if "," in key:
+        raise ValueError("An Idempotency-Key has no comma (servers join repeated headers by one)")
     return key
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from idempotency_django import exceptions
 from idempotency_django.codecs import ResponseUnreadable
 from idempotency_django.conf import conf
+from idempotency_django.keys import KEY_CHARACTER
 from idempotency_django.models import KEY_MAX_LENGTH
 
 #: The problems each status can carry, in the order a reader meets them.
@@ -67,13 +68,14 @@ def key_parameter(*, required: bool, ttl: float | None) -> dict[str, Any]:
             "type": "string",
             "minLength": 1,
             "maxLength": KEY_MAX_LENGTH,
-            "pattern": "^[!-~]+$",
+            "pattern": f"^{KEY_CHARACTER}+$",
         },
         "description": (
             "Names one logical operation: send the same key on every retry of it, and a new "
             "key for a new operation (a UUID v4 is a good key). A completed key replays its "
             f"first response, marked with {conf.REPLAY_HEADER}: true. The key is 1 to "
-            f"{KEY_MAX_LENGTH} visible ASCII characters (not only spaces); its RFC 8941 "
+            f"{KEY_MAX_LENGTH} visible ASCII characters other than a comma (not only "
+            "spaces), sent in one header line; its RFC 8941 "
             'quoted-string form ("...", with \\" and \\\\ escapes) names the same key. '
             "Keys are scoped to the authenticated account and the endpoint. "
             + ttl_text(ttl)

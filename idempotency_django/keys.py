@@ -9,7 +9,8 @@ method, endpoint, query string, media type and body, each in a canonical form, s
 a retry may change (key order, whitespace, a multipart boundary) does not count and
 anything the view could act on does. The ``2`` is the version of this canonical form;
 digests with no prefix (64 hex characters) are version 1. ``fingerprints_match`` compares a
-stored fingerprint with a fresh one across versions.
+stored fingerprint with a fresh one across versions. A project's own ``FINGERPRINT`` value
+is stored namespaced (``custom_fingerprint``), so it never reads as a version.
 
 - **Query string**: percent-decoded pairs, sorted by name only, so ``?a=1&b=2`` is
   ``?b=2&a=1`` but ``?a=1&a=2`` is not ``?a=2&a=1`` (repeated values keep their order,
@@ -75,12 +76,13 @@ from django.core.files.uploadedfile import UploadedFile
 from django.http import HttpRequest, QueryDict
 from django.http.multipartparser import MultiPartParser, MultiPartParserError
 from django.http.request import RawPostDataException
+from django.urls import Resolver404, resolve
 from django.utils.datastructures import MultiValueDict
 from django.utils.duration import duration_iso_string
 from django.utils.functional import Promise
 
 from idempotency_django.exceptions import KeyMalformed
-from idempotency_django.models import KEY_MAX_LENGTH
+from idempotency_django.models import FINGERPRINT_MAX_LENGTH, KEY_MAX_LENGTH
 
 Fingerprinter = Callable[[HttpRequest], "str | bytes | None"]
 
@@ -94,6 +96,9 @@ FINGERPRINT_VERSION = 2
 MAX_JSON_DEPTH = 128
 
 
+# What a bare key is made of, as the published contract (contract.key_parameter) gives it
+# to clients: visible ASCII but the comma, which parse_key refuses in any form.
+KEY_CHARACTER = r"[\x21-\x2b\x2d-\x7e]"
 _VISIBLE_ASCII = re.compile(r"[\x21-\x7e]*")
 
 
@@ -102,8 +107,17 @@ def parse_key(raw: str) -> str:
 
     ``abc`` and ``"abc"`` name the same key, so clients that follow the IETF draft and
     clients that follow Stripe's examples interoperate.
+
+    A key never holds a comma: servers join repeated header lines with one (WSGI servers
+    into one environ value, Django's ASGI handler likewise), so ``a,b`` may be two keys
+    sent at once, and which one the client meant is unknowable.
     """
     value = raw.strip(" \t")
+    if "," in value:
+        raise KeyMalformed(
+            "Send one Idempotency-Key header; a key may not contain a comma (repeated "
+            "header lines arrive joined by commas)."
+        )
     if value.startswith('"'):
         key = _parse_sf_string(value)
     else:
@@ -156,8 +170,29 @@ def default_account(request: HttpRequest) -> str | None:
 
 
 def default_endpoint(request: HttpRequest) -> str:
-    """Method and concrete path: ``/orders/1/refund`` and ``/orders/2/refund`` are apart."""
-    return f"{request.method} {request.path}"
+    """Method and concrete path: ``/orders/1/refund`` and ``/orders/2/refund`` are apart.
+
+    A path and its trailing-slash twin that resolve to the same view with the same arguments
+    (``re_path(r"^x/?$")``, a router with ``trailing_slash="/?"``) are one endpoint, written
+    with the slash, so a retry whose slash a client or proxy added or dropped is a retry.
+    Paths that end with a slash, and paths whose twin resolves elsewhere (or nowhere), are
+    written as they are: the endpoint of every other request is what it always was, and
+    so are the records stored under it.
+    """
+    return f"{request.method} {_route_path(request)}"
+
+
+def _route_path(request: HttpRequest) -> str:
+    path = request.path
+    match = getattr(request, "resolver_match", None)
+    if match is None or path.endswith("/"):
+        return path
+    try:
+        twin = resolve(request.path_info + "/", getattr(request, "urlconf", None))
+    except Resolver404:
+        return path
+    same_route = twin.func == match.func and twin.args == match.args and twin.kwargs == match.kwargs
+    return path + "/" if same_route else path
 
 
 def media_type(request: HttpRequest) -> str:
@@ -219,19 +254,39 @@ def task_fingerprint(endpoint: str, work: Any, label: str) -> str:
     return _versioned(digest(b"task", endpoint.encode("utf-8", "surrogatepass"), kind, payload))
 
 
+def custom_fingerprint(value: object) -> str:
+    """A project's own ``FINGERPRINT`` value as stored: ``"custom:"`` and the value, or
+    ``"custom-sha256:"`` and its SHA-256 when the value would not fit the column.
+
+    The namespace keeps a project's value from ever reading as one of the library's
+    versioned fingerprints (``"100:EUR"`` is not version 100 of anything), so custom values
+    are compared by equality only.
+    """
+    text = str(value)
+    if len(_CUSTOM) + len(text) <= FINGERPRINT_MAX_LENGTH:
+        return _CUSTOM + text
+    return _CUSTOM_DIGEST + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def fingerprints_match(stored: str, current: str) -> bool:
     """Whether ``current`` fingerprints the same request as ``stored``.
 
-    Equal strings match. Two fingerprints of *different versions* of the canonical form
-    (``"N:…"``, or 64 hex characters for version 1) cannot be compared, and count as a
-    match: a client retrying across an upgrade, with a request the first attempt already
-    claimed or completed, must get that outcome (a replay, or a 409), not a 422 for a
-    mismatch that is only a change of canonical form. The window closes on its own: once
-    the records written before the upgrade expire, every stored fingerprint has the current
-    version. Anything else that differs does not match.
+    Equal strings match. Two fingerprints the library produced, of *different versions* of
+    the canonical form (``"N:"`` and 64 hex characters, or 64 hex characters alone for
+    version 1), cannot be compared, and count as a match: a client retrying across an
+    upgrade, with a request the first attempt already claimed or completed, must get that
+    outcome (a replay, or a 409), not a 422 for a mismatch that is only a change of
+    canonical form. The window closes on its own: once the records written before the
+    upgrade expire, every stored fingerprint has the current version.
+
+    A custom fingerprint (``custom_fingerprint``) matches only the same value, including
+    the value as an earlier release stored it, without the namespace. Anything else that
+    differs does not match.
     """
     if stored == current:
         return True
+    if current.startswith(_CUSTOM_NAMESPACES):
+        return _same_custom_value(stored, current)
     stored_version, current_version = _version(stored), _version(current)
     return (
         stored_version is not None
@@ -240,15 +295,34 @@ def fingerprints_match(stored: str, current: str) -> bool:
     )
 
 
-_VERSIONED = re.compile(r"([0-9]{1,9}):")
+_CUSTOM = "custom:"
+_CUSTOM_DIGEST = "custom-sha256:"
+_CUSTOM_NAMESPACES = (_CUSTOM, _CUSTOM_DIGEST)
+# Only what the library writes: a project's "100:EUR" or "3:abc" is never a version.
+_VERSIONED = re.compile(r"([1-9][0-9]{0,8}):[0-9a-f]{64}")
 _LEGACY = re.compile(r"[0-9a-f]{64}")
 
 
 def _version(fingerprint: str) -> int | None:
-    match = _VERSIONED.match(fingerprint)
+    match = _VERSIONED.fullmatch(fingerprint)
     if match:
         return int(match.group(1))
     return 1 if _LEGACY.fullmatch(fingerprint) else None
+
+
+def _same_custom_value(stored: str, current: str) -> bool:
+    """Whether ``stored`` is the custom value ``current`` names, as the previous release
+    stored it: the value itself, or ``"sha256:"`` and its digest when over the column's
+    length (``fit``). A namespaced stored value matches only when equal."""
+    if stored.startswith(_CUSTOM_NAMESPACES):
+        return False
+    if current.startswith(_CUSTOM_DIGEST):
+        hexdigest = current[len(_CUSTOM_DIGEST) :]
+        return (
+            stored == "sha256:" + hexdigest
+            or hashlib.sha256(stored.encode("utf-8", "surrogatepass")).hexdigest() == hexdigest
+        )
+    return stored == current[len(_CUSTOM) :]
 
 
 def _versioned(hexdigest: str) -> str:

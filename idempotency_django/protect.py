@@ -28,11 +28,7 @@ from idempotency_django.exceptions import (
     IdempotencyError,
     KeyMissing,
 )
-from idempotency_django.models import (
-    ACCOUNT_MAX_LENGTH,
-    ENDPOINT_MAX_LENGTH,
-    FINGERPRINT_MAX_LENGTH,
-)
+from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH
 from idempotency_django.responses import StoredResponse, capture, problem_response, replay
 
 logger = logging.getLogger("idempotency_django")
@@ -285,8 +281,13 @@ class Guard:
                 endpoint=keys.fit(endpoint, ENDPOINT_MAX_LENGTH),
                 key=key,
             ),
-            # A custom FINGERPRINT may return anything: keep it within its column.
-            fingerprint=keys.fit(str(fingerprint), FINGERPRINT_MAX_LENGTH),
+            # A custom FINGERPRINT may return anything: namespaced, it is compared by
+            # equality only (never as a library version) and fits its column.
+            fingerprint=(
+                fingerprint
+                if resolved.fingerprint is keys.default_fingerprint
+                else keys.custom_fingerprint(fingerprint)
+            ),
             policy=resolved.policy(engine.store_alias()),
             store_statuses=resolved.store_statuses,
             max_response_bytes=resolved.max_response_bytes,

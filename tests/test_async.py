@@ -13,6 +13,7 @@ from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from django.test import AsyncClient, AsyncRequestFactory
+from django.test.client import FakePayload
 
 from idempotency_django.decorators import idempotent
 from idempotency_django.heartbeat import heartbeat
@@ -37,6 +38,34 @@ def apost(body: dict[str, Any], key: str | None = "k1", user: str | None = "alic
         )
 
     return async_to_sync(send)()
+
+
+def test_two_key_header_lines_are_400_and_run_nothing(alice: User) -> None:
+    """Under ASGI the lines arrive apart, and Django's ASGIRequest joins them by a comma."""
+    body = json.dumps({"amount": 1}).encode()
+    scope = {
+        "method": "POST",
+        "path": "/async/",
+        "query_string": "",
+        "server": ("127.0.0.1", "80"),
+        "scheme": "http",
+        "headers": [
+            (b"host", b"testserver"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"x-user", b"alice"),
+            (b"idempotency-key", b"k1"),
+            (b"idempotency-key", b"k2"),
+        ],
+        "_body_file": FakePayload(body),
+    }
+    apost({"amount": 1}, key="k1")
+
+    response = async_to_sync(AsyncClient().request)(**scope)
+
+    assert response.status_code == 400
+    assert json.loads(response.content)["type"] == ("urn:idempotency-django:problem:key-malformed")
+    assert effects() == 1
 
 
 def test_the_decorated_view_is_still_a_coroutine_function() -> None:

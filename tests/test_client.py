@@ -181,7 +181,7 @@ def test_the_key_is_the_callers_to_make(make: Make) -> None:
     assert script.requests == []
 
 
-@pytest.mark.parametrize("key", ["", "two words", "k" * 256, "clé", "tab\there"])
+@pytest.mark.parametrize("key", ["", "two words", "k" * 256, "clé", "tab\there", "a,b"])
 def test_a_key_the_server_would_refuse_is_refused_before_sending(make: Make, key: str) -> None:
     client, script = make(created())
 

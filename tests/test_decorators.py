@@ -131,6 +131,78 @@ def test_malformed_key_is_400_and_runs_nothing(alice: User, post: Post, key: str
     assert not IdempotencyRecord.objects.exists()
 
 
+@pytest.mark.parametrize("joined", ["k1,k2", "k1, k2", "k1,k1", '"k1","k2"', '"k1,k2"'])
+def test_two_key_header_lines_are_400_and_run_nothing(alice: User, post: Post, joined: str) -> None:
+    """A WSGI server hands two ``Idempotency-Key`` lines to Django joined by a comma."""
+    post("/effect/", {}, key="k1")
+
+    response = post("/effect/", {}, key=joined)
+
+    assert response.status_code == 400
+    assert problem(response)["type"] == "urn:idempotency-django:problem:key-malformed"
+    assert effects() == 1
+
+
+# -- the endpoint: one route, with or without its trailing slash ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("first", "retry"),
+    [
+        ("/optional-slash", "/optional-slash/"),
+        ("/optional-slash/", "/optional-slash"),
+        ("/optional-slash/7", "/optional-slash/7/"),
+    ],
+)
+def test_a_retry_that_differs_only_in_the_trailing_slash_is_replayed(
+    alice: User, post: Post, first: str, retry: str
+) -> None:
+    original = post(first, {"amount": 1})
+    again = post(retry, {"amount": 1})
+
+    assert original.status_code == 201
+    assert again.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.content == original.content
+    assert effects() == 1
+
+
+def test_routes_a_slash_apart_keep_their_own_keys(alice: User, post: Post) -> None:
+    without = post("/apart", {"amount": 1})
+    with_slash = post("/apart/", {"amount": 1})
+
+    assert without.status_code == with_slash.status_code == 201
+    assert "Idempotent-Replayed" not in with_slash
+    assert effects("effect") == 1
+    assert effects("slash-twin") == 1
+
+
+def test_other_arguments_of_one_route_keep_their_own_keys(alice: User, post: Post) -> None:
+    one = post("/optional-slash/1", {"amount": 1})
+    two = post("/optional-slash/2/", {"amount": 1})
+
+    assert one.status_code == two.status_code == 201
+    assert "Idempotent-Replayed" not in two
+    assert effects() == 2
+
+
+@pytest.mark.parametrize("retry", ["/optional-slash/", "/optional-slash"])
+def test_a_record_stored_under_the_previous_endpoint_format_is_replayed(
+    alice: User, post: Post, settings: Any, retry: str
+) -> None:
+    # The previous release's default endpoint: the method and the concrete path.
+    settings.IDEMPOTENCY = {"ENDPOINT": lambda request: f"{request.method} {request.path}"}
+    original = post("/optional-slash/", {"amount": 1})
+    settings.IDEMPOTENCY = {}
+
+    again = post(retry, {"amount": 1})
+
+    assert again.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.content == original.content
+    assert effects() == 1
+
+
 def test_bare_and_structured_field_forms_name_the_same_key(alice: User, post: Post) -> None:
     post("/effect/", {}, key="abc")
     retry = post("/effect/", {}, key='"abc"')

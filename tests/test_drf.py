@@ -36,6 +36,35 @@ def post(client: APIClient, path: str, body: Any, key: str | None = "k1", **head
     )
 
 
+@pytest.mark.parametrize(
+    ("first", "retry"),
+    [
+        ("/api/slash-optional", "/api/slash-optional/"),
+        ("/api/slash-optional/refund/", "/api/slash-optional/refund"),
+    ],
+)
+def test_a_retry_that_differs_only_in_the_trailing_slash_is_replayed(
+    api: APIClient, first: str, retry: str
+) -> None:
+    """A router with ``trailing_slash="/?"``: one route takes both paths."""
+    original = post(api, first, {"amount": 5})
+    again = post(api, retry, {"amount": 5})
+
+    assert original.status_code == again.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.content == original.content
+    assert effects() == 1
+
+
+def test_actions_of_one_router_a_slash_apart_keep_their_own_keys(api: APIClient) -> None:
+    create = post(api, "/api/slash-optional", {"amount": 5})
+    refund = post(api, "/api/slash-optional/refund", {"amount": 5})
+
+    assert create.status_code == refund.status_code == 201
+    assert "Idempotent-Replayed" not in refund
+    assert effects("drf") == effects("drf-refund") == 1
+
+
 def test_create_runs_once_and_replays_the_rendered_response(api: APIClient) -> None:
     first = post(api, "/api/charges/", {"amount": 5})
     retry = post(api, "/api/charges/", {"amount": 5})

@@ -729,6 +729,105 @@ def test_fingerprints_match(stored: str, current: str, match: bool) -> None:
     assert keys.fingerprints_match(stored, current) is match
 
 
+@pytest.mark.parametrize(
+    ("stored", "current", "match"),
+    [
+        pytest.param("custom:100:EUR", "custom:100:EUR", True, id="equal"),
+        pytest.param("custom:100:EUR", "custom:250:EUR", False, id="numbers-are-not-versions"),
+        pytest.param("custom:3:" + "d" * 64, "custom:2:" + "d" * 64, False, id="look-versioned"),
+        pytest.param("custom:" + V2, V2, False, id="custom-vs-library"),
+        pytest.param(V2, "custom:" + LEGACY, False, id="library-vs-custom"),
+        pytest.param("100:EUR", V2, False, id="previous-release-custom-vs-library"),
+        # Stored by the previous release, which kept a custom value as it was.
+        pytest.param("100:EUR", "custom:100:EUR", True, id="previous-release-same"),
+        pytest.param("100:EUR", "custom:250:EUR", False, id="previous-release-differs"),
+        pytest.param(LEGACY, "custom:" + LEGACY, True, id="previous-release-hex-digest"),
+    ],
+)
+def test_custom_fingerprints_match_only_the_same_value(
+    stored: str, current: str, match: bool
+) -> None:
+    assert keys.fingerprints_match(stored, current) is match
+
+
+@pytest.mark.parametrize("size", [1, 73, 74, 80, 81, 500])
+def test_a_custom_fingerprint_fits_and_matches_what_the_previous_release_stored(
+    size: int,
+) -> None:
+    value = "v" * size
+    current = keys.custom_fingerprint(value)
+
+    assert len(current) <= FINGERPRINT_MAX_LENGTH
+    assert keys.fingerprints_match(keys.fit(value, FINGERPRINT_MAX_LENGTH), current)
+    assert not keys.fingerprints_match(keys.fit(value + "w", FINGERPRINT_MAX_LENGTH), current)
+    assert not keys.fingerprints_match(keys.custom_fingerprint(value + "w"), current)
+
+
+def amount_and_currency(request: HttpRequest, endpoint: str, **options: Any) -> str:
+    """A project's own FINGERPRINT, of the shape that read as "version 100"."""
+    body = json.loads(request.body)
+    return f"{body['amount']}:{body['currency']}"
+
+
+def amount_and_digest(request: HttpRequest, endpoint: str, **options: Any) -> str:
+    """One shaped exactly like the library's own: "<number>:" and 64 hex characters."""
+    body = json.loads(request.body)
+    return f"{body['amount']}:{hashlib.sha256(body['currency'].encode()).hexdigest()}"
+
+
+@pytest.mark.django_db(transaction=True)
+class TestCustomFingerprintSetting:
+    @pytest.fixture(autouse=True, params=[amount_and_currency, amount_and_digest])
+    def _custom(self, settings: Any, request: pytest.FixtureRequest) -> None:
+        settings.IDEMPOTENCY = {"FINGERPRINT": request.param}
+
+    def test_another_amount_with_the_key_is_422_not_a_replay(
+        self, alice: User, client: Client
+    ) -> None:
+        first = charge(client, 100)
+        second = charge(client, 250)
+
+        assert first.status_code == 201
+        assert second.status_code == 422
+        assert second.json()["type"] == "urn:idempotency-django:problem:key-mismatch"
+        assert effects() == 1
+
+    def test_the_same_amount_is_replayed(self, alice: User, client: Client) -> None:
+        first = charge(client, 100)
+        retry = charge(client, 100)
+
+        assert retry.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert effects() == 1
+
+    def test_a_record_the_previous_release_stored_still_matches(
+        self, alice: User, client: Client
+    ) -> None:
+        first = charge(client, 100)
+        # The previous release stored a custom value as it was, with no namespace.
+        stored = IdempotencyRecord.objects.get().fingerprint
+        IdempotencyRecord.objects.update(fingerprint=stored.removeprefix("custom:"))
+
+        retry = charge(client, 100)
+        other = charge(client, 250)
+
+        assert retry.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert other.status_code == 422
+        assert effects() == 1
+
+
+def charge(client: Client, amount: int) -> Any:
+    return client.post(
+        "/effect/",
+        data=json.dumps({"amount": amount, "currency": "EUR"}),
+        content_type=JSON,
+        headers={"Idempotency-Key": "k1", "X-User": "alice"},
+    )
+
+
 # -- through @idempotent and IdempotentMixin ------------------------------------------------
 
 UPLOAD_ROUTES = ["/upload/", "/api/upload/", "/api/upload-parsed/"]

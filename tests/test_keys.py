@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 import pytest
@@ -120,11 +121,33 @@ def test_parse_key_length_counts_the_unescaped_key() -> None:
         pytest.param('"abc""', id="trailing-quote"),
         pytest.param('"abc";p=1', id="trailing-parameter"),
         pytest.param('"a" "b"', id="two-strings"),
+        # Two header lines, as servers join them.
+        pytest.param("a,b", id="two-lines-joined"),
+        pytest.param("a, b", id="two-lines-joined-with-a-space"),
+        pytest.param('"a","b"', id="two-quoted-lines-joined"),
+        pytest.param('"a,b"', id="comma-in-quoted"),
+        pytest.param("a,", id="a-line-and-an-empty-line"),
+        pytest.param(",a", id="an-empty-line-and-a-line"),
     ],
 )
 def test_parse_key_rejects_malformed(raw: str) -> None:
     with pytest.raises(KeyMalformed):
         keys.parse_key(raw)
+
+
+@pytest.mark.parametrize("character", [chr(code) for code in range(0x110)])
+def test_parse_key_accepts_exactly_the_published_pattern(character: str) -> None:
+    """The parser and the OpenAPI pattern clients validate against agree on every character
+    of a bare key (inside one: a key that starts with a quote is read as a quoted string)."""
+    from idempotency_django.contract import key_parameter
+
+    pattern = re.compile(key_parameter(required=True, ttl=None)["schema"]["pattern"])
+    raw = f"a{character}b"
+    try:
+        accepted = keys.parse_key(raw) == raw
+    except KeyMalformed:
+        accepted = False
+    assert accepted is bool(pattern.fullmatch(raw))
 
 
 def test_key_malformed_carries_a_detail() -> None:

@@ -55,7 +55,7 @@ def test_the_header_documents_its_format_and_maximum_length(generate: Generate) 
         "type": "string",
         "minLength": 1,
         "maxLength": 255,
-        "pattern": "^[!-~]+$",
+        "pattern": "^[\\x21-\\x2b\\x2d-\\x7e]+$",
     }
     assert "visible ASCII" in header["description"]
     assert "quoted-string" in header["description"]

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from idempotency_django import keys
 from idempotency_django.exceptions import KeyMalformed
-from idempotency_django.models import KEY_MAX_LENGTH
+from idempotency_django.models import FINGERPRINT_MAX_LENGTH, KEY_MAX_LENGTH
 
 settings.register_profile("ci", derandomize=True, database=None, deadline=None)
 settings.register_profile(
@@ -47,8 +47,9 @@ rf = RequestFactory()
 
 # -- parse_key -------------------------------------------------------------------------------
 
-VISIBLE = st.characters(min_codepoint=0x21, max_codepoint=0x7E)
-PRINTABLE = st.characters(min_codepoint=0x20, max_codepoint=0x7E)
+# A key never holds a comma: servers join repeated header lines with one.
+VISIBLE = st.characters(min_codepoint=0x21, max_codepoint=0x7E, exclude_characters=",")
+PRINTABLE = st.characters(min_codepoint=0x20, max_codepoint=0x7E, exclude_characters=",")
 NOT_VISIBLE = st.characters(codec=None).filter(lambda char: not 0x21 <= ord(char) <= 0x7E)
 NOT_PRINTABLE = st.characters(codec=None).filter(lambda char: not 0x20 <= ord(char) <= 0x7E)
 OWS = st.text(st.sampled_from(" \t"), max_size=3)
@@ -128,6 +129,18 @@ malformed_keys = st.one_of(
     escaped.map(lambda text: f'"{text}\\'),
     # unterminated
     escaped.map(lambda text: f'"{text}'),
+    # two header lines, joined by the server with a comma (and maybe a space)
+    st.builds(
+        lambda one, separator, other: one + separator + other,
+        bare_tokens | quoted_keys.map(sf_string),
+        st.sampled_from([",", ", "]),
+        bare_tokens | quoted_keys.map(sf_string),
+    ),
+    # a comma anywhere, bare or quoted
+    st.builds(
+        lambda a, b: f"{a},{b}", st.text(VISIBLE, max_size=10), st.text(VISIBLE, max_size=10)
+    ),
+    st.builds(lambda a, b: f'"{a},{b}"', escaped, escaped),
     # trailing garbage after the closing quote
     st.builds(
         lambda key, garbage: sf_string(key) + garbage,
@@ -152,13 +165,16 @@ malformed_keys = st.one_of(
 @example(raw='"abc"x')
 @example(raw='"abc" "def"')
 @example(raw='"a\tb"')
+@example(raw="a,b")
+@example(raw='"a", "b"')
+@example(raw='"a,b"')
 def test_a_malformed_value_raises_key_malformed(raw: str) -> None:
     with pytest.raises(KeyMalformed):
         keys.parse_key(raw)
 
 
-SF_STRING = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"')
-TOKEN = re.compile(r"[\x21-\x7e]+")
+SF_STRING = re.compile(r'"((?:[\x20\x21\x23-\x2b\x2d-\x5b\x5d-\x7e]|\\["\\])*)"')
+TOKEN = re.compile(r"[\x21-\x2b\x2d-\x7e]+")
 
 
 def reference_parse(raw: str) -> str | None:
@@ -180,7 +196,7 @@ def reference_parse(raw: str) -> str | None:
 
 
 near_keys = st.text(
-    st.sampled_from('"\\ \ta~!\x7f\x00\x1f\u00e9\u2028\ud800') | st.characters(codec=None),
+    st.sampled_from('"\\ \ta~!,\x7f\x00\x1f\u00e9\u2028\ud800') | st.characters(codec=None),
     max_size=12,
 )
 
@@ -841,3 +857,41 @@ def test_any_bytes_with_any_content_type_get_a_fingerprint(
     assert value == keys.default_fingerprint(
         request_of(body, content_type, method=method), f"{method} /o/"
     )
+
+
+# -- fingerprints: a project's own FINGERPRINT ----------------------------------------------
+
+# What a project's FINGERPRINT returns: anything, often shaped like "<number>:<text>" or a
+# hex digest, sometimes too long for the column.
+custom_values = st.one_of(
+    st.text(max_size=120),
+    st.builds(lambda n, rest: f"{n}:{rest}", st.integers(0, 10**9), st.text(max_size=70)),
+    st.builds(
+        lambda n, digest: f"{n}:{digest}",
+        st.integers(1, 9),
+        st.text("0123456789abcdef", min_size=64, max_size=64),
+    ),
+    st.text("0123456789abcdef", min_size=64, max_size=64),
+)
+
+
+@given(one=custom_values, other=custom_values)
+@example(one="100:EUR", other="250:EUR")
+@example(one="3:" + "a" * 64, other="2:" + "a" * 64)
+@example(one="a" * 64, other="2:" + "a" * 64)
+@example(one="x", other="custom:x")
+@example(one="v" * 73, other="v" * 74)
+def test_two_custom_fingerprints_match_exactly_when_equal(one: str, other: str) -> None:
+    stored, current = keys.custom_fingerprint(one), keys.custom_fingerprint(other)
+
+    assert keys.fingerprints_match(stored, current) is (one == other)
+    assert len(stored) <= FINGERPRINT_MAX_LENGTH
+
+
+@given(value=custom_values, body=st.binary(max_size=50))
+def test_a_custom_fingerprint_never_matches_a_library_one(value: str, body: bytes) -> None:
+    library = keys.default_fingerprint(request_of(body, JSON), "POST /o/")
+    custom = keys.custom_fingerprint(value)
+
+    assert not keys.fingerprints_match(custom, library)
+    assert not keys.fingerprints_match(library, custom) or value == library

@@ -1,12 +1,23 @@
 from __future__ import annotations
 
-from django.urls import include, path
+from django.urls import include, path, re_path
+from rest_framework.routers import SimpleRouter
 
-from tests import atomicity_views, views
+from tests import atomicity_views, drf_views, views
+
+# A router whose routes take a path with or without its trailing slash (the usual recipe:
+# DRF's own argument takes a bool).
+slash_optional = SimpleRouter()
+slash_optional.trailing_slash = "/?"
+slash_optional.register("api/slash-optional", drf_views.ChargeViewSet, basename="slash-optional")
 
 urlpatterns = [
     path("effect/", views.effect),
     path("effect/<int:number>/", views.effect),
+    re_path(r"^optional-slash/?$", views.effect),
+    re_path(r"^optional-slash/(?P<number>[0-9]+)/?$", views.effect),
+    path("apart", views.effect),
+    path("apart/", views.slash_twin),
     path("optional/", views.optional),
     path("atomic/", views.atomic),
     path("inside-atomic/", views.inside_atomic),
@@ -26,4 +37,5 @@ urlpatterns = [
     path("api/atomic-charge/", atomicity_views.AtomicChargeView.as_view()),
     path("api/writes-then-fails/", atomicity_views.WritesThenFailsView.as_view()),
     path("orphan/", atomicity_views.orphan),
+    *slash_optional.urls,
 ]

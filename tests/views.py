@@ -67,6 +67,12 @@ def effect(request: HttpRequest, number: int | None = None) -> HttpResponse:
     return _effect(request, "effect")
 
 
+@idempotent
+def slash_twin(request: HttpRequest) -> HttpResponse:
+    """At ``/apart/``, while ``effect`` is at ``/apart``: two routes a slash apart."""
+    return _effect(request, "slash-twin")
+
+
 @idempotent(required=False)
 def optional(request: HttpRequest) -> HttpResponse:
     return _effect(request, "optional")

@@ -718,6 +718,33 @@ class Outcome:
         return json.loads(self.content)
 
 
+def post_with_header_lines(
+    server: Server,
+    body: Mapping[str, Any],
+    header_lines: Sequence[tuple[str, str]],
+    *,
+    auth: tuple[str, str] = ALICE,
+    path: str = "/charges/",
+) -> Outcome:
+    """``POST`` with ``header_lines`` sent as they are, one line each, repeated names
+    included (``requests`` takes headers as a mapping, which cannot repeat a name)."""
+    credentials = base64.b64encode(":".join(auth).encode()).decode()
+    payload = json.dumps(body).encode()
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=HTTP_TIMEOUT_SECONDS)
+    try:
+        connection.putrequest("POST", path)
+        connection.putheader("Content-Type", "application/json")
+        connection.putheader("Content-Length", str(len(payload)))
+        connection.putheader("Authorization", f"Basic {credentials}")
+        for name, value in header_lines:
+            connection.putheader(name, value)
+        connection.endheaders(payload)
+        response = connection.getresponse()
+        return Outcome(response.status, CaseInsensitiveDict(response.getheaders()), response.read())
+    finally:
+        connection.close()
+
+
 class InFlightRequest:
     """``POST /charges/`` (or ``path``) in a thread of its own, so that it can stay in flight
     while the test goes on. ``sent`` is set once the request is on the wire, ``done`` once it

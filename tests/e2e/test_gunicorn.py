@@ -26,6 +26,8 @@ from tests.e2e.server import (
     assert_problem,
     charge_body,
     database_vendor,
+    new_key,
+    post_with_header_lines,
     race_duplicates,
     record_lease,
     record_states,
@@ -276,6 +278,22 @@ def test_same_key_with_another_amount_is_422_without_a_charge(server: Server, ke
     other = server.post_charge({**body, "amount": body["amount"] + 1}, key=key)
     assert_problem(other, 422, "key-mismatch")
     assert REPLAYED not in other.headers
+    assert server.charge_count() == after_first
+
+
+@pytest.mark.parametrize("second", ["other", "same"])
+def test_two_key_header_lines_are_400_without_a_charge(
+    server: Server, key: str, second: str
+) -> None:
+    """gunicorn joins the two lines with a comma into one environ value."""
+    body = charge_body()
+    first = server.post_charge(body, key=key)
+    assert first.status_code == 201, first.text
+    after_first = server.charge_count()
+    lines = [("Idempotency-Key", key), ("Idempotency-Key", new_key() if second == "other" else key)]
+
+    both = post_with_header_lines(server, body, lines)
+    assert_problem(both, 400, "key-malformed")
     assert server.charge_count() == after_first
 
 

@@ -36,6 +36,7 @@ from tests.e2e.server import (
     Server,
     assert_in_flight,
     assert_one_ran,
+    assert_problem,
     assert_replay,
     charge_body,
     charges_locked,
@@ -43,6 +44,7 @@ from tests.e2e.server import (
     database_vendor,
     lock_waits,
     new_key,
+    post_with_header_lines,
     record_states,
     records_locked,
     render_gate_locked,
@@ -85,6 +87,23 @@ def test_concurrent_duplicates_make_one_charge(
     assert server.charge_count(path=ASYNC) == before + 1
     assert server.charge_ids(path=ASYNC).count(charge_id) == 1
     assert_replay(server.post_charge(body, key=key, path=ASYNC), ran)
+
+
+@pytest.mark.parametrize("path", [ASYNC, "/charges/"])
+def test_two_key_header_lines_are_400_without_a_charge(
+    uvicorn_example: Callable[..., Server], key: str, path: str
+) -> None:
+    """uvicorn hands the two lines over apart; Django's ASGI request joins them."""
+    server = uvicorn_example(workers=1, **LONG_LEASE)
+    body = charge_body()
+    first = server.post_charge(body, key=key, path=path)
+    assert first.status_code == 201, first.text
+    after_first = server.charge_count(path=ASYNC)
+    lines = [("Idempotency-Key", key), ("Idempotency-Key", new_key())]
+
+    both = post_with_header_lines(server, body, lines, path=path)
+    assert_problem(both, 400, "key-malformed")
+    assert server.charge_count(path=ASYNC) == after_first
 
 
 def test_requests_waiting_on_the_database_do_not_hold_up_the_event_loop(
