@@ -45,6 +45,7 @@ DEC = "test_decorators.py::"
 ATOM = "test_atomicity.py::"
 HOT = "test_store_hot_path.py::"
 PREP = "test_store_prepared.py::"
+CELERY = "test_celery.py::"
 
 MUTANTS = [
     Mutant(
@@ -460,6 +461,30 @@ MUTANTS = [
         'if getattr(view, "__module__", None) == _NINJA_VIEWS:',
         "if False:",
         ("test_ninja.py::test_the_middleware_leaves_ninja_operations_to_the_adapter",),
+    ),
+    Mutant(
+        "celery-store-unavailable-not-retried",
+        "a Celery task refused by an unreachable store fails and is acked: the work is dropped",
+        "celery.py",
+        "        except (TaskInFlight, TaskStoreUnavailable) as exc:",
+        "        except TaskInFlight as exc:",
+        (CELERY + "test_worker_retries_through_a_store_outage_and_runs_once_after_it",),
+    ),
+    Mutant(
+        "celery-in-flight-not-retried",
+        "a Celery duplicate that finds its key in flight fails instead of replaying the result",
+        "celery.py",
+        "        except (TaskInFlight, TaskStoreUnavailable) as exc:",
+        "        except TaskStoreUnavailable as exc:",
+        (CELERY + "test_worker_runs_eight_duplicate_messages_once",),
+    ),
+    Mutant(
+        "celery-acks-early",
+        "a Celery message is acked before its task ran: a worker killed mid-task loses it",
+        "celery.py",
+        "    acks_late = True",
+        "    acks_late = False",
+        (CELERY + "test_worker_killed_mid_task_reruns_once_and_only_after_the_lease",),
     ),
 ]
 
