@@ -5,11 +5,21 @@ request, or nothing would be prepared (README *Install*, step 6)."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 PG_URL = "postgres://root@127.0.0.1:5432/example"
+
+
+@pytest.fixture(autouse=True)
+def _reload_after() -> Iterator[None]:
+    """Leave the module as this process's environment makes it."""
+    yield
+    import example_project.settings
+
+    importlib.reload(example_project.settings)
 
 
 def example_database(monkeypatch: pytest.MonkeyPatch, **env: str) -> dict[str, Any]:
