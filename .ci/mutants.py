@@ -47,6 +47,7 @@ HOT = "test_store_hot_path.py::"
 PREP = "test_store_prepared.py::"
 FP = "test_fingerprints.py::"
 CUSTOM_FP = FP + "TestCustomFingerprintSetting::"
+CELERY = "test_celery.py::"
 
 MUTANTS = [
     Mutant(
@@ -591,6 +592,30 @@ MUTANTS = [
         'KEY_CHARACTER = r"[\\x21-\\x2b\\x2d-\\x7e]"',
         'KEY_CHARACTER = r"[\\x21-\\x7e]"',
         ("test_keys.py::test_parse_key_accepts_exactly_the_published_pattern",),
+    ),
+    Mutant(
+        "celery-store-unavailable-not-retried",
+        "a Celery task refused by an unreachable store fails and is acked: the work is dropped",
+        "celery.py",
+        "        except (TaskInFlight, TaskStoreUnavailable) as exc:",
+        "        except TaskInFlight as exc:",
+        (CELERY + "test_worker_retries_through_a_store_outage_and_runs_once_after_it",),
+    ),
+    Mutant(
+        "celery-in-flight-not-retried",
+        "a Celery duplicate that finds its key in flight fails instead of replaying the result",
+        "celery.py",
+        "        except (TaskInFlight, TaskStoreUnavailable) as exc:",
+        "        except TaskStoreUnavailable as exc:",
+        (CELERY + "test_worker_runs_eight_duplicate_messages_once",),
+    ),
+    Mutant(
+        "celery-acks-early",
+        "a Celery message is acked before its task ran: a worker killed mid-task loses it",
+        "celery.py",
+        "    acks_late = True",
+        "    acks_late = False",
+        (CELERY + "test_worker_killed_mid_task_reruns_once_and_only_after_the_lease",),
     ),
 ]
 
