@@ -461,6 +461,28 @@ MUTANTS = [
         "if False:",
         ("test_ninja.py::test_the_middleware_leaves_ninja_operations_to_the_adapter",),
     ),
+    Mutant(
+        "multipart-body-never-read-first",
+        "a multipart body is parsed from its stream: a view reading request.body fails (500)",
+        "keys.py",
+        "    if 0 <= length <= limit:",
+        "    if length < 0:",
+        (
+            "test_fingerprints.py::TestViewsThatReadTheBody::"
+            "test_a_multipart_view_reading_the_raw_body_runs_once_and_is_replayed",
+        ),
+    ),
+    Mutant(
+        "multipart-body-always-read-first",
+        "an upload over DATA_UPLOAD_MAX_MEMORY_SIZE is read whole first: refused, not streamed",
+        "keys.py",
+        "    if 0 <= length <= limit:",
+        "    if 0 <= length:",
+        (
+            "test_fingerprints.py::TestViewsThatReadTheBody::"
+            "test_an_upload_above_the_body_limit_is_streamed_and_reaches_request_files",
+        ),
+    ),
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
