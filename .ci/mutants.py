@@ -483,6 +483,28 @@ MUTANTS = [
             "test_an_upload_above_the_body_limit_is_streamed_and_reaches_request_files",
         ),
     ),
+    Mutant(
+        "sealed-binding-unchecked",
+        "a sealed response copied into another account's record is replayed to that account",
+        "codecs.py",
+        "    if not hmac.compare_digest(binding, record.binding()):",
+        "    if False:",
+        (
+            "test_codecs_encryption.py::"
+            "test_a_sealed_response_copied_into_another_record_is_refused_never_replayed",
+        ),
+    ),
+    Mutant(
+        "reseal-leaves-unbound",
+        "the reseal command writes unbound frames: a swap of a resealed record replays",
+        "codecs.py",
+        "    sealed = _sealed(codec, opened, record)",
+        "    sealed = SEALED_UNBOUND + codec.encode(_frame(opened))",
+        (
+            "test_codecs_encryption.py::"
+            "test_reseal_binds_responses_sealed_before_binding_so_a_swap_is_refused",
+        ),
+    ),
 ]
 
 ROOT = Path(__file__).resolve().parent.parent

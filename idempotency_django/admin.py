@@ -337,7 +337,11 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         if not codecs.is_sealed(stored.body):
             return stored
         try:
-            opened = codecs.unseal(stored)
+            opened = codecs.unseal(
+                stored, account=record.account, endpoint=record.endpoint, key=record.key
+            )
+        except codecs.ResponseMisbound:
+            return "encrypted for another record (the row was copied or altered); not shown"
         except codecs.ResponseUnreadable:
             return "encrypted, and the configured RESPONSE_CODEC cannot decrypt it"
         logger.info(
