@@ -505,6 +505,17 @@ MUTANTS = [
             "test_reseal_binds_responses_sealed_before_binding_so_a_swap_is_refused",
         ),
     ),
+    Mutant(
+        "ninja-validates-before-the-claim",
+        "ninja's 422 for invalid input is not stored, unlike DRF's 400: a correction reruns",
+        "ninja.py",
+        "        operation._get_values = _deferred(operation._get_values)",
+        "",
+        (
+            "test_ninja.py::"
+            "test_a_validation_failure_is_stored_and_the_corrected_body_needs_a_new_key",
+        ),
+    ),
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
