@@ -340,9 +340,9 @@ class IdempotencyRecordAdmin(RecordAdminBase):
             opened = codecs.unseal(
                 stored, account=record.account, endpoint=record.endpoint, key=record.key
             )
-        except codecs.ResponseMisbound:
-            return "encrypted for another record (the row was copied or altered); not shown"
-        except codecs.ResponseUnreadable:
+        except codecs.ResponseUnreadable as error:
+            if error.misbound:
+                return "encrypted for another record (the row was copied or altered); not shown"
             return "encrypted, and the configured RESPONSE_CODEC cannot decrypt it"
         logger.info(
             "Idempotency stored response shown decrypted in the admin to %s.",

@@ -86,12 +86,13 @@ class ResponseUnreadable(ResponseNotStored):
 
     slug = "response-unreadable"
     title = "The request was processed but its stored response cannot be read"
+    #: True when the response opens but was sealed for another record (another account,
+    #: endpoint, key or status): a row was copied or altered. Answered all the same.
+    misbound = False
 
 
-class ResponseMisbound(ResponseUnreadable):
-    """The record's sealed response opens, but was sealed for another record (another
-    account, endpoint, key or status): a row was copied or altered. Answered as
-    unreadable; the view does not run again."""
+class _Misbound(ValueError):
+    """A bound frame whose binding is not its record's."""
 
 
 @dataclass(frozen=True)
@@ -255,9 +256,8 @@ def seal(outcome: StoredResponse, *, account: str, endpoint: str, key: str) -> S
 def unseal(stored: StoredResponse, *, account: str, endpoint: str, key: str) -> StoredResponse:
     """A stored outcome of the record of ``account``, ``endpoint`` and ``key``, as it will
     be replayed. Raises ``ResponseNotStored`` for a record whose response could not be
-    stored, ``ResponseUnreadable`` for one the codec cannot open, ``ResponseMisbound`` (a
-    ``ResponseUnreadable``) for one sealed for another record; replays a record stored
-    without a codec as it is."""
+    stored, ``ResponseUnreadable`` for one the codec cannot open or that was sealed for
+    another record (``misbound``); replays a record stored without a codec as it is."""
     body = stored.body if isinstance(stored.body, bytes) else bytes(stored.body)
     if not body.startswith(b"\x00"):  # the common case, in one comparison
         return stored
@@ -278,24 +278,26 @@ def unseal(stored: StoredResponse, *, account: str, endpoint: str, key: str) -> 
         if bound:
             frame = _unbind(frame, Record(stored.status, account, endpoint, key))
         return _unframe(stored.status, frame)
-    except ResponseMisbound:
-        logger.error(
-            "Idempotency stored response was sealed for another record (its account, "
-            "endpoint, key or status differ): the row was copied or altered. It is not "
-            "replayed; its retries get a 409 problem and the view does not run again."
-        )
-        raise
     except Exception as error:
-        logger.error(
-            "Idempotency stored response cannot be decoded with the configured "
-            "RESPONSE_CODEC (%s): a key it was sealed with may have been dropped. Its "
-            "retries get a 409 problem; the view does not run again.",
-            type(error).__name__,
-        )
-        raise ResponseUnreadable(
+        if isinstance(error, _Misbound):
+            logger.error(
+                "Idempotency stored response was sealed for another record (its account, "
+                "endpoint, key or status differ): the row was copied or altered. It is not "
+                "replayed; its retries get a 409 problem and the view does not run again."
+            )
+        else:
+            logger.error(
+                "Idempotency stored response cannot be decoded with the configured "
+                "RESPONSE_CODEC (%s): a key it was sealed with may have been dropped. Its "
+                "retries get a 409 problem; the view does not run again.",
+                type(error).__name__,
+            )
+        unreadable = ResponseUnreadable(
             f"The first request with this Idempotency-Key completed with status "
             f"{stored.status}, but its stored response cannot be read back."
-        ) from error
+        )
+        unreadable.misbound = isinstance(error, _Misbound)
+        raise unreadable from error
 
 
 def is_sealed(body: bytes | None) -> bool:
@@ -314,16 +316,12 @@ def _sealed(codec: ResponseCodec, outcome: StoredResponse, record: Record) -> by
 
 
 def _unbind(frame: bytes, record: Record) -> bytes:
-    """The frame inside a bound one, or ``ResponseMisbound`` if it was sealed for another
-    record."""
+    """The frame inside a bound one; ``_Misbound`` if it was sealed for another record."""
     binding, separator, rest = frame.partition(b"\n")
     if not (separator and _BINDING.fullmatch(binding)):
         raise ValueError("the decoded response is not framed as this app frames it")
     if not hmac.compare_digest(binding, record.binding()):
-        raise ResponseMisbound(
-            f"The first request with this Idempotency-Key completed with status "
-            f"{record.status}, but its stored response cannot be read back."
-        )
+        raise _Misbound("the response was sealed for another record")
     return rest
 
 
