@@ -107,6 +107,13 @@ def signed(request: HttpRequest) -> HttpResponse:
     return _signed_response(request, "signed")
 
 
+@idempotent
+async def async_signed(request: HttpRequest) -> HttpResponse:
+    from asgiref.sync import sync_to_async
+
+    return await sync_to_async(_signed_response)(request, "async-signed")
+
+
 @csrf_exempt
 def unprotected_signed(request: HttpRequest) -> HttpResponse:
     """Left to ``IdempotencyMiddleware`` (undecorated), csrf-exempt as a webhook is."""

@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 import requests
+from asgiref.sync import async_to_sync
 from django.contrib.auth.models import User
 from django.core.files.uploadedfile import SimpleUploadedFile, UploadedFile
 from django.http import HttpRequest, QueryDict
 from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
-from django.test import Client, RequestFactory, override_settings
+from django.test import AsyncClient, Client, RequestFactory, override_settings
 from django.test.client import encode_multipart
 from django.utils.datastructures import MultiValueDict
 from django.utils.functional import lazy
@@ -919,6 +920,31 @@ class TestViewsThatReadTheBody:
         assert retry.status_code == 201
         assert retry["Idempotent-Replayed"] == "true"
         assert retry.content == first.content
+        assert effects() == 1
+
+    def test_an_async_view_reading_the_raw_body_under_asgi(self, alice: User) -> None:
+        """ASGI's request (its body spooled by the handler) behaves the same."""
+        body, content_type = multipart_body("boundary-one", NOTE, RECEIPT)
+
+        async def send() -> Any:
+            return await AsyncClient().post(
+                "/async/signed/",
+                data=body,
+                content_type=content_type,
+                headers={
+                    "Idempotency-Key": "k1",
+                    "X-User": "alice",
+                    "X-Signature": fingerprint_views.signature(body),
+                },
+            )
+
+        first = async_to_sync(send)()
+        retry = async_to_sync(send)()
+
+        assert first.status_code == 201, first.content
+        assert json.loads(first.content)["signature"] == fingerprint_views.signature(body)
+        assert json.loads(first.content)["files"]["doc"][0]["name"] == "receipt.txt"
+        assert retry["Idempotent-Replayed"] == "true"
         assert effects() == 1
 
     @pytest.mark.parametrize("path", SIGNED_ROUTES)
