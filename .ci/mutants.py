@@ -480,8 +480,8 @@ MUTANTS = [
         "unreadable-replayed-as-garbage",
         "a stored response the codec cannot open is replayed as it is stored",
         "codecs.py",
-        "        raise ResponseUnreadable(",
-        "        return stored\n        raise ResponseUnreadable(",
+        "        raise unreadable from error",
+        "        return stored",
         (
             "test_codecs.py::test_a_sealed_record_the_codec_cannot_open_is_a_409_never_garbage_never_a_rerun",
         ),
@@ -616,6 +616,61 @@ MUTANTS = [
         "    acks_late = True",
         "    acks_late = False",
         (CELERY + "test_worker_killed_mid_task_reruns_once_and_only_after_the_lease",),
+    ),
+    Mutant(
+        "multipart-body-never-read-first",
+        "a multipart body is parsed from its stream: a view reading request.body fails (500)",
+        "keys.py",
+        "    if 0 <= length <= limit:",
+        "    if length < 0:",
+        (
+            "test_fingerprints.py::TestViewsThatReadTheBody::"
+            "test_a_multipart_view_reading_the_raw_body_runs_once_and_is_replayed",
+        ),
+    ),
+    Mutant(
+        "multipart-body-always-read-first",
+        "an upload over DATA_UPLOAD_MAX_MEMORY_SIZE is read whole first: refused, not streamed",
+        "keys.py",
+        "    if 0 <= length <= limit:",
+        "    if 0 <= length:",
+        (
+            "test_fingerprints.py::TestViewsThatReadTheBody::"
+            "test_an_upload_above_the_body_limit_is_streamed_and_reaches_request_files",
+        ),
+    ),
+    Mutant(
+        "sealed-binding-unchecked",
+        "a sealed response copied into another account's record is replayed to that account",
+        "codecs.py",
+        "    if not hmac.compare_digest(binding, record.binding()):",
+        "    if False:",
+        (
+            "test_codecs_encryption.py::"
+            "test_a_sealed_response_copied_into_another_record_is_refused_never_replayed",
+        ),
+    ),
+    Mutant(
+        "reseal-leaves-unbound",
+        "the reseal command writes unbound frames: a swap of a resealed record replays",
+        "codecs.py",
+        "    sealed = _sealed(codec, opened, record)",
+        "    sealed = SEALED_UNBOUND + codec.encode(_frame(opened))",
+        (
+            "test_codecs_encryption.py::"
+            "test_reseal_binds_responses_sealed_before_binding_so_a_swap_is_refused",
+        ),
+    ),
+    Mutant(
+        "ninja-validates-before-the-claim",
+        "ninja's 422 for invalid input is not stored, unlike DRF's 400: a correction reruns",
+        "ninja.py",
+        "        operation._get_values = _deferred(operation._get_values)",
+        "",
+        (
+            "test_ninja.py::"
+            "test_a_validation_failure_is_stored_and_the_corrected_body_needs_a_new_key",
+        ),
     ),
 ]
 

@@ -337,8 +337,12 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         if not codecs.is_sealed(stored.body):
             return stored
         try:
-            opened = codecs.unseal(stored)
-        except codecs.ResponseUnreadable:
+            opened = codecs.unseal(
+                stored, account=record.account, endpoint=record.endpoint, key=record.key
+            )
+        except codecs.ResponseUnreadable as error:
+            if error.misbound:
+                return "encrypted for another record (the row was copied or altered); not shown"
             return "encrypted, and the configured RESPONSE_CODEC cannot decrypt it"
         logger.info(
             "Idempotency stored response shown decrypted in the admin to %s.",

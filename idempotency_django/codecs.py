@@ -6,8 +6,14 @@ replay, after the record is read. With neither setting they are identities, and 
 bytes are the response's bytes, as they always were.
 
 With a codec, a record holds its status in clear (the admin filters on it) and everything
-else sealed: ``SEALED`` followed by the codec's encoding of the allow-listed headers (a
-``Location`` can carry an id) and the body. A record stored before the codec was
+else sealed: ``SEALED`` followed by the codec's encoding of a binding, the allow-listed
+headers (a ``Location`` can carry an id) and the body. The binding is a digest of the
+record's status, account, endpoint and key, checked when the record is opened: a sealed
+body copied into another record (another account's, say) is refused as unreadable, never
+replayed to that record's client. It sits inside what the codec encodes, so any codec
+binds without knowing of it, as firmly as its ``decode`` refuses altered bytes (Fernet's
+HMAC does). A record sealed before binding existed (``SEALED_UNBOUND``) is still opened,
+without the check; ``reseal_records`` binds it. A record stored before the codec was
 configured has no ``SEALED`` prefix and replays as it was stored. A sealed record that the
 codec cannot open (a key dropped too early, the codec removed, a corrupted row) is never
 replayed as garbage and never runs the view again: its retries get
@@ -22,8 +28,10 @@ not be stored. The record then holds ``UNSTORABLE`` in place of the body, and a 
 from __future__ import annotations
 
 import functools
+import hmac
 import json
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -35,6 +43,7 @@ from django.utils.module_loading import import_string
 
 from idempotency_django.conf import DEFAULTS, conf
 from idempotency_django.exceptions import ResponseNotStored
+from idempotency_django.keys import digest
 from idempotency_django.responses import StoredResponse
 
 if TYPE_CHECKING:
@@ -46,8 +55,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger("idempotency_django")
 
 #: The prefix of a body stored through a codec. The NUL byte keeps it out of any text
-#: response; the version leaves room for another framing later.
-SEALED = b"\x00idempotency-django:sealed:1\n"
+#: response; the version tells the framings apart. Version 2 binds the frame to its record.
+SEALED = b"\x00idempotency-django:sealed:2\n"
+#: The prefix of a body sealed before frames were bound to their record (version 1): still
+#: opened, without the check, until it expires or ``reseal_records`` binds it.
+SEALED_UNBOUND = b"\x00idempotency-django:sealed:1\n"
 #: The whole body of a record whose response could not be redacted or encoded.
 UNSTORABLE = b"\x00idempotency-django:unstorable:1\n"
 
@@ -74,6 +86,34 @@ class ResponseUnreadable(ResponseNotStored):
 
     slug = "response-unreadable"
     title = "The request was processed but its stored response cannot be read"
+    #: True when the response opens but was sealed for another record (another account,
+    #: endpoint, key or status): a row was copied or altered. Answered all the same.
+    misbound = False
+
+
+class _Misbound(ValueError):
+    """A bound frame whose binding is not its record's."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """What a sealed frame is bound to: the columns of its record the store keeps in clear."""
+
+    status: int
+    account: str
+    endpoint: str
+    key: str
+
+    def binding(self) -> bytes:
+        """A digest of the record's scope and status (hex, one line of the frame)."""
+        return digest(
+            b"idempotency-django:record",
+            str(self.status).encode(),
+            *(
+                part.encode("utf-8", "surrogatepass")
+                for part in (self.account, self.endpoint, self.key)
+            ),
+        ).encode()
 
 
 class CryptographyMissing(ImproperlyConfigured):
@@ -189,8 +229,9 @@ def _as_codec(value: Any, name: str) -> ResponseCodec:
 # -- seal and unseal --------------------------------------------------------------------------
 
 
-def seal(outcome: StoredResponse) -> StoredResponse:
-    """The outcome as it will be stored: redacted, then encoded."""
+def seal(outcome: StoredResponse, *, account: str, endpoint: str, key: str) -> StoredResponse:
+    """The outcome as it will be stored in the record of ``account``, ``endpoint`` and
+    ``key``: redacted, then encoded, bound to that record."""
     user = conf.raw()  # one settings read on every completion (both default to None)
     if user.get("REDACT_RESPONSE") is None and user.get("RESPONSE_CODEC") is None:
         return outcome
@@ -201,7 +242,8 @@ def seal(outcome: StoredResponse) -> StoredResponse:
         codec = get_codec()
         if codec is None:
             return outcome
-        return StoredResponse(outcome.status, SEALED + codec.encode(_frame(outcome)), [])
+        record = Record(outcome.status, account, endpoint, key)
+        return StoredResponse(outcome.status, _sealed(codec, outcome, record), [])
     except Exception:
         logger.exception(
             "Idempotency response not stored: REDACT_RESPONSE or RESPONSE_CODEC failed. "
@@ -211,10 +253,11 @@ def seal(outcome: StoredResponse) -> StoredResponse:
         return StoredResponse(outcome.status, UNSTORABLE, [])
 
 
-def unseal(stored: StoredResponse) -> StoredResponse:
-    """A stored outcome as it will be replayed. Raises ``ResponseNotStored`` for a record
-    whose response could not be stored, ``ResponseUnreadable`` for one the codec cannot
-    open; replays a record stored without a codec as it is."""
+def unseal(stored: StoredResponse, *, account: str, endpoint: str, key: str) -> StoredResponse:
+    """A stored outcome of the record of ``account``, ``endpoint`` and ``key``, as it will
+    be replayed. Raises ``ResponseNotStored`` for a record whose response could not be
+    stored, ``ResponseUnreadable`` for one the codec cannot open or that was sealed for
+    another record (``misbound``); replays a record stored without a codec as it is."""
     body = stored.body if isinstance(stored.body, bytes) else bytes(stored.body)
     if not body.startswith(b"\x00"):  # the common case, in one comparison
         return stored
@@ -224,29 +267,62 @@ def unseal(stored: StoredResponse) -> StoredResponse:
             f"{stored.status}, but its response could not be prepared for storage "
             "(redaction or encoding failed)."
         )
-    if not body.startswith(SEALED):
+    bound = body.startswith(SEALED)
+    if not (bound or body.startswith(SEALED_UNBOUND)):
         return stored
     try:
         codec = get_codec()
         if codec is None:
             raise ImproperlyConfigured("IDEMPOTENCY RESPONSE_CODEC is not set.")
-        return _unframe(stored.status, codec.decode(body[len(SEALED) :]))
+        frame = codec.decode(body[len(SEALED) :])  # both prefixes have one length
+        if bound:
+            frame = _unbind(frame, Record(stored.status, account, endpoint, key))
+        return _unframe(stored.status, frame)
     except Exception as error:
-        logger.error(
-            "Idempotency stored response cannot be decoded with the configured "
-            "RESPONSE_CODEC (%s): a key it was sealed with may have been dropped. Its "
-            "retries get a 409 problem; the view does not run again.",
-            type(error).__name__,
-        )
-        raise ResponseUnreadable(
+        if isinstance(error, _Misbound):
+            logger.error(
+                "Idempotency stored response was sealed for another record (its account, "
+                "endpoint, key or status differ): the row was copied or altered. It is not "
+                "replayed; its retries get a 409 problem and the view does not run again."
+            )
+        else:
+            logger.error(
+                "Idempotency stored response cannot be decoded with the configured "
+                "RESPONSE_CODEC (%s): a key it was sealed with may have been dropped. Its "
+                "retries get a 409 problem; the view does not run again.",
+                type(error).__name__,
+            )
+        unreadable = ResponseUnreadable(
             f"The first request with this Idempotency-Key completed with status "
             f"{stored.status}, but its stored response cannot be read back."
-        ) from error
+        )
+        unreadable.misbound = isinstance(error, _Misbound)
+        raise unreadable from error
 
 
 def is_sealed(body: bytes | None) -> bool:
     """Whether ``body`` was stored through a codec (or in place of a failed one)."""
-    return body is not None and (body.startswith(SEALED) or body == UNSTORABLE)
+    return body is not None and (
+        body.startswith(SEALED) or body.startswith(SEALED_UNBOUND) or body == UNSTORABLE
+    )
+
+
+_BINDING = re.compile(rb"[0-9a-f]{64}")
+
+
+def _sealed(codec: ResponseCodec, outcome: StoredResponse, record: Record) -> bytes:
+    """The bound frame, sealed: the record's binding on the first line, then the frame."""
+    return SEALED + codec.encode(record.binding() + b"\n" + _frame(outcome))
+
+
+def _unbind(frame: bytes, record: Record) -> bytes:
+    """The frame inside a bound one; ``_Misbound`` if it was sealed for another record."""
+    binding, separator, rest = frame.partition(b"\n")
+    if not (separator and _BINDING.fullmatch(binding)):
+        raise ValueError("the decoded response is not framed as this app frames it")
+    if not hmac.compare_digest(binding, record.binding()):
+        raise _Misbound("the response was sealed for another record")
+    return rest
 
 
 def _frame(outcome: StoredResponse) -> bytes:
@@ -294,8 +370,10 @@ class Resealed:
 def reseal_records(*, using: str | None = None, batch_size: int = 100) -> Resealed:
     """Seal every stored response again with the configured codec: under a rotated codec,
     the first key; a record stored in clear before the codec was set, sealed for the
-    first time. After it, keys that only old records needed can be dropped at once,
-    without waiting ``TTL_SECONDS`` (and with ``TTL_SECONDS = None``, ever).
+    first time; every record bound to itself (one sealed before binding existed too).
+    After it, keys that only old records needed can be dropped at once, without waiting
+    ``TTL_SECONDS`` (and with ``TTL_SECONDS = None``, ever). A record whose sealed
+    response is bound to another record counts as unreadable and is left as it is.
 
     Redaction is not applied again: it already was, or the record predates it. Each
     record is read and written on its own (a body can be ``MAX_RESPONSE_BYTES``), and the
@@ -333,22 +411,25 @@ def reseal_one(
     it was listed; the write is fenced the same way)."""
     found = (
         records.filter(pk=pk, token=token)
-        .values_list("response_status", "response_headers", "response_body")
+        .values_list(
+            "response_status", "response_headers", "response_body", "account", "endpoint", "key"
+        )
         .first()
     )
     if found is None:
         return "gone"
-    status, headers, body = found
+    status, headers, body, account, endpoint, key = found
     stored = StoredResponse(
         int(status or 0), bytes(body or b""), [(str(name), str(value)) for name, value in headers]
     )
     if stored.body == UNSTORABLE:
         return "skipped"
+    record = Record(stored.status, account, endpoint, key)
     try:
-        opened = unseal(stored)
+        opened = unseal(stored, account=account, endpoint=endpoint, key=key)
     except ResponseUnreadable:
         return "unreadable"
-    sealed = SEALED + codec.encode(_frame(opened))
+    sealed = _sealed(codec, opened, record)
     written = records.filter(pk=pk, token=token).update(response_body=sealed, response_headers=[])
     return "resealed" if written else "gone"
 

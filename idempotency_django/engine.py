@@ -290,7 +290,7 @@ def complete(claim: Claim, outcome: StoredResponse, *, body_stored: bool = True)
     """
     now = timezone.now()
     lookup = claim.scope.lookup()
-    outcome = codecs.seal(outcome)
+    outcome = codecs.seal(outcome, **lookup)
     values = {
         "response_status": outcome.status,
         "response_headers": [list(pair) for pair in outcome.headers],
@@ -328,7 +328,8 @@ def _replay(stored: Stored, scope: Scope) -> StoredResponse:
         )
     # Opened first: a record the codec cannot open is refused, never reported as replayed.
     response = codecs.unseal(
-        StoredResponse(status=stored.status, body=stored.body, headers=stored.headers)
+        StoredResponse(status=stored.status, body=stored.body, headers=stored.headers),
+        **scope.lookup(),
     )
     emit(
         signals.replayed,

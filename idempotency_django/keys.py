@@ -31,9 +31,12 @@ is stored namespaced (``custom_fingerprint``), so it never reads as a version.
 - **Multipart forms**: the fields as Django parses them (what the view sees: a field's
   invalid UTF-8 is replaced, as in ``request.POST``), and for each uploaded file its name,
   content type, charset and the SHA-256 of its contents, read in chunks (an upload Django
-  spooled to disk is never held in memory) and rewound for the view. For a ``POST``,
-  ``request.body`` is not read (it would refuse uploads larger than
-  ``DATA_UPLOAD_MAX_MEMORY_SIZE``) and a body parsed earlier (``CsrfViewMiddleware`` reads
+  spooled to disk is never held in memory) and rewound for the view. A body whose
+  ``Content-Length`` fits ``DATA_UPLOAD_MAX_MEMORY_SIZE`` is read into ``request.body``
+  first, so a view can still read the raw body (to check a signature over it) as well
+  as ``request.POST``/``FILES``; a larger one is parsed from the stream (reading it whole
+  would refuse it), after which Django refuses ``request.body`` as after any
+  ``request.POST``. A body parsed earlier (``CsrfViewMiddleware`` reads
   ``request.POST``) gives the same fingerprint as one parsed here. As under
   ``CsrfViewMiddleware``, the view can then no longer change ``request.upload_handlers``.
   A ``POST`` Django cannot parse raises ``MultiPartParserError`` (a 400), as the view's own
@@ -56,6 +59,7 @@ request raises ``RawPostDataException`` rather than count every such body as one
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -441,6 +445,7 @@ def _multipart(request: HttpRequest, fields: Sequence[str] | None) -> bytes:
     (Django parses ``POST`` only; a DRF view without a multipart parser), a copy of the
     body is parsed and the request is left as it was.
     """
+    _read_body_if_it_fits(cast(Any, request)._request if _is_drf(request) else request)
     if _is_drf(request):
         from rest_framework.exceptions import UnsupportedMediaType
 
@@ -451,6 +456,30 @@ def _multipart(request: HttpRequest, fields: Sequence[str] | None) -> bytes:
     if request.method == "POST":
         return _canonical_form(request.POST, request.FILES, fields)
     return _multipart_copy(request, fields)
+
+
+def _read_body_if_it_fits(request: HttpRequest) -> None:
+    """Read ``request.body`` before a multipart body is parsed, when its ``Content-Length``
+    fits ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (Django's own bound on a body held in memory;
+    ``FILE_UPLOAD_MAX_MEMORY_SIZE`` where that is ``None``).
+
+    Parsing reads the stream, after which Django refuses ``request.body``: a view that
+    verifies a signature over the raw body (a webhook) would fail. Parsed from the body
+    read here, the view has both. A larger body, or one without a ``Content-Length``, is
+    left to stream (an upload spooled to disk is never held in memory); a view reading its
+    ``request.body`` gets Django's ``RawPostDataException``, as after ``request.POST``.
+    """
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    if limit is None:
+        limit = settings.FILE_UPLOAD_MAX_MEMORY_SIZE
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or "")
+    except ValueError:
+        return
+    if 0 <= length <= limit:
+        # Parsed before (CsrfViewMiddleware reads request.POST): nothing left to keep.
+        with contextlib.suppress(RawPostDataException):
+            request.body  # noqa: B018 - read and kept by Django for the parse and the view
 
 
 def _multipart_copy(request: HttpRequest, fields: Sequence[str] | None) -> bytes:

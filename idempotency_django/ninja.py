@@ -9,13 +9,16 @@ Two ways in, with the same options as ``@idempotent``::
     def create_charge(request, payload: ChargeIn): ...
 
 Where the claim happens: inside ninja's ``Operation.run``, after ninja's authentication
-(``request.auth`` is set), throttles and input validation, around the operation's function
-and the rendering of its result. So the key belongs to ninja's authenticated caller, a
-request ninja refuses (401, 429, a 422 for invalid input) never claims a key, as Stripe
-treats requests that fail validation, and what is stored is the exact bytes ninja rendered
-(status, allow-listed headers): a replay is byte for byte the first response. An
-``HttpError`` (or any exception with a handler in the API) becomes its response and is
-stored or not by its status like any other; an unhandled exception releases the key.
+(``request.auth`` is set) and throttles, around ninja's input validation, the operation's
+function and the rendering of its result. So the key belongs to ninja's authenticated
+caller, a request ninja refuses before it (401, 429) never claims a key, and what is stored
+is the exact bytes ninja rendered (status, allow-listed headers): a replay is byte for byte
+the first response. An input validation error (422), an ``HttpError`` (or any exception
+with a handler in the API) becomes its response and is stored or not by its status like
+any other (``STORE_STATUSES``), as a DRF serializer's 400 is; an unhandled exception
+releases the key. Validation is inside the claim so that one rule decides for every
+adapter: the library cannot tell a DRF view's validation, or the validation a ninja
+function does itself, from its work, and so stores what they answer by status alone.
 
 How: ninja clones each operation for every API that mounts its router and re-applies the
 operation's ``_run_decorators`` to each clone. Ours is one of them: it finds the clone it
@@ -176,6 +179,7 @@ class _Bind:
                 "use functools.wraps in the decorators given to decorate_view."
             )
         operation.view_func = _protected(operation, self.func, self.given, self.label)
+        operation._get_values = _deferred(operation._get_values)  # type: ignore[method-assign]
         # A Mapping, not a dict: ninja only iterates and indexes it (deep_dict_update).
         operation.openapi_extra = _SchemaExtra(  # type: ignore[assignment]
             operation, self.given, self.label, self.extra
@@ -192,11 +196,29 @@ def _operation_of(run: Any) -> Operation | None:
     return None
 
 
+# The keyword under which ``_deferred`` hands ninja's input validation to ``_protected``.
+_DEFERRED = "_idempotency_deferred_values"
+
+
+def _deferred(get_values: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """The clone's ``_get_values`` (ninja's input validation), put off until the protected
+    function runs it, inside the claim: its 422 is then stored like any other answer."""
+
+    def defer(request: HttpRequest, path_params: Any, temporal: HttpResponse) -> dict[str, Any]:
+        return {_DEFERRED: functools.partial(get_values, request, path_params, temporal)}
+
+    return defer
+
+
 def _protected(
     operation: Operation, func: Callable[..., Any], given: dict[str, Any], label: str
 ) -> Callable[..., Any]:
-    """``func`` claimed, run and rendered by ``operation``, its response stored."""
+    """``func`` claimed, validated, run and rendered by ``operation``, its response stored."""
     options = _options(given, label)
+
+    def validated(values: dict[str, Any]) -> dict[str, Any]:
+        resolve = values.get(_DEFERRED)
+        return resolve() if resolve is not None else values
 
     def render(request: HttpRequest, values: dict[str, Any], result: Any) -> HttpResponseBase:
         response_arg = operation.signature.response_arg
@@ -214,7 +236,8 @@ def _protected(
 
             async def call_view() -> HttpResponseBase:
                 try:
-                    return render(request, values, await func(request, **values))
+                    inputs = validated(values)
+                    return render(request, inputs, await func(request, **inputs))
                 except Exception as exc:  # ninja's handlers answer it, or it propagates
                     return operation.api.on_exception(request, exc)
 
@@ -230,7 +253,8 @@ def _protected(
 
         def call_view() -> HttpResponseBase:
             try:
-                return render(request, values, func(request, **values))
+                inputs = validated(values)
+                return render(request, inputs, func(request, **inputs))
             except Exception as exc:  # ninja's handlers answer it, or it propagates
                 return operation.api.on_exception(request, exc)
 

@@ -12,4 +12,11 @@ urlpatterns = [
     path("upload-after-csrf/", views.upload_after_csrf),
     path("api/upload/", views.UploadView.as_view()),
     path("api/upload-parsed/", views.parse_post_first(views.UploadView.as_view())),
+    path("signed/", views.signed),
+    path("async/signed/", views.async_signed),
+    path("api/signed/", views.SignedView.as_view()),
+    # Undecorated: protected by IdempotencyMiddleware where a test installs it.
+    path("mw/signed/", views.unprotected_signed),
+    path("api/mw/signed/", views.UnprotectedSignedView.as_view()),
+    path("mw/upload/", views.unprotected_upload),
 ]

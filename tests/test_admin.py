@@ -777,15 +777,21 @@ def encrypted(settings: Any) -> None:
 
 def sealed(body: dict[str, Any], **kwargs: Any) -> IdempotencyRecord:
     """A completed record as the engine stores it under the configured codec."""
+    record = completed(**kwargs)
     outcome = codecs.seal(
         StoredResponse(
             201,
             json.dumps(body).encode(),
             [("Content-Type", "application/json"), ("Location", "/charges/ch_1")],
-        )
+        ),
+        account=record.account,
+        endpoint=record.endpoint,
+        key=record.key,
     )
     assert codecs.is_sealed(outcome.body)
-    return completed(response_body=outcome.body, response_headers=outcome.headers, **kwargs)
+    record.response_body, record.response_headers = outcome.body, outcome.headers
+    record.save(update_fields=["response_body", "response_headers"])
+    return record
 
 
 def staff(*codenames: str) -> User:
@@ -856,6 +862,18 @@ def test_a_body_the_keys_cannot_open_is_said_so_not_a_500(settings: Any) -> None
     html = detail(login(staff("view_decrypted_body")), record)
 
     assert "encrypted, and the configured RESPONSE_CODEC cannot decrypt it" in html
+
+
+@pytest.mark.usefixtures("encrypted")
+def test_a_body_sealed_for_another_record_is_not_shown() -> None:
+    """A body copied from another record (a row-level swap) is not shown as this one's."""
+    theirs = sealed(SECRET_BODY, key="theirs")
+    record = completed(key="mine", response_body=theirs.response_body, response_headers=[])
+
+    html = detail(login(staff("view_decrypted_body")), record)
+
+    assert "4242424242424242" not in html
+    assert "encrypted for another record (the row was copied or altered); not shown" in html
 
 
 @pytest.mark.usefixtures("encrypted")

@@ -43,6 +43,9 @@ PROBLEM = "urn:idempotency-django:problem:"
 CARD = {"number": "4242424242424242", "cvc": "123", "brand": "visa"}
 
 
+SCOPE = {"account": "1", "endpoint": "POST /effect/", "key": "k1"}
+
+
 @pytest.fixture(autouse=True)
 def _users(alice: User) -> None:
     """``post`` sends its requests as alice."""
@@ -132,8 +135,8 @@ def test_without_a_codec_the_row_holds_the_response_bytes(post: Post) -> None:
 
 def test_seal_and_unseal_are_identities_by_default() -> None:
     outcome = StoredResponse(201, b"\x00binary", [("Content-Type", "image/png")])
-    assert seal(outcome) is outcome
-    assert unseal(outcome) is outcome
+    assert seal(outcome, **SCOPE) is outcome
+    assert unseal(outcome, **SCOPE) is outcome
 
 
 # --- a codec: headers and body sealed, status in clear ---------------------------------------

@@ -4,6 +4,8 @@ and the checks for keys and for ``cryptography`` itself. Run on every database."
 from __future__ import annotations
 
 import json
+import logging
+import re
 import sys
 from io import StringIO
 from typing import TYPE_CHECKING, Any
@@ -15,7 +17,13 @@ from django.core.management import CommandError, ManagementUtility, call_command
 from rest_framework.test import APIClient
 
 from idempotency_django import codecs
-from idempotency_django.codecs import SEALED, UNSTORABLE, FernetCodec, check_codec_settings
+from idempotency_django.codecs import (
+    SEALED,
+    SEALED_UNBOUND,
+    UNSTORABLE,
+    FernetCodec,
+    check_codec_settings,
+)
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.tasks import TaskResultNotStored, claim_once
 from tests.conftest import Post, effects
@@ -31,6 +39,7 @@ OLD_KEY = Fernet.generate_key().decode()
 NEW_KEY = Fernet.generate_key().decode()
 OTHER_KEY = Fernet.generate_key().decode()
 CARD = {"number": "4242424242424242", "cvc": "123"}
+PROBLEM = "urn:idempotency-django:problem:"
 
 
 @pytest.fixture(autouse=True)
@@ -279,7 +288,8 @@ def test_reseal_moves_old_records_to_the_new_key_so_the_old_one_can_go(
 
 
 def completed_record(key: str, sealed_token: bytes) -> IdempotencyRecord:
-    body = sealed_token if sealed_token == UNSTORABLE else SEALED + sealed_token
+    """A record sealed as before frames were bound to their record (or not stored)."""
+    body = sealed_token if sealed_token == UNSTORABLE else SEALED_UNBOUND + sealed_token
     return IdempotencyRecordFactory(
         key=key,
         state=IdempotencyRecord.State.COMPLETED,
@@ -360,3 +370,134 @@ def test_a_task_result_no_key_opens_is_refused_as_such_and_never_reruns(
     assert runs == [1]
     assert "MAX_RESPONSE_BYTES" not in str(refused.value)
     assert "cannot be read back" in str(refused.value)
+
+
+# --- sealed responses are bound to their record -----------------------------------------------
+
+
+def body_of(**lookup: Any) -> bytes:
+    return bytes(IdempotencyRecord.objects.get(**lookup).response_body)
+
+
+def unbind(body: bytes, key: str = NEW_KEY) -> bytes:
+    """The same response as it was sealed before frames were bound to their record."""
+    assert body.startswith(SEALED)
+    binding, frame = Fernet(key).decrypt(body[len(SEALED) :]).split(b"\n", 1)
+    assert re.fullmatch(rb"[0-9a-f]{64}", binding)
+    return SEALED_UNBOUND + Fernet(key).encrypt(frame)
+
+
+def assert_refused_as_unreadable(response: Any) -> None:
+    assert response.status_code == 409
+    assert response["Content-Type"] == "application/problem+json"
+    assert "Idempotent-Replayed" not in response
+    assert json.loads(response.content)["type"] == PROBLEM + "response-unreadable"
+
+
+@pytest.mark.parametrize(
+    ("victim", "thief"),
+    [
+        # another account, same endpoint and key: the swap the binding exists for
+        ({"path": "/effect/", "user": "alice", "key": "k1"}, {"user": "bob"}),
+        ({"path": "/effect/", "user": "alice", "key": "k1"}, {"key": "k2"}),
+        ({"path": "/effect/", "user": "alice", "key": "k1"}, {"path": "/atomic/"}),
+    ],
+    ids=["account", "key", "endpoint"],
+)
+def test_a_sealed_response_copied_into_another_record_is_refused_never_replayed(
+    post: Post,
+    settings: Settings,
+    bob: User,
+    victim: dict[str, str],
+    thief: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A row-level swap (one record's sealed body copied into another's) is refused like
+    an unreadable response: a 409, no rerun, nothing of the first account's response."""
+    encrypt_with(settings, NEW_KEY)
+    theirs = {**victim, **thief}
+    first = post(victim["path"], {"card": CARD}, user=victim["user"], key=victim["key"])
+    own = post(theirs["path"], {"n": 1}, user=theirs["user"], key=theirs["key"])
+    assert first.status_code == own.status_code == 201
+    victims = IdempotencyRecord.objects.filter(
+        account=str(User.objects.get(username=victim["user"]).pk),
+        endpoint=f"POST {victim['path']}",
+        key=victim["key"],
+    )
+    stolen = bytes(victims.get().response_body)
+    IdempotencyRecord.objects.exclude(pk=victims.get().pk).update(response_body=stolen)
+
+    with caplog.at_level(logging.ERROR, logger="idempotency_django"):
+        swapped = post(theirs["path"], {"n": 1}, user=theirs["user"], key=theirs["key"])
+
+    assert_refused_as_unreadable(swapped)
+    assert b"4242" not in swapped.content
+    assert any("sealed for another record" in r.getMessage() for r in caplog.records)
+    replayed = post(victim["path"], {"card": CARD}, user=victim["user"], key=victim["key"])
+    assert (replayed.status_code, replayed.content) == (201, first.content)
+    assert effects() == 2
+
+
+def test_a_sealed_response_whose_status_was_altered_is_refused(
+    post: Post, settings: Settings
+) -> None:
+    encrypt_with(settings, NEW_KEY)
+    assert post("/effect/", {"status": 402}).status_code == 402
+    IdempotencyRecord.objects.update(response_status=201)
+
+    assert_refused_as_unreadable(post("/effect/", {"status": 402}))
+    assert effects() == 1
+
+
+def test_a_response_sealed_before_binding_still_replays(post: Post, settings: Settings) -> None:
+    encrypt_with(settings, NEW_KEY)
+    first = post("/effect/", {"card": CARD})
+    IdempotencyRecord.objects.update(response_body=unbind(body_of()))
+
+    replayed = post("/effect/", {"card": CARD})
+
+    assert (replayed.status_code, replayed.content) == (201, first.content)
+    assert replayed["Location"] == first["Location"]
+    assert replayed["Idempotent-Replayed"] == "true"
+    assert effects() == 1
+
+
+def test_reseal_binds_responses_sealed_before_binding_so_a_swap_is_refused(
+    post: Post, settings: Settings, bob: User
+) -> None:
+    encrypt_with(settings, NEW_KEY)
+    first = post("/effect/", {"card": CARD}, user="alice")
+    post("/effect/", {"n": 1}, user="bob")
+    for record in IdempotencyRecord.objects.all():
+        record.response_body = unbind(bytes(record.response_body))
+        record.save(update_fields=["response_body"])
+    alices = str(User.objects.get(username="alice").pk)
+
+    out = StringIO()
+    call_command("reseal_idempotency_responses", stdout=out)
+
+    assert "Resealed 2 stored responses; 0 could not be opened" in out.getvalue()
+    assert all(bytes(r.response_body).startswith(SEALED) for r in IdempotencyRecord.objects.all())
+    IdempotencyRecord.objects.filter(account=str(bob.pk)).update(
+        response_body=body_of(account=alices)
+    )
+    assert_refused_as_unreadable(post("/effect/", {"n": 1}, user="bob"))
+    replayed = post("/effect/", {"card": CARD}, user="alice")
+    assert (replayed.status_code, replayed.content) == (201, first.content)
+    assert effects() == 2
+
+
+def test_reseal_leaves_a_response_bound_to_another_record_as_it_is(
+    post: Post, settings: Settings, bob: User
+) -> None:
+    encrypt_with(settings, NEW_KEY)
+    post("/effect/", {"card": CARD}, user="alice")
+    post("/effect/", {"n": 1}, user="bob")
+    stolen = body_of(account=str(User.objects.get(username="alice").pk))
+    IdempotencyRecord.objects.filter(account=str(bob.pk)).update(response_body=stolen)
+
+    out = StringIO()
+    call_command("reseal_idempotency_responses", stdout=out, stderr=StringIO())
+
+    assert "Resealed 1 stored responses; 1 could not be opened" in out.getvalue()
+    assert body_of(account=str(bob.pk)) == stolen

@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 
 from idempotency_django.models import IdempotencyRecord
 from tests.conftest import effects
-from tests.views import gate
+from tests.views import gate, not_validation_failures
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -105,6 +105,35 @@ def test_validation_error_is_a_stored_400(api: APIClient) -> None:
     assert first.status_code == retry.status_code == 400
     assert retry.content == first.content
     assert retry["Idempotent-Replayed"] == "true"
+
+
+def test_the_corrected_body_of_a_validation_error_needs_a_new_key(api: APIClient) -> None:
+    """The serializer's 400 is the key's answer, as ninja's 422 is (test_ninja.py): the
+    corrected body with the same key is a 422 ``key-mismatch``; a new key runs."""
+    invalid = post(api, "/api/charges/", {"amount": 0})
+    corrected = post(api, "/api/charges/", {"amount": 5})
+    new_key = post(api, "/api/charges/", {"amount": 5}, key="k2")
+
+    assert invalid.status_code == 400
+    assert corrected.status_code == 422
+    assert corrected["Content-Type"] == "application/problem+json"
+    assert json.loads(corrected.content)["type"] == "urn:idempotency-django:problem:key-mismatch"
+    assert new_key.status_code == 201
+    assert effects("drf") == 1
+
+
+def test_store_statuses_without_validation_failures_lets_the_corrected_body_run(
+    api: APIClient, settings: Any
+) -> None:
+    settings.IDEMPOTENCY = {"STORE_STATUSES": not_validation_failures}
+
+    invalid = post(api, "/api/charges/", {"amount": 0})
+    corrected = post(api, "/api/charges/", {"amount": 5})
+
+    assert invalid.status_code == 400
+    assert corrected.status_code == 201
+    assert "Idempotent-Replayed" not in corrected
+    assert effects("drf") == 1
 
 
 def test_5xx_api_exception_releases_the_key(api: APIClient) -> None:

@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 import requests
+from asgiref.sync import async_to_sync
 from django.contrib.auth.models import User
 from django.core.files.uploadedfile import SimpleUploadedFile, UploadedFile
 from django.http import HttpRequest, QueryDict
 from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
-from django.test import Client, RequestFactory, override_settings
+from django.test import AsyncClient, Client, RequestFactory, override_settings
 from django.test.client import encode_multipart
 from django.utils.datastructures import MultiValueDict
 from django.utils.functional import lazy
@@ -34,6 +35,7 @@ from rest_framework.test import APIClient
 
 from idempotency_django import keys
 from idempotency_django.models import FINGERPRINT_MAX_LENGTH, IdempotencyRecord
+from tests import fingerprint_views
 from tests.conftest import effects
 
 JSON = "application/json"
@@ -960,3 +962,157 @@ class TestAfterCsrfViewMiddleware:
 
         assert other.status_code == 422
         assert effects("upload_after_csrf") == 1
+
+
+# -- views that read request.body -----------------------------------------------------------
+
+# Signed with a shared secret (a webhook's signature over the raw body): protected by the
+# decorator, the DRF mixin, and IdempotencyMiddleware (a plain view and a DRF view).
+SIGNED_ROUTES = ["/signed/", "/api/signed/", "/mw/signed/", "/api/mw/signed/"]
+
+
+@pytest.mark.urls("tests.fingerprint_urls")
+@pytest.mark.django_db(transaction=True)
+class TestViewsThatReadTheBody:
+    """A body that fits ``DATA_UPLOAD_MAX_MEMORY_SIZE`` is read (``request.body``) before
+    the fingerprint parses it: the view gets both the raw body and ``request.POST``/``FILES``.
+    Larger uploads are streamed: ``request.FILES`` works, ``request.body`` is refused as
+    Django refuses it after ``request.POST``."""
+
+    @pytest.fixture(autouse=True)
+    def middleware(self, settings: Any) -> None:
+        settings.MIDDLEWARE = [
+            *settings.MIDDLEWARE,
+            "idempotency_django.middleware.IdempotencyMiddleware",
+        ]
+
+    @pytest.fixture
+    def sender(self, alice: User, api: APIClient, client: Client) -> Any:
+        def post(path: str, body: bytes, content_type: str, key: str = "k1") -> Any:
+            sent = api if path.startswith("/api/") else client
+            return sent.post(
+                path,
+                data=body,
+                content_type=content_type,
+                headers={
+                    "Idempotency-Key": key,
+                    "X-User": "alice",
+                    "X-Signature": fingerprint_views.signature(body),
+                },
+            )
+
+        return post
+
+    @pytest.mark.parametrize("path", SIGNED_ROUTES)
+    def test_a_multipart_view_reading_the_raw_body_runs_once_and_is_replayed(
+        self, sender: Any, path: str
+    ) -> None:
+        body, content_type = multipart_body("boundary-one", NOTE, RECEIPT)
+        first = sender(path, body, content_type)
+        retry = sender(path, *multipart_body("----WebKitFormBoundaryQ2x", NOTE, RECEIPT))
+
+        assert first.status_code == 201, first.content
+        seen = json.loads(first.content)
+        assert seen["signature"] == fingerprint_views.signature(body)
+        assert seen["fields"] == {"note": ["first"], "amount": ["10"]}
+        assert seen["files"]["doc"][0]["sha256"] == hashlib.sha256(b"paid 10 EUR").hexdigest()
+        assert retry.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert effects() == 1
+
+    def test_an_async_view_reading_the_raw_body_under_asgi(self, alice: User) -> None:
+        """ASGI's request (its body spooled by the handler) behaves the same."""
+        body, content_type = multipart_body("boundary-one", NOTE, RECEIPT)
+
+        async def send() -> Any:
+            return await AsyncClient().post(
+                "/async/signed/",
+                data=body,
+                content_type=content_type,
+                headers={
+                    "Idempotency-Key": "k1",
+                    "X-User": "alice",
+                    "X-Signature": fingerprint_views.signature(body),
+                },
+            )
+
+        first = async_to_sync(send)()
+        retry = async_to_sync(send)()
+
+        assert first.status_code == 201, first.content
+        assert json.loads(first.content)["signature"] == fingerprint_views.signature(body)
+        assert json.loads(first.content)["files"]["doc"][0]["name"] == "receipt.txt"
+        assert retry["Idempotent-Replayed"] == "true"
+        assert effects() == 1
+
+    @pytest.mark.parametrize("path", SIGNED_ROUTES)
+    def test_a_webhook_verifying_its_json_body_runs_once_and_is_replayed(
+        self, sender: Any, path: str
+    ) -> None:
+        body = b'{"type": "charge.succeeded", "id": "evt_1"}'
+        first = sender(path, body, JSON)
+        retry = sender(path, body, JSON)
+        other = sender(path, b'{"type": "charge.refunded", "id": "evt_1"}', JSON)
+
+        assert first.status_code == 201, first.content
+        assert json.loads(first.content)["signature"] == fingerprint_views.signature(body)
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert other.status_code == 422
+        assert effects() == 1
+
+    @pytest.mark.parametrize("path", ["/upload/", "/api/upload/", "/mw/upload/"])
+    @override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=1024, FILE_UPLOAD_MAX_MEMORY_SIZE=1024)
+    def test_an_upload_above_the_body_limit_is_streamed_and_reaches_request_files(
+        self, sender: Any, path: str
+    ) -> None:
+        """Had the body been read first, Django would have refused it (413)."""
+        content = bytes(range(256)) * 400  # 100 KiB, spooled to a temporary file
+        files = {"doc": ("scan.bin", content, "application/octet-stream")}
+        first = sender(path, *multipart_body("one", NOTE, files))
+        retry = sender(path, *multipart_body("two", NOTE, files))
+        other = sender(
+            path,
+            *multipart_body(
+                "two", NOTE, {"doc": ("scan.bin", content[::-1], "application/octet-stream")}
+            ),
+        )
+
+        assert first.status_code == 201, first.content
+        seen = json.loads(first.content)["files"]["doc"][0]
+        assert seen == {
+            "name": "scan.bin",
+            "sha256": hashlib.sha256(content).hexdigest(),
+            "spooled": True,
+        }
+        assert retry["Idempotent-Replayed"] == "true"
+        assert other.status_code == 422
+        assert effects() == 1
+
+    @pytest.mark.parametrize("path", SIGNED_ROUTES)
+    @override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=1024)
+    def test_a_view_reading_the_raw_body_of_a_larger_upload_gets_djangos_refusal(
+        self, alice: User, path: str
+    ) -> None:
+        """As after ``request.POST`` in any view: ``RawPostDataException``. The view failed,
+        so its key is released, never stored."""
+        body, content_type = multipart_body(
+            "one", NOTE, {"doc": ("scan.bin", b"x" * 4096, "text/plain")}
+        )
+        client = APIClient(raise_request_exception=False)
+        client.force_authenticate(alice)
+        response = client.post(
+            path,
+            data=body,
+            content_type=content_type,
+            headers={
+                "Idempotency-Key": "k1",
+                "X-User": "alice",
+                "X-Signature": fingerprint_views.signature(body),
+            },
+        )
+
+        assert response.status_code == 500
+        assert effects() == 0
+        assert not IdempotencyRecord.objects.exists()

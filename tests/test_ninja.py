@@ -23,6 +23,7 @@ from tests.conftest import effects
 from tests.models import SideEffect
 from tests.ninja_views import router
 from tests.test_async import cancelled_at
+from tests.views import not_validation_failures
 
 # Transactional: the claim commits before the operation runs (commit mode, the default), as
 # it does in production; inside a test's transaction it would run in atomic mode.
@@ -121,18 +122,66 @@ def test_the_quoted_form_names_the_same_key(send: Send, alice: User) -> None:
     assert effects() == 1
 
 
-def test_ninja_refuses_before_the_claim(send: Send, alice: User) -> None:
-    """A 401 (ninja's auth) and a 422 (ninja's input validation) claim no key: the
-    corrected request with the same key runs (as Stripe treats failed validation)."""
+def test_ninja_auth_refuses_before_the_claim(send: Send, alice: User) -> None:
+    """A 401 (ninja's auth) claims no key: the same key, authenticated, runs."""
     unauthenticated = send("/r/effects/", {"amount": 1}, user="nobody")
+    authenticated = send("/r/effects/", {"amount": 1})
+
+    assert unauthenticated.status_code == 401
+    assert authenticated.status_code == 201
+    assert "Idempotent-Replayed" not in authenticated
+    assert effects() == 1
+
+
+# -- validation failures: stored by status, as a DRF serializer's 400 is (test_drf.py) -------
+
+
+@pytest.mark.parametrize("path", ["/r/effects/", "/r/async/"], ids=["sync", "async"])
+def test_a_validation_failure_is_stored_and_the_corrected_body_needs_a_new_key(
+    send: Send, alice: User, path: str
+) -> None:
+    """ninja's 422 for invalid input is the key's answer, as DRF's 400 is: its retry is a
+    replay, the corrected body with the same key a 422 ``key-mismatch``, a new key runs."""
+    invalid = send(path, {"amount": "lots"})
+    again = send(path, {"amount": "lots"})
+    corrected = send(path, {"amount": 1})
+    new_key = send(path, {"amount": 1}, key="k2")
+
+    assert invalid.status_code == 422
+    assert invalid["Content-Type"].startswith("application/json")  # ninja's own error body
+    assert invalid.json()["detail"][0]["loc"] == ["body", "payload", "amount"]
+    assert (again.status_code, again.content) == (422, invalid.content)
+    assert again["Idempotent-Replayed"] == "true"
+    assert corrected.status_code == 422
+    assert corrected["Content-Type"] == "application/problem+json"
+    assert corrected.json()["type"] == "urn:idempotency-django:problem:key-mismatch"
+    assert new_key.status_code == 201
+    assert effects() == 1
+
+
+def test_store_statuses_without_validation_failures_lets_the_corrected_body_run(
+    send: Send, alice: User, settings: Any
+) -> None:
+    settings.IDEMPOTENCY = {"STORE_STATUSES": not_validation_failures}
+
     invalid = send("/r/effects/", {"amount": "lots"})
     corrected = send("/r/effects/", {"amount": 1})
 
-    assert unauthenticated.status_code == 401
     assert invalid.status_code == 422
     assert corrected.status_code == 201
     assert "Idempotent-Replayed" not in corrected
     assert effects() == 1
+
+
+def test_without_a_key_an_optional_operation_still_validates_its_input(
+    send: Send, alice: User
+) -> None:
+    invalid = send("/r/optional/", {"amount": "lots"}, key=None)
+    valid = send("/r/optional/", {"amount": 1}, key=None)
+
+    assert invalid.status_code == 422
+    assert valid.status_code == 201
+    assert not IdempotencyRecord.objects.exists()
 
 
 def test_keys_belong_to_ninjas_authenticated_caller(send: Send, alice: User, bob: User) -> None:

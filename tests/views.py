@@ -17,6 +17,7 @@ from django.utils.decorators import method_decorator
 from django.views import View
 
 from idempotency_django.decorators import idempotent
+from idempotency_django.responses import is_definitive
 from tests.models import SideEffect
 
 
@@ -221,3 +222,8 @@ def dies_mid_write(request: HttpRequest) -> HttpResponse:
     terminate_backend()
     SideEffect.objects.count()  # raises: the server closed the connection
     return JsonResponse({}, status=201)  # pragma: no cover
+
+
+def not_validation_failures(status: int) -> bool:
+    """A ``STORE_STATUSES`` that leaves validation failures (400, 422) out: Stripe's rule."""
+    return is_definitive(status) and status not in (400, 422)
