@@ -21,7 +21,13 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 
 from idempotency_django import engine, keys, lifecycle, signals
-from idempotency_django.conf import check_argument, conf, resolve_callable, status_predicate
+from idempotency_django.conf import (
+    check_argument,
+    check_durations,
+    conf,
+    resolve_callable,
+    status_predicate,
+)
 from idempotency_django.exceptions import (
     AnonymousNotAllowed,
     BodyTooLarge,
@@ -88,6 +94,13 @@ class ViewOptions:
             value = getattr(self, name)
             if value is not _UNSET:
                 check_argument(setting, value, self.label)
+        durations = {
+            name: getattr(self, name)
+            for name in ("lease_seconds", "ttl_seconds", "max_run_seconds")
+            if getattr(self, name) is not _UNSET
+        }
+        if durations:
+            check_durations(durations, self.label)
         if self.store_statuses is not _UNSET:
             try:
                 status_predicate(self.store_statuses, "store_statuses")
@@ -150,7 +163,8 @@ class Resolved:
         self.enabled = conf.ENABLED
         self.methods = frozenset(m.upper() for m in options.pick("methods", "METHODS"))
         self.header = conf.HEADER
-        self.required = bool(options.pick("required", "REQUIRED"))
+        # Only False lets a keyless request through unprotected (a non-bool setting is E014).
+        self.required = options.pick("required", "REQUIRED") is not False
         self.anonymous = conf.ANONYMOUS
         self.max_response_bytes = conf.MAX_RESPONSE_BYTES
         self._policies: dict[str, lifecycle.Policy] = {}

@@ -32,7 +32,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 from django.core.exceptions import ImproperlyConfigured
 
 from idempotency_django import engine, keys, lifecycle, signals
-from idempotency_django.conf import check_argument, conf
+from idempotency_django.conf import check_argument, check_durations, conf
 from idempotency_django.exceptions import (
     InFlight,
     KeyMalformed,
@@ -108,6 +108,13 @@ class TaskOptions:
             value = getattr(self, name)
             if value is not None:
                 check_argument(name.upper(), value, self.label)
+        durations = {
+            name: getattr(self, name)
+            for name in ("lease_seconds", "ttl_seconds", "max_run_seconds")
+            if getattr(self, name) is not None
+        }
+        if durations:
+            check_durations(durations, self.label)
 
     def pick(self, name: str, setting: str) -> Any:
         value = getattr(self, name)
