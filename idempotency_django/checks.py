@@ -270,6 +270,8 @@ def check_drf_views(
     is handed DRF's ``Request`` with an unrendered response (an action). The mixin is the
     supported way; say so at startup rather than at the first protected request.
     """
+    if not getattr(settings, "ROOT_URLCONF", None):
+        return []  # a worker's settings (Celery): no URLs, as Django's own URL checks skip
     try:
         from rest_framework.views import APIView
     except ImportError:  # pragma: no cover - DRF is optional

@@ -381,3 +381,41 @@ def test_a_router_built_under_a_bad_methods_setting_protects_the_default_methods
 
     operation = urls.router.path_operations["/charges/"].operations[0]
     assert operation.__dict__.get("_run_decorators")  # the POST operation is wrapped
+
+
+# -- a worker's settings (issue 21): no ROOT_URLCONF, no MIDDLEWARE, no TEMPLATES ... ---------
+
+WORKER_MAY_LACK = [
+    "ROOT_URLCONF",
+    "MIDDLEWARE",
+    "TEMPLATES",
+    "AUTHENTICATION_BACKENDS",
+    "STATIC_URL",
+    "SECRET_KEY",
+    "REST_FRAMEWORK",
+    "IDEMPOTENCY",
+]
+
+
+def test_check_passes_without_root_urlconf(settings: Any) -> None:
+    """A Celery worker's settings module: Django skips its own URL checks, so must we, or
+    ``celery worker`` and every ``manage.py`` command fail to start."""
+    del settings.ROOT_URLCONF
+    out = StringIO()
+    call_command("check", stdout=out)
+    assert "no issues" in out.getvalue()
+
+
+@pytest.mark.parametrize("name", WORKER_MAY_LACK)
+def test_every_check_of_ours_runs_without_a_setting_a_worker_may_lack(
+    settings: Any, name: str
+) -> None:
+    ours = [
+        check
+        for check in checks.registry.registry.get_checks()
+        if check.__module__.startswith("idempotency_django.")
+    ]
+    assert len(ours) >= 4  # settings, DRF views, middleware, codecs
+    delattr(settings, name)
+    for check in ours:
+        assert check(app_configs=None) == []
