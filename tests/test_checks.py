@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from io import StringIO
@@ -404,6 +406,20 @@ def test_check_passes_without_root_urlconf(settings: Any) -> None:
     out = StringIO()
     call_command("check", stdout=out)
     assert "no issues" in out.getvalue()
+
+
+def test_manage_py_check_starts_with_a_worker_settings_module() -> None:
+    """In a process of its own, as ``celery worker`` or ``manage.py`` starts."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.worker_settings"}
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "no issues" in done.stdout
 
 
 @pytest.mark.parametrize("name", WORKER_MAY_LACK)
