@@ -237,6 +237,18 @@ class Settings:
             raise AttributeError(name)
         return self.raw().get(name, DEFAULTS[name])
 
+    def checked(self, name: str) -> Any:
+        """The setting, refused as its system check refuses it. Read where a request is
+        about to be claimed: a bad value then fails that request before any work runs,
+        rather than change what protection means (an unknown ``ON_DISCONNECT`` acting as
+        ``"release"``, a 0.1 s lease that renewals cannot keep) or fail only after the view
+        ran, which would release the key for a second run (``STORED_HEADERS``)."""
+        value = self.get(name)
+        wrong = problem(name, value)
+        if wrong is not None:
+            raise ImproperlyConfigured(f"IDEMPOTENCY[{name!r}] is {value!r}: {wrong}.")
+        return value
+
     @property
     def ENABLED(self) -> bool:
         """Only ``False`` turns protection off. Anything else that is not a bool (``"no"``,

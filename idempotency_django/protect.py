@@ -115,6 +115,12 @@ class ViewOptions:
         value = getattr(self, name)
         return conf.get(setting) if value is _UNSET else value
 
+    def checked(self, name: str, setting: str) -> Any:
+        """``pick``, with the setting refused as its system check refuses it (the view's
+        own value was checked when it was declared): see ``conf.checked``."""
+        value = getattr(self, name)
+        return conf.checked(setting) if value is _UNSET else value
+
     def resolved(self) -> Resolved:
         """This view's settings, resolved on first use and kept until a setting changes
         (``setting_changed``: ``override_settings`` and pytest-django's ``settings`` send
@@ -161,12 +167,13 @@ class Resolved:
         self.options = options
         self.generation = generation
         self.enabled = conf.ENABLED
-        self.methods = frozenset(m.upper() for m in options.pick("methods", "METHODS"))
+        self.methods = frozenset(m.upper() for m in options.checked("methods", "METHODS"))
         self.header = conf.HEADER
         # Only False lets a keyless request through unprotected (a non-bool setting is E014).
         self.required = options.pick("required", "REQUIRED") is not False
         self.anonymous = conf.ANONYMOUS
-        self.max_response_bytes = conf.MAX_RESPONSE_BYTES
+        self.max_response_bytes = int(conf.checked("MAX_RESPONSE_BYTES"))
+        conf.checked("STORED_HEADERS")  # read after the work, by capture: refused before it
         self._policies: dict[str, lifecycle.Policy] = {}
 
     @cached_property
@@ -197,22 +204,22 @@ class Resolved:
         return policy
 
     def _policy(self, alias: str) -> lifecycle.Policy:
-        options = self.options
-        ttl = options.pick("ttl_seconds", "TTL_SECONDS")
+        checked = self.options.checked
+        ttl = checked("ttl_seconds", "TTL_SECONDS")
         return lifecycle.Policy(
             options=engine.Options(
                 alias=alias,
-                lease=float(options.pick("lease_seconds", "LEASE_SECONDS")),
+                lease=float(checked("lease_seconds", "LEASE_SECONDS")),
                 ttl=None if ttl is None else float(ttl),
-                in_flight=str(options.pick("in_flight", "IN_FLIGHT")),
-                wait_seconds=float(options.pick("wait_seconds", "WAIT_SECONDS")),
-                retry_after=conf.RETRY_AFTER_SECONDS,
+                in_flight=str(checked("in_flight", "IN_FLIGHT")),
+                wait_seconds=float(checked("wait_seconds", "WAIT_SECONDS")),
+                retry_after=int(conf.checked("RETRY_AFTER_SECONDS")),
             ),
-            mode=str(options.pick("mode", "MODE")),
-            max_run=float(options.pick("max_run_seconds", "MAX_RUN_SECONDS")),
-            on_store_error=str(options.pick("on_store_error", "ON_STORE_ERROR")),
-            on_disconnect=str(options.pick("on_disconnect", "ON_DISCONNECT")),
-            label=options.label,
+            mode=str(checked("mode", "MODE")),
+            max_run=float(checked("max_run_seconds", "MAX_RUN_SECONDS")),
+            on_store_error=str(checked("on_store_error", "ON_STORE_ERROR")),
+            on_disconnect=str(checked("on_disconnect", "ON_DISCONNECT")),
+            label=self.options.label,
         )
 
 

@@ -12,6 +12,7 @@ from django.test import override_settings
 from idempotency_django import keys, responses
 from idempotency_django.conf import DEFAULTS, conf, resolve_callable, status_predicate
 from idempotency_django.decorators import idempotent
+from idempotency_django.models import IdempotencyRecord
 from tests.conftest import Post, effects
 
 if TYPE_CHECKING:
@@ -401,3 +402,73 @@ def test_a_tasks_ttl_below_the_lease_is_refused_naming_it() -> None:
 
     with pytest.raises(ImproperlyConfigured, match=r"Task 'receipt': ttl_seconds=5"):
         idempotent_task(scope="s", key="message_id", name="receipt", ttl_seconds=5)
+
+
+# -- a bad setting met by a request: refused before the claim, never after the work ---------
+
+REFUSED_AT_REQUEST_TIME = [
+    # Read by the capture, after the view: the failure released the key, and the retry
+    # ran the view a second time.
+    {"STORED_HEADERS": 5},
+    {"MAX_RESPONSE_BYTES": "1MB"},
+    # An unknown ON_DISCONNECT acted as "release"; a 0.1 s lease cannot be renewed in time.
+    {"ON_DISCONNECT": "finsh"},
+    {"LEASE_SECONDS": 0.1},
+    {"MODE": "atomc"},
+    {"IN_FLIGHT": "wiat"},
+    {"ON_STORE_ERROR": "opne"},
+    {"RETRY_AFTER_SECONDS": "1"},
+    {"TTL_SECONDS": "1d"},
+    # Protected nothing: every POST ran unprotected.
+    {"METHODS": ["GETT"]},
+]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("path", ["/effect/", "/async/"])
+@pytest.mark.parametrize("setting", REFUSED_AT_REQUEST_TIME, ids=lambda setting: str(setting))
+def test_a_setting_its_check_refuses_fails_the_request_before_the_view_runs(
+    settings: Settings, alice: User, post: Post, path: str, setting: dict[str, Any]
+) -> None:
+    settings.IDEMPOTENCY = setting
+    (name,) = setting
+    for _attempt in range(2):
+        with pytest.raises(ImproperlyConfigured, match=re.escape(f"IDEMPOTENCY[{name!r}]")):
+            post(path, {})
+
+    assert effects() == 0
+    assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.urls("tests.middleware_urls")
+def test_the_middleware_refuses_a_methods_setting_that_protects_nothing(
+    settings: Settings, alice: User, post: Post
+) -> None:
+    settings.MIDDLEWARE = [
+        *settings.MIDDLEWARE,
+        "idempotency_django.middleware.IdempotencyMiddleware",
+    ]
+    settings.IDEMPOTENCY = {"METHODS": ["GETT"]}
+    with pytest.raises(ImproperlyConfigured, match=r"IDEMPOTENCY\['METHODS'\].*'GETT'"):
+        post("/mw/plain/", {"amount": 1})
+
+    assert effects() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "setting", [{"MAX_RESPONSE_BYTES": "1MB"}, {"ON_STORE_ERROR": "opne"}, {"LEASE_SECONDS": 0.1}]
+)
+def test_a_task_fails_before_its_work_on_a_setting_its_check_refuses(
+    settings: Settings, setting: dict[str, Any]
+) -> None:
+    from idempotency_django.tasks import claim_once
+
+    settings.IDEMPOTENCY = setting
+    ran = []
+    with pytest.raises(ImproperlyConfigured), claim_once("receipts", "msg-1"):
+        ran.append(1)
+
+    assert ran == []
+    assert not IdempotencyRecord.objects.exists()
