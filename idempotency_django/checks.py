@@ -3,13 +3,14 @@ first duplicate request in production."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
+from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils.module_loading import import_string
 
 from idempotency_django.conf import (
@@ -270,24 +271,14 @@ def check_drf_views(
     is handed DRF's ``Request`` with an unrendered response (an action). The mixin is the
     supported way; say so at startup rather than at the first protected request.
     """
-    if not getattr(settings, "ROOT_URLCONF", None):
-        return []  # a worker's settings (Celery): no URLs, as Django's own URL checks skip
     try:
         from rest_framework.views import APIView
     except ImportError:  # pragma: no cover - DRF is optional
         return []
-    from django.urls import URLPattern, URLResolver, get_resolver
 
     errors: list[checks.CheckMessage] = []
     seen: set[type] = set()
-    pending: list[Any] = list(get_resolver().url_patterns)
-    while pending:
-        entry = pending.pop()
-        if isinstance(entry, URLResolver):
-            pending.extend(entry.url_patterns)
-            continue
-        if not isinstance(entry, URLPattern):  # pragma: no cover
-            continue
+    for entry in url_patterns():
         cls = getattr(entry.callback, "cls", None)
         if not isinstance(cls, type) or not issubclass(cls, APIView) or cls in seen:
             continue
@@ -310,6 +301,21 @@ def check_drf_views(
                 )
             )
     return errors
+
+
+def url_patterns() -> Iterator[URLPattern]:
+    """Every pattern of ``ROOT_URLCONF``, for the checks that look at routed views. None
+    without a ``ROOT_URLCONF``: a worker's settings (Celery, a queue consumer) have no URLs,
+    and Django's own URL checks skip them too."""
+    if not getattr(settings, "ROOT_URLCONF", None):
+        return
+    pending: list[Any] = list(get_resolver().url_patterns)
+    while pending:
+        entry = pending.pop()
+        if isinstance(entry, URLResolver):
+            pending.extend(entry.url_patterns)
+        elif isinstance(entry, URLPattern):  # pragma: no branch - nothing else is routed
+            yield entry
 
 
 IDEMPOTENCY_MIDDLEWARE = "idempotency_django.middleware.IdempotencyMiddleware"
