@@ -257,11 +257,6 @@ class Settings:
         return self.get("ENABLED") is not False
 
     @property
-    def REQUIRED(self) -> bool:
-        """As ``ENABLED``: only ``False`` lets a keyless request run unprotected."""
-        return self.get("REQUIRED") is not False
-
-    @property
     def HEADER(self) -> str:
         """The key's header; a name no request can carry (a space, an underscore) raises,
         before any claim, rather than leave every request keyless (E015)."""
