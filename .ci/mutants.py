@@ -672,6 +672,58 @@ MUTANTS = [
             "test_a_validation_failure_is_stored_and_the_corrected_body_needs_a_new_key",
         ),
     ),
+    Mutant(
+        "enabled-truthy",
+        'ENABLED read as truthy: 0, None or "" (an unset variable) switches protection off',
+        "conf.py",
+        'return self.get("ENABLED") is not False',
+        'return bool(self.get("ENABLED"))',
+        ("test_conf.py::test_a_falsy_non_bool_enabled_keeps_the_view_protected",),
+    ),
+    Mutant(
+        "stored-headers-after-the-work",
+        "a bad STORED_HEADERS is met only by the capture, after the view: the key is released "
+        "and the retry runs the view again",
+        "protect.py",
+        'conf.checked("STORED_HEADERS")  # read after the work',
+        'conf.get("STORED_HEADERS")  # read after the work',
+        ("test_conf.py::test_a_setting_its_check_refuses_fails_the_request_before_the_view_runs",),
+    ),
+    Mutant(
+        "on-disconnect-unchecked",
+        'an unknown ON_DISCONNECT reaches the lifecycle, which treats it as "release"',
+        "protect.py",
+        'on_disconnect=str(checked("on_disconnect", "ON_DISCONNECT")),',
+        'on_disconnect=str(self.options.pick("on_disconnect", "ON_DISCONNECT")),',
+        ("test_conf.py::test_a_setting_its_check_refuses_fails_the_request_before_the_view_runs",),
+    ),
+    Mutant(
+        "view-ttl-below-lease",
+        "a view's ttl_seconds below its lease is accepted, as the setting is not",
+        "conf.py",
+        "and ttl not in (None, _INVALID) and ttl < lease:",
+        "and ttl not in (None, _INVALID) and ttl < 0:",
+        (
+            "test_conf.py::test_a_views_ttl_or_max_run_below_its_lease_is_refused_naming_the_view",
+            "test_conf.py::test_a_drf_views_ttl_below_the_lease_is_refused_at_class_creation",
+        ),
+    ),
+    Mutant(
+        "methods-typo-accepted",
+        'METHODS = ["GETT"] is accepted: every POST runs unprotected',
+        "conf.py",
+        "unknown = [method for method in value if method.upper() not in HTTP_METHODS]",
+        "unknown = [method for method in value if not method]",
+        ("test_conf.py::test_the_middleware_refuses_a_methods_setting_that_protects_nothing",),
+    ),
+    Mutant(
+        "checks-need-root-urlconf",
+        "a worker's settings without ROOT_URLCONF crash the checks, so no command starts",
+        "checks.py",
+        '    if not getattr(settings, "ROOT_URLCONF", None):\n        return\n',
+        "",
+        ("test_checks.py::test_check_passes_without_root_urlconf",),
+    ),
 ]
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,20 +3,26 @@ first duplicate request in production."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
+from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils.module_loading import import_string
 
 from idempotency_django.conf import (
     CHOICES,
     DEFAULTS,
+    HTTP_METHODS,
     MINIMUMS,
+    SAFE_METHODS,
+    is_list_of_names,
     is_number,
+    not_status_codes,
+    problem,
     resolve_callable,
     status_predicate,
 )
@@ -24,6 +30,11 @@ from idempotency_django.responses import NEVER_STORED_HEADERS
 
 NUMBERS = tuple(MINIMUMS)
 CALLABLES = ("ACCOUNT", "ENDPOINT", "FINGERPRINT")
+LISTS_OF_NAMES = {
+    "METHODS": '["POST", "PATCH"]',
+    "STORED_HEADERS": '["X-Request-Id"]',
+    "EXEMPT_URL_NAMES": '["admin:*", "login"]',
+}
 
 
 def register() -> None:
@@ -79,17 +90,18 @@ def check_settings(
         errors.extend(_check_durations(values))
     for name in CALLABLES:
         errors.extend(_check_callable(name, resolve_callable, values[name]))
-    errors.extend(_check_callable("STORE_STATUSES", status_predicate, values["STORE_STATUSES"]))
-    for name in ("METHODS", "STORED_HEADERS", "EXEMPT_URL_NAMES"):
-        if not _is_list_of_names(values[name]):
+    errors.extend(_check_store_statuses(values["STORE_STATUSES"]))
+    for name, example in LISTS_OF_NAMES.items():
+        if not is_list_of_names(values[name]):
             errors.append(
                 checks.Error(
                     f"IDEMPOTENCY[{name!r}] is {values[name]!r}, not a list of names.",
-                    hint='Give a list or tuple of strings, e.g. ["POST", "PATCH"].',
+                    hint=f"Give a list or tuple of strings, e.g. {example}.",
                     id="idempotency_django.E010",
                 )
             )
-    stored = values["STORED_HEADERS"] if _is_list_of_names(values["STORED_HEADERS"]) else ()
+    errors.extend(_check_switches_and_names(values))
+    stored = values["STORED_HEADERS"] if is_list_of_names(values["STORED_HEADERS"]) else ()
     forbidden = [name for name in stored if name.lower() in NEVER_STORED_HEADERS]
     if forbidden:
         errors.append(
@@ -114,10 +126,74 @@ def _is_duration(value: Any) -> bool:
     return is_number(value) and value >= 0
 
 
-def _is_list_of_names(value: Any) -> bool:
-    return isinstance(value, (list, tuple, set, frozenset)) and all(
-        isinstance(item, str) for item in value
-    )
+def _check_switches_and_names(values: dict[str, Any]) -> list[checks.CheckMessage]:
+    """E014, E015, E016, W005: the values that, wrong, would switch protection off or
+    leave it on nothing, without a word (a header no request can carry, a method typo)."""
+    errors: list[checks.CheckMessage] = []
+    for name in ("ENABLED", "REQUIRED"):
+        if not isinstance(values[name], bool):
+            errors.append(
+                checks.Error(
+                    f"IDEMPOTENCY[{name!r}] is {values[name]!r}, not True or False.",
+                    hint='A string such as "no" or "false" is not False: convert it, '
+                    f'e.g. os.environ.get("...") == "1". Until then {name} counts as True.',
+                    id="idempotency_django.E014",
+                )
+            )
+    for name in ("HEADER", "REPLAY_HEADER"):
+        if problem(name, values[name]) is not None:
+            errors.append(
+                checks.Error(
+                    f"IDEMPOTENCY[{name!r}] is {values[name]!r}, not an HTTP header name "
+                    "Django can read.",
+                    hint="Letters, digits and !#$%&'*+-.^`|~ only: no spaces, and no "
+                    "underscores (Django reads them as '-', servers drop them); e.g. "
+                    f"{DEFAULTS[name]!r}.",
+                    id="idempotency_django.E015",
+                )
+            )
+    methods = values["METHODS"] if is_list_of_names(values["METHODS"]) else ()
+    unknown = [method for method in methods if method.upper() not in HTTP_METHODS]
+    if unknown:
+        errors.append(
+            checks.Error(
+                f"IDEMPOTENCY['METHODS'] names {', '.join(map(repr, unknown))}, not an HTTP "
+                "method: no request is protected by it.",
+                hint=f"Use methods among {', '.join(HTTP_METHODS)}, e.g. "
+                '["POST", "PATCH"] (add "PUT" for non-idempotent PUTs).',
+                id="idempotency_django.E016",
+            )
+        )
+    safe = [method for method in methods if method.upper() in SAFE_METHODS]
+    if safe:
+        errors.append(
+            checks.Warning(
+                f"IDEMPOTENCY['METHODS'] names {', '.join(safe)}, safe methods: a keyed "
+                "request claims a key and stores a response that needs neither.",
+                hint="Protect the methods that change state: POST, PATCH (PUT, DELETE).",
+                id="idempotency_django.W005",
+            )
+        )
+    return errors
+
+
+def _check_store_statuses(value: Any) -> list[checks.CheckMessage]:
+    """E017 for a list holding something that is not a status code; E009 for a callable
+    (or dotted path) that cannot be loaded."""
+    if not isinstance(value, Iterable) or isinstance(value, str):
+        return _check_callable("STORE_STATUSES", status_predicate, value)
+    wrong = not_status_codes(value)
+    if not wrong:
+        return []
+    return [
+        checks.Error(
+            f"IDEMPOTENCY['STORE_STATUSES'] holds {', '.join(map(repr, wrong))}: not an HTTP "
+            "status code.",
+            hint="List status codes from 100 to 599, e.g. [200, 201, 400, 404], or give a "
+            "predicate (status) -> bool or its dotted path.",
+            id="idempotency_django.E017",
+        )
+    ]
 
 
 def _check_durations(values: dict[str, Any]) -> list[checks.CheckMessage]:
@@ -199,18 +275,10 @@ def check_drf_views(
         from rest_framework.views import APIView
     except ImportError:  # pragma: no cover - DRF is optional
         return []
-    from django.urls import URLPattern, URLResolver, get_resolver
 
     errors: list[checks.CheckMessage] = []
     seen: set[type] = set()
-    pending: list[Any] = list(get_resolver().url_patterns)
-    while pending:
-        entry = pending.pop()
-        if isinstance(entry, URLResolver):
-            pending.extend(entry.url_patterns)
-            continue
-        if not isinstance(entry, URLPattern):  # pragma: no cover
-            continue
+    for entry in url_patterns():
         cls = getattr(entry.callback, "cls", None)
         if not isinstance(cls, type) or not issubclass(cls, APIView) or cls in seen:
             continue
@@ -233,6 +301,21 @@ def check_drf_views(
                 )
             )
     return errors
+
+
+def url_patterns() -> Iterator[URLPattern]:
+    """Every pattern of ``ROOT_URLCONF``, for the checks that look at routed views. None
+    without a ``ROOT_URLCONF``: a worker's settings (Celery, a queue consumer) have no URLs,
+    and Django's own URL checks skip them too."""
+    if not getattr(settings, "ROOT_URLCONF", None):
+        return
+    pending: list[Any] = list(get_resolver().url_patterns)
+    while pending:
+        entry = pending.pop()
+        if isinstance(entry, URLResolver):
+            pending.extend(entry.url_patterns)
+        elif isinstance(entry, URLPattern):  # pragma: no branch - nothing else is routed
+            yield entry
 
 
 IDEMPOTENCY_MIDDLEWARE = "idempotency_django.middleware.IdempotencyMiddleware"

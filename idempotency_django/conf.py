@@ -7,7 +7,8 @@ Every value is looked up when it is used, never cached at import, so that
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+import re
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from django.conf import settings
@@ -20,6 +21,13 @@ ANONYMOUS_POLICIES = ("reject", "bypass")
 STORE_ERROR_POLICIES = ("closed", "open")
 LOG_KEY_FORMATS = ("plain", "hash")
 DISCONNECT_POLICIES = ("finish", "release")
+# RFC 9110's methods and RFC 5789's PATCH. A name outside them in METHODS is nearly always a
+# typo ("GETT", "PSOT") that leaves the method it meant unprotected.
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH")
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS", "TRACE")
+# An HTTP header name (RFC 9110's token) that Django can find: request.headers spells every
+# "_" as "-", and servers drop headers with underscores, so a name with one is never found.
+HEADER_NAME = re.compile(r"[-!#$%&'*+.^`|~0-9A-Za-z]+")
 
 DEFAULTS: dict[str, Any] = {
     "ENABLED": True,
@@ -91,6 +99,25 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def is_list_of_names(value: Any) -> bool:
+    return isinstance(value, (list, tuple, set, frozenset)) and all(
+        isinstance(item, str) for item in value
+    )
+
+
+def not_status_codes(value: Iterable[Any]) -> list[Any]:
+    """The items of a ``STORE_STATUSES`` list that are not HTTP status codes (100-599);
+    a code may be given as a string of digits."""
+    wrong = []
+    for item in value:
+        code = item
+        if isinstance(item, str) and item.strip().isdigit():
+            code = int(item)
+        if not isinstance(code, int) or isinstance(code, bool) or not 100 <= code <= 599:
+            wrong.append(item)
+    return wrong
+
+
 def problem(name: str, value: Any) -> str | None:
     """What is wrong with ``value`` for the setting ``name`` (or the per-view or per-task
     argument of the same name), or ``None``. The one validation that system checks,
@@ -103,13 +130,18 @@ def problem(name: str, value: Any) -> str | None:
         least = MINIMUMS[name]
         if not is_number(value) or value < least:
             return f"expected a number of at least {least:g}"
-    if name in ("METHODS", "STORED_HEADERS", "EXEMPT_URL_NAMES") and not (
-        isinstance(value, (list, tuple, set, frozenset))
-        and all(isinstance(item, str) for item in value)
-    ):
+    if name in ("METHODS", "STORED_HEADERS", "EXEMPT_URL_NAMES") and not is_list_of_names(value):
         return "expected a list of names"
-    if name == "REQUIRED" and not isinstance(value, bool):
+    if name == "METHODS":
+        unknown = [method for method in value if method.upper() not in HTTP_METHODS]
+        if unknown:
+            return f"{unknown[0]!r} is not an HTTP method (one of {', '.join(HTTP_METHODS)})"
+    if name in ("ENABLED", "REQUIRED") and not isinstance(value, bool):
         return "expected True or False"
+    if name in ("HEADER", "REPLAY_HEADER") and not (
+        isinstance(value, str) and HEADER_NAME.fullmatch(value)
+    ):
+        return "expected an HTTP header name (letters, digits, -, no spaces or underscores)"
     return None
 
 
@@ -118,6 +150,48 @@ def check_argument(name: str, value: Any, where: str) -> None:
     wrong = problem(name, value)
     if wrong is not None:
         raise ImproperlyConfigured(f"{where}: {name.lower()}={value!r}: {wrong}.")
+
+
+def check_durations(given: Mapping[str, Any], where: str) -> None:
+    """Hold a view's (or a task's) own ``lease_seconds``, ``ttl_seconds`` and
+    ``max_run_seconds`` against each other and against the settings it leaves alone, as
+    E005 and E006 hold the settings, naming the view. ``given`` holds the durations the
+    view sets, already validated one by one (``check_argument``). A setting that is itself
+    invalid is left to the system checks: this runs when a module is imported, and must not
+    fail where ``manage.py check`` would report the setting."""
+    values = {name: given.get(name.lower(), _valid_setting(name)) for name in _DURATIONS}
+
+    def text(name: str) -> str:
+        if name.lower() in given:
+            return f"{name.lower()}={values[name]!r}"
+        return f"{name} ({values[name]!r})"
+
+    lease, ttl, max_run = (values[name] for name in _DURATIONS)
+    if lease is _INVALID:
+        return
+    lease_given = "lease_seconds" in given
+    if (lease_given or "ttl_seconds" in given) and ttl not in (None, _INVALID) and ttl < lease:
+        raise ImproperlyConfigured(
+            f"{where}: {text('TTL_SECONDS')} is shorter than {text('LEASE_SECONDS')}: a key "
+            "must be kept at least as long as a claim on it can last."
+        )
+    if (lease_given or "max_run_seconds" in given) and max_run is not _INVALID and max_run < lease:
+        raise ImproperlyConfigured(
+            f"{where}: {text('MAX_RUN_SECONDS')} is shorter than {text('LEASE_SECONDS')}: "
+            "make it longer than the slowest honest run."
+        )
+
+
+_DURATIONS = ("LEASE_SECONDS", "TTL_SECONDS", "MAX_RUN_SECONDS")
+_INVALID: Any = object()
+
+
+def _valid_setting(name: str) -> Any:
+    try:
+        value = conf.get(name)
+    except ImproperlyConfigured:  # not a dict: E001
+        return _INVALID
+    return _INVALID if problem(name, value) is not None else value
 
 
 def resolve_callable(value: Any, name: str) -> Callable[..., Any]:
@@ -137,7 +211,14 @@ def resolve_callable(value: Any, name: str) -> Callable[..., Any]:
 def status_predicate(value: Any, name: str = "STORE_STATUSES") -> Callable[[int], bool]:
     """``STORE_STATUSES`` may be a predicate, its dotted path, or an iterable of status codes."""
     if isinstance(value, Iterable) and not isinstance(value, str):
-        codes = frozenset(int(code) for code in value)
+        items = list(value)
+        wrong = not_status_codes(items)
+        if wrong:
+            raise ImproperlyConfigured(
+                f"IDEMPOTENCY {name} holds {', '.join(map(repr, wrong))}: "
+                "not an HTTP status code (100-599)."
+            )
+        codes = frozenset(int(code) for code in items)
         return codes.__contains__
     return resolve_callable(value, name)
 
@@ -156,13 +237,47 @@ class Settings:
             raise AttributeError(name)
         return self.raw().get(name, DEFAULTS[name])
 
+    def checked(self, name: str) -> Any:
+        """The setting, refused as its system check refuses it. Read where a request is
+        about to be claimed: a bad value then fails that request before any work runs,
+        rather than change what protection means (an unknown ``ON_DISCONNECT`` acting as
+        ``"release"``, a 0.1 s lease that renewals cannot keep) or fail only after the view
+        ran, which would release the key for a second run (``STORED_HEADERS``)."""
+        value = self.get(name)
+        wrong = problem(name, value)
+        if wrong is not None:
+            raise ImproperlyConfigured(f"IDEMPOTENCY[{name!r}] is {value!r}: {wrong}.")
+        return value
+
     @property
     def ENABLED(self) -> bool:
-        return bool(self.get("ENABLED"))
+        """Only ``False`` turns protection off. Anything else that is not a bool (``"no"``,
+        ``0``, ``None`` from an unset environment variable) is an error (E014) and keeps
+        protection on until it is fixed: a typo never switches it off."""
+        return self.get("ENABLED") is not False
 
     @property
     def HEADER(self) -> str:
-        return str(self.get("HEADER"))
+        """The key's header; a name no request can carry (a space, an underscore) raises,
+        before any claim, rather than leave every request keyless (E015)."""
+        value = self.get("HEADER")
+        wrong = problem("HEADER", value)
+        if wrong is not None:
+            raise ImproperlyConfigured(f"IDEMPOTENCY HEADER={value!r}: {wrong}.")
+        return value  # type: ignore[no-any-return]
+
+    def methods_at_import(self) -> frozenset[str]:
+        """``METHODS``, upper-cased, for what is decided when a module is imported (which
+        operations an ``IdempotentRouter`` wraps). A setting that cannot be read as a list of
+        names counts as the default there, so that importing the URLconf never fails and
+        ``manage.py check`` can report it (E001, E010); the requests then fail on it."""
+        try:
+            value = self.get("METHODS")
+        except ImproperlyConfigured:
+            value = DEFAULTS["METHODS"]
+        if not is_list_of_names(value):
+            value = DEFAULTS["METHODS"]
+        return frozenset(method.upper() for method in value)
 
     @property
     def RETRY_AFTER_SECONDS(self) -> int:

@@ -172,7 +172,7 @@ def _plan_for(request: HttpRequest, view: View) -> _Plan | None:
 
 
 def _protected_method(method: str | None) -> bool:
-    return (method or "").upper() in {name.upper() for name in conf.get("METHODS")}
+    return (method or "").upper() in {name.upper() for name in conf.checked("METHODS")}
 
 
 def _exempt_by_name(request: HttpRequest) -> bool:

@@ -135,7 +135,10 @@ class IdempotentRouter(Router):
         super().add_api_operation(path, methods, view_func, **kw)
         operation = self.path_operations[_ninja_path(path)].operations[-1]
         # Operations of other methods (GET, a streamed listing) are left as ninja made them.
-        protected = {m.upper() for m in _options(self.idempotency, "").pick("methods", "METHODS")}
+        # Decided on import: a METHODS setting that cannot be read must not stop the URLconf
+        # from importing, or `manage.py check` crashes instead of reporting it.
+        given = self.idempotency.get("methods")
+        protected = conf.methods_at_import() if given is None else {m.upper() for m in given}
         if _MARK not in view_func.__dict__ and protected & {m.upper() for m in methods}:
             label = f"IdempotentRouter operation {getattr(view_func, '__qualname__', path)}"
             view_func.__dict__[_MARK] = (self.idempotency, label)

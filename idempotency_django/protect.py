@@ -21,7 +21,13 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 
 from idempotency_django import engine, keys, lifecycle, signals
-from idempotency_django.conf import check_argument, conf, resolve_callable, status_predicate
+from idempotency_django.conf import (
+    check_argument,
+    check_durations,
+    conf,
+    resolve_callable,
+    status_predicate,
+)
 from idempotency_django.exceptions import (
     AnonymousNotAllowed,
     BodyTooLarge,
@@ -84,6 +90,13 @@ class ViewOptions:
             value = getattr(self, name)
             if value is not _UNSET:
                 check_argument(setting, value, self.label)
+        durations = {
+            name: getattr(self, name)
+            for name in ("lease_seconds", "ttl_seconds", "max_run_seconds")
+            if getattr(self, name) is not _UNSET
+        }
+        if durations:
+            check_durations(durations, self.label)
         if self.store_statuses is not _UNSET:
             try:
                 status_predicate(self.store_statuses, "store_statuses")
@@ -97,6 +110,12 @@ class ViewOptions:
     def pick(self, name: str, setting: str) -> Any:
         value = getattr(self, name)
         return conf.get(setting) if value is _UNSET else value
+
+    def checked(self, name: str, setting: str) -> Any:
+        """``pick``, with the setting refused as its system check refuses it (the view's
+        own value was checked when it was declared): see ``conf.checked``."""
+        value = getattr(self, name)
+        return conf.checked(setting) if value is _UNSET else value
 
     def resolved(self) -> Resolved:
         """This view's settings, resolved on first use and kept until a setting changes
@@ -144,11 +163,13 @@ class Resolved:
         self.options = options
         self.generation = generation
         self.enabled = conf.ENABLED
-        self.methods = frozenset(m.upper() for m in options.pick("methods", "METHODS"))
+        self.methods = frozenset(m.upper() for m in options.checked("methods", "METHODS"))
         self.header = conf.HEADER
-        self.required = bool(options.pick("required", "REQUIRED"))
+        # Only False lets a keyless request through unprotected (a non-bool setting is E014).
+        self.required = options.pick("required", "REQUIRED") is not False
         self.anonymous = conf.ANONYMOUS
-        self.max_response_bytes = conf.MAX_RESPONSE_BYTES
+        self.max_response_bytes = int(conf.checked("MAX_RESPONSE_BYTES"))
+        conf.checked("STORED_HEADERS")  # read after the work, by capture: refused before it
         self._policies: dict[str, lifecycle.Policy] = {}
 
     @cached_property
@@ -179,22 +200,22 @@ class Resolved:
         return policy
 
     def _policy(self, alias: str) -> lifecycle.Policy:
-        options = self.options
-        ttl = options.pick("ttl_seconds", "TTL_SECONDS")
+        checked = self.options.checked
+        ttl = checked("ttl_seconds", "TTL_SECONDS")
         return lifecycle.Policy(
             options=engine.Options(
                 alias=alias,
-                lease=float(options.pick("lease_seconds", "LEASE_SECONDS")),
+                lease=float(checked("lease_seconds", "LEASE_SECONDS")),
                 ttl=None if ttl is None else float(ttl),
-                in_flight=str(options.pick("in_flight", "IN_FLIGHT")),
-                wait_seconds=float(options.pick("wait_seconds", "WAIT_SECONDS")),
-                retry_after=conf.RETRY_AFTER_SECONDS,
+                in_flight=str(checked("in_flight", "IN_FLIGHT")),
+                wait_seconds=float(checked("wait_seconds", "WAIT_SECONDS")),
+                retry_after=int(conf.checked("RETRY_AFTER_SECONDS")),
             ),
-            mode=str(options.pick("mode", "MODE")),
-            max_run=float(options.pick("max_run_seconds", "MAX_RUN_SECONDS")),
-            on_store_error=str(options.pick("on_store_error", "ON_STORE_ERROR")),
-            on_disconnect=str(options.pick("on_disconnect", "ON_DISCONNECT")),
-            label=options.label,
+            mode=str(checked("mode", "MODE")),
+            max_run=float(checked("max_run_seconds", "MAX_RUN_SECONDS")),
+            on_store_error=str(checked("on_store_error", "ON_STORE_ERROR")),
+            on_disconnect=str(checked("on_disconnect", "ON_DISCONNECT")),
+            label=self.options.label,
         )
 
 

@@ -32,7 +32,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 from django.core.exceptions import ImproperlyConfigured
 
 from idempotency_django import engine, keys, lifecycle, signals
-from idempotency_django.conf import check_argument, conf
+from idempotency_django.conf import check_argument, check_durations, conf
 from idempotency_django.exceptions import (
     InFlight,
     KeyMalformed,
@@ -108,24 +108,35 @@ class TaskOptions:
             value = getattr(self, name)
             if value is not None:
                 check_argument(name.upper(), value, self.label)
+        durations = {
+            name: getattr(self, name)
+            for name in ("lease_seconds", "ttl_seconds", "max_run_seconds")
+            if getattr(self, name) is not None
+        }
+        if durations:
+            check_durations(durations, self.label)
 
     def pick(self, name: str, setting: str) -> Any:
+        """The task's own value, or the setting, refused as its system check refuses it:
+        before the claim, not after the work (see ``conf.checked``)."""
         value = getattr(self, name)
-        return conf.get(setting) if value is None else value
+        return conf.checked(setting) if value is None else value
 
     def policy(self, label: str) -> lifecycle.Policy:
+        conf.checked("MAX_RESPONSE_BYTES")  # read after the work: refused before the claim
+        ttl = self.pick("ttl_seconds", "TTL_SECONDS")
         return lifecycle.Policy(
             options=engine.Options(
                 alias=engine.store_alias(),
                 lease=float(self.pick("lease_seconds", "LEASE_SECONDS")),
-                ttl=conf.TTL_SECONDS if self.ttl_seconds is None else float(self.ttl_seconds),
+                ttl=None if ttl is None else float(ttl),
                 in_flight=str(self.pick("in_flight", "IN_FLIGHT")),
                 wait_seconds=float(self.pick("wait_seconds", "WAIT_SECONDS")),
-                retry_after=conf.RETRY_AFTER_SECONDS,
+                retry_after=int(conf.checked("RETRY_AFTER_SECONDS")),
             ),
             mode=str(self.pick("mode", "MODE")),
             max_run=float(self.pick("max_run_seconds", "MAX_RUN_SECONDS")),
-            on_store_error=str(conf.get("ON_STORE_ERROR")),
+            on_store_error=str(conf.checked("ON_STORE_ERROR")),
             label=label,
         )
 

@@ -1,5 +1,10 @@
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
 from io import StringIO
 from typing import TYPE_CHECKING, Any
 
@@ -7,6 +12,7 @@ import pytest
 from django.core import checks
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
+from django.urls import clear_url_caches
 
 from idempotency_django.checks import check_settings
 
@@ -175,9 +181,21 @@ def test_e009_dotted_path_to_a_non_callable(settings: Settings) -> None:
     ]
 
 
-@pytest.mark.parametrize("value", [["200", "oops"], [None]])
-def test_e009_store_statuses_with_a_bad_code(settings: Settings, value: object) -> None:
-    assert ids_for(settings, {"STORE_STATUSES": value}) == ["idempotency_django.E009"]
+@pytest.mark.parametrize(
+    "value", [[999], ["abc"], [200, 99], ["200", "oops"], [None], [True], [201.5]]
+)
+def test_e017_store_statuses_with_a_bad_code_names_it(settings: Settings, value: list[Any]) -> None:
+    settings.IDEMPOTENCY = {"STORE_STATUSES": value}
+    messages = check_settings()
+
+    assert [message.id for message in messages] == ["idempotency_django.E017"]
+    bad = [item for item in value if item not in (200, "200")]
+    assert ", ".join(map(repr, bad)) in messages[0].msg
+    assert "status code" in messages[0].msg
+
+
+def test_e017_not_for_codes_as_numbers_or_strings(settings: Settings) -> None:
+    assert ids_for(settings, {"STORE_STATUSES": [100, "201", 422, 599]}) == []
 
 
 def test_w001_unknown_key(settings: Settings) -> None:
@@ -254,3 +272,166 @@ def test_e011_idempotent_on_a_drf_view_method(settings: Any) -> None:
     assert [error.id for error in errors] == ["idempotency_django.E011"]
     assert "DecoratedAction.post" in errors[0].msg
     assert "IdempotentMixin" in (errors[0].hint or "")
+
+
+@pytest.mark.parametrize("name", ["ENABLED", "REQUIRED"])
+@pytest.mark.parametrize("value", ["no", "false", "False", 0, 1, None, ""])
+def test_e014_a_switch_that_is_not_a_bool(settings: Settings, name: str, value: object) -> None:
+    settings.IDEMPOTENCY = {name: value}
+    messages = check_settings()
+
+    assert [message.id for message in messages] == ["idempotency_django.E014"]
+    assert messages[0].level == checks.ERROR
+    assert f"{name!r}] is {value!r}" in messages[0].msg
+
+
+@pytest.mark.parametrize("name", ["HEADER", "REPLAY_HEADER"])
+@pytest.mark.parametrize(
+    "value", ["Idempotency Key", "Idempotency_Key", "Idempotency-Key:", "", "Clé", None, 5]
+)
+def test_e015_a_header_name_no_request_can_carry(
+    settings: Settings, name: str, value: object
+) -> None:
+    settings.IDEMPOTENCY = {name: value}
+    messages = check_settings()
+
+    assert [message.id for message in messages] == ["idempotency_django.E015"]
+    assert repr(value) in messages[0].msg
+
+
+@pytest.mark.parametrize("value", ["X-Idempotency-Key", "idempotency-key", "Key.v2"])
+def test_e015_not_for_a_valid_header_name(settings: Settings, value: str) -> None:
+    assert ids_for(settings, {"HEADER": value, "REPLAY_HEADER": value}) == []
+
+
+@pytest.mark.parametrize("methods", [["GETT"], ["POST", "PSOT"], ("PATCH", "")])
+def test_e016_a_method_that_is_not_an_http_method(settings: Settings, methods: list[str]) -> None:
+    settings.IDEMPOTENCY = {"METHODS": methods}
+    messages = check_settings()
+
+    assert [message.id for message in messages] == ["idempotency_django.E016"]
+    assert repr(methods[-1]) in messages[0].msg
+
+
+def test_e016_not_for_methods_in_any_case(settings: Settings) -> None:
+    assert ids_for(settings, {"METHODS": ["post", "Patch", "PUT", "DELETE"]}) == []
+
+
+@pytest.mark.parametrize("methods", [["GET", "POST"], ["post", "options"]])
+def test_w005_a_safe_method(settings: Settings, methods: list[str]) -> None:
+    settings.IDEMPOTENCY = {"METHODS": methods}
+    messages = check_settings()
+
+    assert [message.id for message in messages] == ["idempotency_django.W005"]
+    assert messages[0].level == checks.WARNING
+
+
+@pytest.mark.parametrize(
+    ("name", "example"),
+    [
+        ("METHODS", '["POST", "PATCH"]'),
+        ("STORED_HEADERS", '["X-Request-Id"]'),
+        ("EXEMPT_URL_NAMES", '["admin:*", "login"]'),
+    ],
+)
+def test_e010_hint_gives_an_example_of_the_setting_itself(
+    settings: Settings, name: str, example: str
+) -> None:
+    settings.IDEMPOTENCY = {name: 5}
+    (message,) = check_settings()
+
+    assert message.id == "idempotency_django.E010"
+    assert example in (message.hint or "")
+    if name != "METHODS":
+        assert "POST" not in (message.hint or "")
+
+
+@pytest.fixture
+def fresh_ninja_urlconf(settings: Any) -> Iterator[None]:
+    """ROOT_URLCONF = tests.ninja_check_urls, imported (and its router built) anew by the
+    check, as ``manage.py check`` imports it in a new process."""
+    sys.modules.pop("tests.ninja_check_urls", None)
+    settings.ROOT_URLCONF = "tests.ninja_check_urls"
+    yield
+    sys.modules.pop("tests.ninja_check_urls", None)
+    clear_url_caches()
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("oops", "idempotency_django.E001"),
+        ({"METHODS": 5}, "idempotency_django.E010"),
+        ({"METHODS": [5]}, "idempotency_django.E010"),
+        ({"METHODS": ["GETT"]}, "idempotency_django.E016"),
+        ({"TTL_SECONDS": 5}, "idempotency_django.E005"),
+    ],
+)
+def test_check_with_a_ninja_router_reports_a_bad_setting_instead_of_crashing(
+    settings: Any, fresh_ninja_urlconf: None, value: object, expected: str
+) -> None:
+    settings.IDEMPOTENCY = value
+    with pytest.raises(SystemCheckError, match=re.escape(expected)):
+        call_command("check")
+
+
+def test_a_router_built_under_a_bad_methods_setting_protects_the_default_methods(
+    settings: Any, fresh_ninja_urlconf: None
+) -> None:
+    settings.IDEMPOTENCY = {"METHODS": 5}
+    import tests.ninja_check_urls as urls
+
+    operation = urls.router.path_operations["/charges/"].operations[0]
+    assert operation.__dict__.get("_run_decorators")  # the POST operation is wrapped
+
+
+# -- a worker's settings (issue 21): no ROOT_URLCONF, no MIDDLEWARE, no TEMPLATES ... ---------
+
+WORKER_MAY_LACK = [
+    "ROOT_URLCONF",
+    "MIDDLEWARE",
+    "TEMPLATES",
+    "AUTHENTICATION_BACKENDS",
+    "STATIC_URL",
+    "SECRET_KEY",
+    "REST_FRAMEWORK",
+    "IDEMPOTENCY",
+]
+
+
+def test_check_passes_without_root_urlconf(settings: Any) -> None:
+    """A Celery worker's settings module: Django skips its own URL checks, so must we, or
+    ``celery worker`` and every ``manage.py`` command fail to start."""
+    del settings.ROOT_URLCONF
+    out = StringIO()
+    call_command("check", stdout=out)
+    assert "no issues" in out.getvalue()
+
+
+def test_manage_py_check_starts_with_a_worker_settings_module() -> None:
+    """In a process of its own, as ``celery worker`` or ``manage.py`` starts."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.worker_settings"}
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "no issues" in done.stdout
+
+
+@pytest.mark.parametrize("name", WORKER_MAY_LACK)
+def test_every_check_of_ours_runs_without_a_setting_a_worker_may_lack(
+    settings: Any, name: str
+) -> None:
+    ours = [
+        check
+        for check in checks.registry.registry.get_checks()
+        if check.__module__.startswith("idempotency_django.")
+    ]
+    assert len(ours) >= 4  # settings, DRF views, middleware, codecs
+    delattr(settings, name)
+    for check in ours:
+        assert check(app_configs=None) == []
