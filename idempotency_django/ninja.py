@@ -45,7 +45,14 @@ from ninja.utils import contribute_operation_callback
 from idempotency_django import contract, keys
 from idempotency_django.conf import DEFAULTS, conf
 from idempotency_django.exceptions import IdempotencyError
-from idempotency_django.protect import _UNSET, ViewOptions, aprotect, options_from, protect
+from idempotency_django.protect import (
+    _UNSET,
+    ViewOptions,
+    answered,
+    aprotect,
+    options_from,
+    protect,
+)
 from idempotency_django.responses import problem_response
 
 Func = TypeVar("Func", bound=Callable[..., Any])
@@ -216,7 +223,7 @@ def _protected(
                 try:
                     return render(request, values, await func(request, **values))
                 except Exception as exc:  # ninja's handlers answer it, or it propagates
-                    return operation.api.on_exception(request, exc)
+                    return answered(exc, operation.api.on_exception(request, exc))
 
             if not options.protects(request.method):
                 return await call_view()
@@ -232,7 +239,7 @@ def _protected(
             try:
                 return render(request, values, func(request, **values))
             except Exception as exc:  # ninja's handlers answer it, or it propagates
-                return operation.api.on_exception(request, exc)
+                return answered(exc, operation.api.on_exception(request, exc))
 
         if not options.protects(request.method):
             return call_view()

@@ -25,4 +25,5 @@ urlpatterns = [
     path("api/atomic-charge/", atomicity_views.AtomicChargeView.as_view()),
     path("api/writes-then-fails/", atomicity_views.WritesThenFailsView.as_view()),
     path("orphan/", atomicity_views.orphan),
+    path("orphan-in-store/", atomicity_views.orphan_in_store),
 ]
