@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+import httpx
 import pytest
 from django.contrib.auth.models import User
 from django.db import IntegrityError, connections
@@ -64,6 +65,31 @@ def test_work_that_fails_to_commit_is_never_replayed_as_a_success(
     good = post("/orphan/", {}, key="k2")
     assert good.status_code == 201
     assert SideEffect.objects.filter(label="orphan").count() == 1
+
+
+def test_the_packages_client_does_not_retry_work_that_failed_to_commit(
+    alice: User, separate_store: None
+) -> None:
+    """End to end: ``IdempotentClient`` against the app. A 503 would be retried until the
+    attempts run out, each run failing the same way; ``work-not-committed`` is final."""
+    if connections["default"].vendor != "postgresql":
+        pytest.skip("needs a foreign key checked at COMMIT (PostgreSQL's deferred constraints)")
+    from django.core.handlers.wsgi import WSGIHandler
+
+    from idempotency_django.client import IdempotentClient
+
+    http = httpx.Client(
+        base_url="http://testserver",
+        transport=httpx.WSGITransport(app=WSGIHandler()),
+        headers={"X-User": "alice"},
+    )
+    with IdempotentClient(http, sleep=lambda seconds: None) as client:
+        result = client.post("/orphan/", key="order-1", json={"parent": 10**9})
+
+    assert result.status_code == 500
+    assert result.json()["type"].endswith("work-not-committed")
+    assert result.attempts == 1
+    assert not records().exists()
 
 
 # --- the store's COMMIT fails after the work's committed (issue 17, item 6) -------------------
