@@ -170,3 +170,22 @@ def test_a_store_commit_that_fails_after_the_work_committed_keeps_the_key_on_eve
     lapse_the_lease()
     assert post("/orphan-in-store/", {}).status_code == 201
     assert SideEffect.objects.filter(label="orphan_in_store").count() == 2
+
+
+def test_under_both_request_transactions_the_work_commits_before_the_store(
+    alice: User, post: Post, both_atomic: None
+) -> None:
+    """Both databases under ATOMIC_REQUESTS: the completion is written in the store's
+    transaction, which must commit *after* the work's. Were it first, a work whose COMMIT then
+    fails would leave a stored 201 behind, replayed to every retry."""
+    if connections["default"].vendor != "postgresql":
+        pytest.skip("needs a foreign key checked at COMMIT (PostgreSQL's deferred constraints)")
+    failed = post("/orphan/", {"parent": 10**9})
+    retry = post("/orphan/", {"parent": 10**9})
+
+    assert failed.status_code == 500
+    assert json.loads(failed.content)["type"].endswith("work-not-committed")
+    assert "Idempotent-Replayed" not in retry
+    assert retry.status_code == 500
+    assert not records().exists()
+    assert SideEffect.objects.filter(label="orphan").count() == 0

@@ -12,15 +12,17 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import DatabaseError, InterfaceError, OperationalError
+from django.db import DatabaseError, DataError, InterfaceError, OperationalError, connection
 from django.test import Client
 from django.utils import timezone
 
+from idempotency_django import signals
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.tasks import TaskInFlight, idempotent_task
 from tests import unknown_outcome_views
 from tests.conftest import Post, effects
 from tests.models import SideEffect
+from tests.test_atomicity import is_completion
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -113,3 +115,37 @@ def test_a_task_that_lost_its_connection_keeps_its_key_until_its_lease_lapses(
     task_loses_its_connection("m1")
 
     assert SideEffect.objects.count() == 2
+
+
+# --- work that committed, and whose outcome cannot be stored (issue 21, item 1) ---------------
+
+
+def test_an_outcome_the_store_refuses_after_the_work_committed_is_signalled_and_keeps_the_key(
+    alice: User, post: Post
+) -> None:
+    """The work committed and its response is sent (it is true); the store refuses the
+    completion, retries included. The key is kept, not released: a retry is told 409 until
+    the lease lapses, and ``outcome_not_stored`` tells the operators, with the status sent."""
+    sent: list[dict[str, Any]] = []
+
+    def receiver(**kwargs: Any) -> None:
+        sent.append(kwargs)
+
+    def refuse_completions(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if is_completion(sql, params):
+            raise DataError("the store refuses the completion")
+        return execute(sql, params, many, context)
+
+    signals.outcome_not_stored.connect(receiver)
+    try:
+        with connection.execute_wrapper(refuse_completions):
+            first = post("/uo/decorated/", {"amount": 1})
+    finally:
+        signals.outcome_not_stored.disconnect(receiver)
+    retry = post("/uo/decorated/", {"amount": 1})
+
+    assert first.status_code == 201
+    assert [(s["key"], s["status"]) for s in sent] == [("k1", 201)]
+    assert IdempotencyRecord.objects.get().state == State.IN_PROGRESS
+    assert retry.status_code == 409
+    assert effects() == 1
