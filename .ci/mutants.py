@@ -349,7 +349,8 @@ MUTANTS = [
         "commit-failure-swallowed",
         "a COMMIT that fails is answered as a success",
         "lifecycle.py",
-        "except DatabaseError as error:\n            raise _CommitFailed(error, self._committed) from error",
+        "except DatabaseError as error:\n"
+        "            raise _CommitFailed(error, self._committed) from error",
         "except DatabaseError:\n            return",
         ("test_separate_store.py::test_work_that_fails_to_commit_is_never_replayed_as_a_success",),
     ),
