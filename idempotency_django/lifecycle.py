@@ -426,15 +426,20 @@ class Protected:
                 lambda: engine.complete(claim, response, body_stored=outcome.body_stored),
             )
         except DatabaseError as error:
-            logger.error("Idempotency store failed while completing a key.", exc_info=error)
-            _outcome_not_stored(
-                claim,
-                "Idempotency outcome NOT stored: the work committed and its response is sent, "
-                "but the store failed (after one retry on a new connection, and one "
-                "unprepared). The key stays in progress until its lease lapses; a retry "
-                "after that runs the work again.",
-                response.status,
+            logger.error(
+                "Idempotency store failed while completing a key.",
+                exc_info=error,
+                extra=signals.log_fields(**claim.scope.lookup()),
             )
+            if self.mode == "commit":  # in atomic mode the work and its claim rolled back
+                _outcome_not_stored(
+                    claim,
+                    "Idempotency outcome NOT stored: the work committed and its response is "
+                    "sent, but the store failed (after one retry on a new connection, and one "
+                    "unprepared). The key stays in progress until its lease lapses; a retry "
+                    "after that runs the work again.",
+                    response.status,
+                )
 
     def _not_committed(self, claim: engine.Claim, failure: _StoreError | _CommitFailed) -> Refused:
         """The work's transaction did not commit, or the store's failed after it: never a

@@ -513,7 +513,7 @@ def _execute(connection: Any, sql: str, params: Sequence[Any], result: Callable[
         if not _prepared_statement_refused(connection, error):
             raise
         _stop_preparing(connection, error)
-        if connection.in_atomic_block:
+        if connection.in_atomic_block or not connection.get_autocommit():
             raise
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
