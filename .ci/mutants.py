@@ -48,6 +48,7 @@ PREP = "test_store_prepared.py::"
 FP = "test_fingerprints.py::"
 CUSTOM_FP = FP + "TestCustomFingerprintSetting::"
 CELERY = "test_celery.py::"
+UNKNOWN = "test_unknown_outcomes.py::"
 
 MUTANTS = [
     Mutant(
@@ -182,9 +183,93 @@ MUTANTS = [
         "release-on-lost-connection",
         "a view that lost its database connection releases its key (its work may have committed)",
         "lifecycle.py",
-        "if isinstance(error, (OperationalError, InterfaceError)):\n            # A database",
-        "if False:\n            # A database",
+        "if outcome_unknown(error):\n            # Releasing would",
+        "if False:\n            # Releasing would",
         ("test_store_failures.py::test_a_view_whose_connection_died_keeps_its_key",),
+    ),
+    Mutant(
+        "release-on-interface-error",
+        "a view failing with InterfaceError releases its key (its work may have committed)",
+        "lifecycle.py",
+        "return isinstance(error, (OperationalError, InterfaceError))",
+        "return isinstance(error, OperationalError)",
+        (
+            UNKNOWN + "test_a_view_that_lost_its_connection_keeps_its_key_until_its_lease_lapses"
+            "[decorator-InterfaceError]",
+            UNKNOWN + "test_a_task_that_lost_its_connection_keeps_its_key_until_its_lease_lapses"
+            "[InterfaceError]",
+        ),
+    ),
+    Mutant(
+        "framework-answer-releases",
+        "a lost connection answered by DRF's or ninja's exception handler releases the key",
+        "protect.py",
+        "if unknown is not None:\n            return lifecycle.Outcome(None, unknown=unknown)",
+        "if False:\n            return lifecycle.Outcome(None, unknown=unknown)",
+        (
+            UNKNOWN + "test_a_view_that_lost_its_connection_keeps_its_key_until_its_lease_lapses"
+            "[drf-mixin-handler-answers-InterfaceError]",
+            UNKNOWN + "test_a_view_that_lost_its_connection_keeps_its_key_until_its_lease_lapses"
+            "[ninja-handler-answers-OperationalError]",
+        ),
+    ),
+    Mutant(
+        "store-commits-first",
+        "the store's transaction commits before the work's: a stored 201 for work rolled back",
+        "lifecycle.py",
+        "self._open(sorted(self.reopen, key=lambda alias: alias != self.alias))",
+        "self._open(sorted(self.reopen, key=lambda alias: alias == self.alias))",
+        (
+            "test_separate_store.py::test_under_both_request_transactions_the_work_commits_before_the_store",
+        ),
+    ),
+    Mutant(
+        "store-commit-failure-releases",
+        "the store's COMMIT failing after the work's committed releases the key: a retry reruns it",
+        "lifecycle.py",
+        "committed = isinstance(failure, _CommitFailed) and bool(failure.committed)",
+        "committed = False",
+        (
+            "test_separate_store.py::"
+            "test_a_store_commit_that_fails_after_the_work_committed_keeps_the_key_on_every_backend",
+        ),
+    ),
+    Mutant(
+        "work-not-committed-as-unavailable",
+        "a commit refused for the work's own reason is a 503 that clients retry forever",
+        "lifecycle.py",
+        "        if isinstance(failure, _CommitFailed):\n            return Refused(\n",
+        "        if False:\n            return Refused(\n",
+        ("test_separate_store.py::test_work_that_fails_to_commit_is_never_replayed_as_a_success",),
+    ),
+    Mutant(
+        "client-retries-work-not-committed",
+        "the client retries a work-not-committed problem where its policy retries the status",
+        "client.py",
+        "        if is_final_problem(response):\n            return False\n",
+        "",
+        ("test_client.py::test_work_not_committed_is_final_even_where_its_status_is_retried",),
+    ),
+    Mutant(
+        "statement-timeout-in-flight",
+        "a claim that hits statement_timeout is told 409 in flight for a key nobody holds",
+        "store.py",
+        '_PG_CONTENTION = frozenset({"40001", "40P01", "55P03"})',
+        '_PG_CONTENTION = frozenset({"40001", "40P01", "55P03", "57014"})',
+        (
+            "test_store_failures.py::test_a_claim_that_times_out_on_a_locked_table_is_a_503_and_signalled",
+        ),
+    ),
+    Mutant(
+        "prepared-refusal-not-retried",
+        "a prepared statement the server refuses is not sent again unprepared: completions lost",
+        "store.py",
+        "        if not _prepared_statement_refused(connection, error):\n            raise\n",
+        "        raise\n",
+        (
+            PREP + "test_a_completion_whose_prepared_statement_the_server_forgot_is_stored",
+            PREP + "test_a_column_type_changed_under_prepared_statements_costs_no_request",
+        ),
     ),
     Mutant(
         "task-release-on-lost-connection",
@@ -246,8 +331,8 @@ MUTANTS = [
         "unknown-commit-released",
         "a COMMIT whose answer was lost releases the key: the retry redoes committed work",
         "lifecycle.py",
-        "if unknown:\n                logger.error(",
-        "if False:\n                logger.error(",
+        "unknown = committed or (isinstance(failure, _CommitFailed) and outcome_unknown(error))",
+        "unknown = committed",
         (
             ATOM + "test_a_commit_whose_outcome_is_unknown_is_a_503_and_keeps_the_key",
             ATOM + "test_a_commit_whose_answer_is_lost_is_a_503_and_the_retry_gets_the_replay",
@@ -267,7 +352,8 @@ MUTANTS = [
         "commit-failure-swallowed",
         "a COMMIT that fails is answered as a success",
         "lifecycle.py",
-        "except DatabaseError as error:\n            raise _CommitFailed(error) from error",
+        "except DatabaseError as error:\n"
+        "            raise _CommitFailed(error, self._committed) from error",
         "except DatabaseError:\n            return",
         ("test_separate_store.py::test_work_that_fails_to_commit_is_never_replayed_as_a_success",),
     ),

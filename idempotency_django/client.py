@@ -159,6 +159,29 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
     return max(0.0, (when - (now or datetime.now(timezone.utc))).total_seconds())
 
 
+def _problem_type(response: httpx.Response) -> str | None:
+    if "json" not in response.headers.get("Content-Type", ""):
+        return None
+    try:
+        problem = json.loads(response.content)
+    except ValueError:
+        return None
+    kind = problem.get("type") if isinstance(problem, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+#: Problem types that are final whatever the status lists say: the server's answer is
+#: known, and sending the same request again would fail the same way.
+FINAL_PROBLEMS = ("work-not-committed",)
+
+
+def is_final_problem(response: httpx.Response) -> bool:
+    """A problem whose ``type`` ends in one of ``FINAL_PROBLEMS``: idempotency_django's
+    ``…:work-not-committed`` (500), the view's work failed to commit and was rolled back."""
+    kind = _problem_type(response)
+    return kind is not None and kind.endswith(FINAL_PROBLEMS)
+
+
 def is_in_flight_conflict(response: httpx.Response) -> bool:
     """A 409 that says "the first request with this key is still running".
 
@@ -170,14 +193,8 @@ def is_in_flight_conflict(response: httpx.Response) -> bool:
         return False
     if "Retry-After" in response.headers:
         return True
-    if "json" not in response.headers.get("Content-Type", ""):
-        return False
-    try:
-        problem = json.loads(response.content)
-    except ValueError:
-        return False
-    kind = problem.get("type") if isinstance(problem, dict) else None
-    return isinstance(kind, str) and kind.endswith("in-flight")
+    kind = _problem_type(response)
+    return kind is not None and kind.endswith("in-flight")
 
 
 @dataclass
@@ -284,8 +301,12 @@ class _Base:
         """Whether ``response`` leaves the outcome unknown or asks to be retried.
 
         Override to widen or narrow it; a definitive 4xx (400, 402, 404, 422 …) is final
-        and must stay so, or a declined card would be retried until it is accepted.
+        and must stay so, or a declined card would be retried until it is accepted, and so
+        is a ``work-not-committed`` problem (``is_final_problem``), even where a policy
+        retries its status.
         """
+        if is_final_problem(response):
+            return False
         if response.status_code == 409:
             return is_in_flight_conflict(response)
         return response.status_code in self.policy.retry_statuses

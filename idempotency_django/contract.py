@@ -26,6 +26,7 @@ PROBLEMS: dict[int, tuple[type[exceptions.IdempotencyError], ...]] = {
     409: (exceptions.InFlight, exceptions.ResponseNotStored, ResponseUnreadable),
     413: (exceptions.BodyTooLarge,),
     422: (exceptions.KeyMismatch,),
+    500: (exceptions.WorkNotCommitted,),
     503: (exceptions.StoreUnavailable,),
 }
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -38,8 +39,12 @@ _WHEN = {
     "to store, or the stored response cannot be read): it is not run again.",
     413: "The request body is too large to fingerprint (DATA_UPLOAD_MAX_MEMORY_SIZE).",
     422: "This {header} was already used with a different request (method, path, query or body).",
-    503: "The idempotency store cannot be reached; nothing was run. Retry after Retry-After "
-    "seconds with the same key.",
+    500: "The request's work failed to commit and was rolled back (a deferred constraint, a "
+    "serialization failure): the key is free again, and the same request would most likely "
+    "fail the same way. Not retried automatically.",
+    503: "The idempotency store cannot be reached, or the request's outcome could not be "
+    "recorded. Retry after Retry-After seconds with the same key: a request that may have "
+    "been carried out is refused (409) until its lease lapses, never run twice meanwhile.",
 }
 
 

@@ -20,7 +20,7 @@ from rest_framework.viewsets import ModelViewSet
 from idempotency_django.conf import conf, resolve_callable
 from idempotency_django.exceptions import IdempotencyError
 from idempotency_django.lifecycle import unprotected
-from idempotency_django.protect import RequestTransactions, ViewOptions, protect
+from idempotency_django.protect import RequestTransactions, ViewOptions, answered, protect
 from idempotency_django.responses import problem_response
 
 
@@ -213,7 +213,7 @@ class IdempotentMixin:
         try:
             response = handler(request, *args, **kwargs)
         except Exception as exc:
-            response = view.handle_exception(exc)
+            response = answered(exc, view.handle_exception(exc))
         response = view.finalize_response(request, response, *args, **kwargs)
         if isinstance(response, SimpleTemplateResponse):
             response.render()

@@ -70,3 +70,14 @@ class StoreUnavailable(IdempotencyError):
     status = 503
     slug = "store-unavailable"
     title = "The idempotency store is unavailable"
+
+
+class WorkNotCommitted(IdempotencyError):
+    """The view answered, then its transaction failed to commit for a reason of its own (a
+    deferred constraint, a serialization failure) and was rolled back: a 500, as Django
+    answers a view whose transaction fails, and the key is released. Not a 503: the same
+    request would most likely fail the same way, so it is nothing to wait for."""
+
+    status = 500
+    slug = "work-not-committed"
+    title = "The request's work could not be committed"

@@ -15,12 +15,15 @@ policies that decide an outcome all live here:
   commit before the store's, so a stored outcome never stands for work that rolled back.
   A work that asks for its transaction to be rolled back (DRF's exception handler does,
   for the errors it answers) is rolled back, and its definitive outcome stored after.
-- **Never 2xx for work that did not commit.** A completion or a commit that fails while
-  the work's transaction is open makes the answer a 503 with ``Retry-After``; the key is
-  released when the rollback is certain, and kept (until its lease lapses) when the
-  outcome is unknown (the connection broke during the commit).
-- **Unknown outcome.** Work that fails with a lost database connection keeps its key:
-  its writes may have committed. Any other failure releases it.
+- **Never 2xx for work that did not commit.** A completion that fails while the work's
+  transaction is open, or a commit that fails, is never answered as a success. The key is
+  released when the rollback is certain (a commit refused for the work's own reason, a
+  deferred constraint, is the ``work-not-committed`` 500: a retry would fail the same way),
+  and kept until its lease lapses when the work may have committed (the connection broke
+  during the commit, or the store's commit failed after the work's): a 503.
+- **Unknown outcome.** Work that fails with a lost database connection (``OperationalError``,
+  ``InterfaceError``) keeps its key, whether it raised the error or its framework answered
+  it (``Outcome.unknown``): its writes may have committed. Any other failure releases it.
 - **Store errors.** Only a store that cannot be reached (refused or lost connection, after
   one reconnect) may fail open; contention (a lock timeout, a deadlock) is a duplicate in
   flight and answers 409; anything else fails closed (503).
@@ -45,7 +48,12 @@ from asgiref.sync import sync_to_async
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 
 from idempotency_django import engine, signals
-from idempotency_django.exceptions import IdempotencyError, InFlight, StoreUnavailable
+from idempotency_django.exceptions import (
+    IdempotencyError,
+    InFlight,
+    StoreUnavailable,
+    WorkNotCommitted,
+)
 from idempotency_django.heartbeat import heartbeat
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse
@@ -76,10 +84,20 @@ class Policy:
 @dataclass(frozen=True)
 class Outcome:
     """What to keep of a finished run: ``response`` is stored (its body only when
-    ``body_stored``); ``None`` releases the key (a failure that a retry may fix)."""
+    ``body_stored``); ``None`` releases the key (a failure that a retry may fix), unless
+    ``unknown``: the error the work failed with, answered by its framework (a DRF or ninja
+    exception handler), that leaves its outcome unknown (``outcome_unknown``)."""
 
     response: StoredResponse | None
     body_stored: bool = True
+    unknown: BaseException | None = None
+
+
+def outcome_unknown(error: BaseException) -> bool:
+    """Whether work that failed with ``error`` may have committed all the same: a database
+    connection lost while it ran may have lost the acknowledgement of a write that
+    committed. Its key is kept until its lease lapses, as a crashed worker's."""
+    return isinstance(error, (OperationalError, InterfaceError))
 
 
 @dataclass(frozen=True)
@@ -110,9 +128,13 @@ class _StoreError(Exception):
 
 
 class _CommitFailed(Exception):
-    def __init__(self, error: DatabaseError) -> None:
+    """A transaction failed to commit; ``committed``: the aliases whose transactions had
+    committed before it (the work's, when only the store's commit failed)."""
+
+    def __init__(self, error: DatabaseError, committed: Sequence[str]) -> None:
         super().__init__(str(error))
         self.error = error
+        self.committed = tuple(committed)
 
 
 def run(
@@ -227,6 +249,7 @@ class Protected:
         self.claim: engine.Claim | None = None
         self._stack = ExitStack()
         self._opened: list[str] = []
+        self._committed: list[str] = []  # left without an error, in order
         self._store_transaction = False  # the store's transaction is open around the work
 
     @property
@@ -337,6 +360,9 @@ class Protected:
         and its value can be sent; otherwise the refusal to send instead."""
         claim = self.claim
         assert claim is not None
+        if outcome.unknown is not None:
+            self.fail(outcome.unknown)
+            return None  # the framework's answer to the error is sent
         store_after = outcome.response is not None
         lost = False
         try:
@@ -388,10 +414,9 @@ class Protected:
                 heartbeat.unregister(claim)
         if claim is None or self.mode == "atomic":
             return  # the claim rolled back with the work
-        if isinstance(error, (OperationalError, InterfaceError)):
-            # A database connection lost while the work ran may have lost the
-            # acknowledgement of a write that committed: releasing would let the retry do
-            # it again. The key stays claimed until its lease lapses, as a crashed worker's.
+        if outcome_unknown(error):
+            # Releasing would let the retry do again what may have committed. The key stays
+            # claimed until its lease lapses, as a crashed worker's.
             logger.error(
                 "Idempotency key kept after a database connection error in the view: its work "
                 "may have committed. A retry runs after the lease lapses.",
@@ -428,34 +453,75 @@ class Protected:
                 claim.alias,
                 lambda: engine.complete(claim, response, body_stored=outcome.body_stored),
             )
-        except DatabaseError:
-            logger.exception(
-                "Idempotency store unavailable while completing a key: the work committed "
-                "and its response is sent, but the record stays in progress until its lease "
-                "lapses.",
+        except DatabaseError as error:
+            logger.error(
+                "Idempotency store failed while completing a key.",
+                exc_info=error,
                 extra=signals.log_fields(**claim.scope.lookup()),
             )
+            if self.mode == "commit":  # in atomic mode the work and its claim rolled back
+                _outcome_not_stored(
+                    claim,
+                    "Idempotency outcome NOT stored: the work committed and its response is "
+                    "sent, but the store failed (after one retry on a new connection, and one "
+                    "unprepared). The key stays in progress until its lease lapses; a retry "
+                    "after that runs the work again.",
+                    response.status,
+                )
 
-    def _not_committed(self, claim: engine.Claim, failure: Exception) -> Refused:
-        """The work's transaction did not commit (or may not have): never a 2xx."""
-        error = failure.error if isinstance(failure, (_StoreError, _CommitFailed)) else failure
-        unknown = isinstance(error, (OperationalError, InterfaceError)) and isinstance(
-            failure, _CommitFailed
-        )
+    def _not_committed(self, claim: engine.Claim, failure: _StoreError | _CommitFailed) -> Refused:
+        """The work's transaction did not commit, or the store's failed after it: never a
+        2xx. Three cases:
+
+        - the store's commit failed after the work's committed (``committed``: the store in
+          a database of its own): the work stands, its outcome was not stored; a 503, and
+          the key is kept until its lease lapses (§7a: this run lost its store);
+        - the connection broke during a commit (``outcome_unknown``): maybe committed; a
+          503, and the key is kept;
+        - otherwise the rollback is certain and the key is released: a completion that
+          failed in the transaction is the store's failure (503, retry at once); a commit
+          refused for the work's own reason (a deferred constraint, a serialization
+          failure) is ``WorkNotCommitted`` (500): the same request would fail the same way,
+          so it is not presented as a store to wait for.
+        """
+        error = failure.error
+        committed = isinstance(failure, _CommitFailed) and bool(failure.committed)
+        unknown = committed or (isinstance(failure, _CommitFailed) and outcome_unknown(error))
         logger.error(
-            "Idempotency: the work's transaction %s; answering 503.",
-            "may not have committed" if unknown else "was rolled back",
+            "Idempotency: %s.",
+            "the store's transaction failed to commit after the work's committed"
+            if committed
+            else "the work's transaction may not have committed"
+            if unknown
+            else "the work's transaction was rolled back",
             exc_info=error,
             extra=signals.log_fields(**claim.scope.lookup()),
         )
-        if self.mode == "commit":
-            if unknown:
-                logger.error(
-                    "Idempotency key kept: a retry runs after the lease lapses.",
-                    extra=signals.log_fields(**claim.scope.lookup()),
+        if unknown:
+            if self.mode == "commit":
+                _outcome_not_stored(
+                    claim,
+                    "Idempotency key kept: the work may have committed, and its outcome may "
+                    "not be stored; a retry runs after the lease lapses.",
+                    None,
                 )
-            else:
-                _release_quietly(claim)
+            if committed:
+                return Refused(
+                    self._unavailable(
+                        "The request may have been carried out, but its outcome could not "
+                        "be recorded"
+                    )
+                )
+            return Refused(self._unavailable("The request's work may not have been committed"))
+        if self.mode == "commit":
+            _release_quietly(claim)
+        if isinstance(failure, _CommitFailed):
+            return Refused(
+                WorkNotCommitted(
+                    "The request's work failed to commit and was rolled back; sending it "
+                    "again with the same Idempotency-Key runs it again."
+                )
+            )
         return Refused(self._unavailable("The request's work was not committed"))
 
     def _unavailable(self, what: str) -> StoreUnavailable:
@@ -471,15 +537,24 @@ class Protected:
 
     def _open(self, aliases: Sequence[str]) -> None:
         for alias in aliases:
+            self._stack.push(self._left(alias))  # runs after that transaction is left
             self._stack.enter_context(transaction.atomic(using=alias))
             self._opened.append(alias)
+
+    def _left(self, alias: str) -> Callable[..., bool]:
+        def left(exc_type: type[BaseException] | None, *exc_info: object) -> bool:
+            if exc_type is None:
+                self._committed.append(alias)
+            return False  # never swallows an error
+
+        return left
 
     def _commit(self) -> None:
         """Leave the open transactions: the work's databases commit before the store's."""
         try:
             self._stack.close()
         except DatabaseError as error:
-            raise _CommitFailed(error) from error
+            raise _CommitFailed(error, self._committed) from error
 
     def _discard(self) -> None:
         """Leave the transaction of a claim that was not made: nothing to keep."""
@@ -497,6 +572,14 @@ def _in_transactions(aliases: Sequence[str], work: Callable[[], V]) -> V:
         for alias in aliases:
             stack.enter_context(transaction.atomic(using=alias))
         return work()
+
+
+def _outcome_not_stored(claim: engine.Claim, message: str, status: int | None) -> None:
+    """Work that may have committed, and whose outcome is not stored: the key is kept (not
+    released), and operators are told loudly (``outcome_not_stored``)."""
+    signals.emit(
+        signals.outcome_not_stored, logging.ERROR, message, status=status, **claim.scope.lookup()
+    )
 
 
 def _release_quietly(claim: engine.Claim) -> None:

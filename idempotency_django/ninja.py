@@ -48,7 +48,14 @@ from ninja.utils import contribute_operation_callback
 from idempotency_django import contract, keys
 from idempotency_django.conf import DEFAULTS, conf
 from idempotency_django.exceptions import IdempotencyError
-from idempotency_django.protect import _UNSET, ViewOptions, aprotect, options_from, protect
+from idempotency_django.protect import (
+    _UNSET,
+    ViewOptions,
+    answered,
+    aprotect,
+    options_from,
+    protect,
+)
 from idempotency_django.responses import problem_response
 
 Func = TypeVar("Func", bound=Callable[..., Any])
@@ -242,7 +249,7 @@ def _protected(
                     inputs = validated(values)
                     return render(request, inputs, await func(request, **inputs))
                 except Exception as exc:  # ninja's handlers answer it, or it propagates
-                    return operation.api.on_exception(request, exc)
+                    return answered(exc, operation.api.on_exception(request, exc))
 
             if not options.protects(request.method):
                 return await call_view()
@@ -259,7 +266,7 @@ def _protected(
                 inputs = validated(values)
                 return render(request, inputs, func(request, **inputs))
             except Exception as exc:  # ninja's handlers answer it, or it propagates
-                return operation.api.on_exception(request, exc)
+                return answered(exc, operation.api.on_exception(request, exc))
 
         if not options.protects(request.method):
             return call_view()

@@ -316,7 +316,11 @@ class Guard:
 
     def outcome(self, response: HttpResponseBase) -> lifecycle.Outcome:
         """What to keep of the view's response: a definitive one is stored (its body only
-        when it fits and is not streamed); anything else releases the key."""
+        when it fits and is not streamed); anything else releases the key, unless it is the
+        framework's answer to an error that leaves the outcome unknown (``answered``)."""
+        unknown = getattr(response, _UNKNOWN, None)
+        if unknown is not None:
+            return lifecycle.Outcome(None, unknown=unknown)
         if not self.store_statuses(response.status_code):
             return lifecycle.Outcome(None)
         if isinstance(response, HttpResponse) and len(response.content) <= self.max_response_bytes:
@@ -327,6 +331,18 @@ class Guard:
             extra=signals.log_fields(**self.scope.lookup()),
         )
         return lifecycle.Outcome(StoredResponse(response.status_code, b""), body_stored=False)
+
+
+_UNKNOWN = "_idempotency_unknown_outcome"
+
+
+def answered(error: Exception, response: HttpResponseBase) -> HttpResponseBase:
+    """``response``, a framework's answer (DRF's or ninja's exception handler) to ``error``
+    raised by the view, marked when the error leaves the work's outcome unknown (a lost
+    database connection): whatever its status, the key is then kept, not released."""
+    if lifecycle.outcome_unknown(error):
+        setattr(response, _UNKNOWN, error)
+    return response
 
 
 def protect(

@@ -35,6 +35,11 @@ released = Signal()
 lease_taken_over = Signal()
 #: A finished view could not store its outcome: its claim had been taken over.
 completion_lost = Signal()
+#: Work that ran, and may have committed, could not have its outcome stored (the store failed
+#: after it, retries included): the key stays in progress until its lease lapses, and a
+#: retry after that runs the work again. ``status`` is the response's (``None`` when the
+#: client was answered 503). Alert on it.
+outcome_not_stored = Signal()
 #: The store failed while claiming a key; ``policy`` is ``"closed"`` (503) or ``"open"``
 #: (the view ran unprotected).
 store_unavailable = Signal()

@@ -25,11 +25,12 @@ fingerprint versions, a completion retried after a lost answer) stay on the ORM,
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
-from typing import Any, Final, Literal, Protocol, TypeAlias
+from typing import Any, Final, Literal, Protocol, TypeAlias, TypeVar
 
 from django.conf import settings
 from django.db import (
@@ -43,6 +44,8 @@ from django.db import (
 from django.db.models import CharField, Field, Q
 
 from idempotency_django.models import IdempotencyRecord
+
+logger = logging.getLogger("idempotency_django")
 
 State = IdempotencyRecord.State
 
@@ -170,14 +173,17 @@ class Store(Protocol):
 
 
 # Error codes that mean "a concurrent transaction is in the way", not "the store is gone".
-# PostgreSQL SQLSTATEs: serialization_failure, deadlock_detected, lock_not_available,
-# query_canceled (statement_timeout).
-_PG_CONTENTION = frozenset({"40001", "40P01", "55P03", "57014"})
+# PostgreSQL SQLSTATEs: serialization_failure, deadlock_detected, lock_not_available
+# (lock_timeout). Not query_canceled (57014, statement_timeout): a statement that ran out of
+# time may have waited on anything (a table lock, a slow disk), not on a duplicate of the
+# key, so it is a store that cannot serve now ("other": 503), never "in flight".
+_PG_CONTENTION = frozenset({"40001", "40P01", "55P03"})
 # PostgreSQL: connection exceptions (class 08), admin/crash shutdown, cannot connect now,
 # too many connections.
 _PG_UNREACHABLE_PREFIXES = ("08", "57P01", "57P02", "57P03", "53300")
-# MariaDB/MySQL: lock wait timeout, deadlock, max_statement_time / max_execution_time.
-_MYSQL_CONTENTION = frozenset({1205, 1213, 1969, 3024})
+# MariaDB/MySQL: lock wait timeout, deadlock. Not max_statement_time (1969) or MySQL's
+# max_execution_time (3024): a statement timeout, as PostgreSQL's 57014 above.
+_MYSQL_CONTENTION = frozenset({1205, 1213})
 # MariaDB/MySQL client errors: can't connect, server gone away, lost connection, too many
 # connections, and the server shutting down.
 _MYSQL_UNREACHABLE = frozenset({1040, 1053, 1927, 2002, 2003, 2005, 2006, 2013, 2055, 4031})
@@ -229,9 +235,9 @@ class DatabaseStore:
         """
         connection = connections[alias]
         params = _claim_params(statements, values, connection)
-        with _cursor(connection) as cursor:
-            cursor.execute(sql, [*params, fingerprint, fingerprint, *_key(values)])
-            row = cursor.fetchone()
+        row = _execute(
+            connection, sql, [*params, fingerprint, fingerprint, *_key(values)], _fetchone
+        )
         if row is None:
             return self.read(alias, _lookup(values), fingerprint)
         if row[0]:
@@ -258,9 +264,7 @@ class DatabaseStore:
                 raise
             return True
         if connection.vendor in ("postgresql", "sqlite"):
-            with _cursor(connection) as cursor:
-                cursor.execute(statements.claim, params)
-                return bool(cursor.rowcount == 1)
+            return _execute(connection, statements.claim, params, _rowcount) == 1
         try:  # pragma: no cover - other backends take the portable, slower path
             with transaction.atomic(using=alias):
                 self._records(alias).create(**values)
@@ -278,12 +282,12 @@ class DatabaseStore:
         """
         connection = connections[alias]
         statements = _statements(alias)
-        with _cursor(connection) as cursor:
-            cursor.execute(
-                statements.read,
-                [fingerprint, fingerprint, lookup["account"], lookup["endpoint"], lookup["key"]],
-            )
-            row = cursor.fetchone()
+        row = _execute(
+            connection,
+            statements.read,
+            [fingerprint, fingerprint, lookup["account"], lookup["endpoint"], lookup["key"]],
+            _fetchone,
+        )
         return None if row is None else statements.snapshot(row, connection)
 
     def read_stored(self, alias: str, pk: int) -> Stored | None:
@@ -318,12 +322,13 @@ class DatabaseStore:
         connection = connections[alias]
         statements = _statements(alias)
         params = _prepared(statements.complete_fields, values, connection)
-        with transaction.mark_for_rollback_on_error(alias), _cursor(connection) as cursor:
-            cursor.execute(
+        with transaction.mark_for_rollback_on_error(alias):
+            updated = _execute(
+                connection,
                 statements.complete,
                 [State.COMPLETED.value, *params, *_key(lookup), token, State.IN_PROGRESS.value],
+                _rowcount,
             )
-            updated: int = cursor.rowcount
         return updated == 1
 
     def is_completed(self, alias: str, lookup: dict[str, str], token: str) -> bool:
@@ -335,9 +340,10 @@ class DatabaseStore:
         """Delete the claim's record, fenced by its token: one statement (the ORM's
         ``delete()`` wraps its ``DELETE`` in a transaction: two more round trips)."""
         connection = connections[alias]
-        with transaction.mark_for_rollback_on_error(alias), _cursor(connection) as cursor:
-            cursor.execute(_statements(alias).release, [*_key(lookup), token])
-            return int(cursor.rowcount)
+        with transaction.mark_for_rollback_on_error(alias):
+            return _execute(
+                connection, _statements(alias).release, [*_key(lookup), token], _rowcount
+            )
 
     def renew(
         self, alias: str, claims: Sequence[tuple[dict[str, str], str]], until: datetime
@@ -351,9 +357,7 @@ class DatabaseStore:
         params: list[Any] = [lease]
         for lookup, token in claims:
             params += [*_key(lookup), token]
-        with _cursor(connection) as cursor:
-            cursor.execute(statements.renew_many(len(claims)), params)
-            return int(cursor.rowcount)
+        return _execute(connection, statements.renew_many(len(claims)), params, _rowcount)
 
     def failure_kind(self, alias: str, error: BaseException) -> FailureKind:
         """Tell "the store cannot be reached" from "a concurrent transaction is in the way".
@@ -476,6 +480,75 @@ def _cursor(connection: Any) -> Any:
     with connection.wrap_database_errors:
         cursor = _server_binding_cursor(connection, raw)
     return connection.make_cursor(cursor)
+
+
+R = TypeVar("R")
+
+# PostgreSQL SQLSTATEs of a prepared statement the server cannot use: feature_not_supported
+# ("cached plan must not change result type": a column's type changed under it),
+# invalid_sql_statement_name (it does not exist: a transaction-mode pooler sent it to
+# another server connection) and duplicate_prepared_statement (that server connection
+# already has one of that name: another client's).
+_PREPARED_STATEMENT_ERRORS = frozenset({"0A000", "26000", "42P05"})
+
+
+def _execute(connection: Any, sql: str, params: Sequence[Any], result: Callable[[Any], R]) -> R:
+    """Run one statement of the hot path and read ``result`` off its cursor.
+
+    A prepared statement that the server refuses (``_PREPARED_STATEMENT_ERRORS``) did not
+    run, so it is sent once more, unprepared, on Django's own cursor, and this connection
+    prepares nothing more (``_stop_preparing``): psycopg keeps the statement's name after
+    such an error, so every later use would fail the same way. Retrying unprepared rather
+    than deallocating works behind a transaction-mode pooler too, where a ``DEALLOCATE``
+    may reach another server connection. This is what keeps a completion of work that
+    committed from being lost. Inside a transaction nothing can be retried: PostgreSQL
+    aborted it, and the error propagates (its work rolls back).
+    """
+    cursor = _cursor(connection)
+    try:
+        with cursor:
+            cursor.execute(sql, params)
+            return result(cursor)
+    except DatabaseError as error:
+        if not _prepared_statement_refused(connection, error):
+            raise
+        _stop_preparing(connection, error)
+        if connection.in_atomic_block or not connection.get_autocommit():
+            raise
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return result(cursor)
+
+
+def _fetchone(cursor: Any) -> Any:
+    return cursor.fetchone()
+
+
+def _rowcount(cursor: Any) -> int:
+    return int(cursor.rowcount)
+
+
+def _prepared_statement_refused(connection: Any, error: DatabaseError) -> bool:
+    return (
+        connection.vendor == "postgresql"
+        and getattr(error.__cause__, "sqlstate", None) in _PREPARED_STATEMENT_ERRORS
+        and getattr(connection.connection, "prepare_threshold", None) is not None
+    )
+
+
+def _stop_preparing(connection: Any, error: DatabaseError) -> None:
+    """Prepare nothing more on this connection (psycopg's ``prepare_threshold = None``): its
+    next statements are sent unprepared until Django replaces it (``CONN_MAX_AGE``)."""
+    connection.connection.prepare_threshold = None
+    logger.warning(
+        "PostgreSQL refused a prepared statement of the idempotency store (SQLSTATE %s: %s); "
+        "it is sent again unprepared, and this connection prepares nothing more. After a "
+        "schema change this is expected once per connection; otherwise a transaction-mode "
+        "pooler does not keep prepared statements (PgBouncer before 1.21, or "
+        "max_prepared_statements = 0): leave OPTIONS prepare_threshold unset behind it.",
+        getattr(error.__cause__, "sqlstate", None),
+        error,
+    )
 
 
 def _server_binding_cursor(connection: Any, raw: Any) -> Any:

@@ -39,6 +39,7 @@ from idempotency_django.exceptions import (
     KeyMismatch,
     ResponseNotStored,
     StoreUnavailable,
+    WorkNotCommitted,
 )
 from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH, KEY_MAX_LENGTH
 from idempotency_django.responses import StoredResponse
@@ -81,6 +82,12 @@ class TaskResultNotStored(ResponseNotStored):
 class TaskStoreUnavailable(StoreUnavailable):
     """The store failed: the work did not run, or its transaction did not commit.
     Deliver the message again later (``retry_after`` seconds)."""
+
+
+class TaskWorkNotCommitted(WorkNotCommitted):
+    """The work's transaction (``atomic`` mode) failed to commit for a reason of its own (a
+    deferred constraint) and rolled back; the key is released. Delivering the same message
+    again most likely fails the same way: not a failure to retry blindly."""
 
 
 @dataclass(frozen=True)
@@ -256,6 +263,8 @@ class ClaimOnce:
                 f"{self._label}: key {key!r} already ran, but its result was larger than "
                 "MAX_RESPONSE_BYTES and was not stored."
             )
+        if isinstance(error, WorkNotCommitted):
+            return TaskWorkNotCommitted(f"{self._label}: {error.detail}")
         if isinstance(error, StoreUnavailable):
             return TaskStoreUnavailable(
                 f"{self._label}: {error.detail}", retry_after=error.retry_after

@@ -51,3 +51,15 @@ def orphan(request: HttpRequest) -> HttpResponse:
     effect = SideEffect.objects.create(label="orphan")
     DeferredChild.objects.create(parent_id=data.get("parent", effect.pk))
     return JsonResponse({"effect": effect.pk}, status=201)
+
+
+@idempotent
+def orphan_in_store(request: HttpRequest) -> HttpResponse:
+    """Writes its effect in ``default`` and, with ``{"parent": <missing>}``, a row in the
+    store's own database whose foreign key fails that database's COMMIT (PostgreSQL): the
+    work's transaction commits, then the store's fails."""
+    data = json.loads(request.body or b"{}")
+    effect = SideEffect.objects.create(label="orphan_in_store")
+    if "parent" in data:
+        DeferredChild.objects.using("store").create(parent_id=data["parent"])
+    return JsonResponse({"effect": effect.pk}, status=201)

@@ -286,6 +286,24 @@ def test_a_mistake_of_the_callers_is_raised_at_once(make: Make, error: type[Exce
     assert len(script.requests) == 1
 
 
+def test_work_not_committed_is_final_even_where_its_status_is_retried(
+    make: Make, fake_time: FakeTime
+) -> None:
+    """The server's own word that the work failed to commit and rolled back: sending it
+    again would fail the same way, whatever the policy retries."""
+    failed = problem(500, "urn:idempotency-django:problem:work-not-committed")
+    client, script = make(
+        failed, created(), policy=RetryPolicy(retry_statuses=frozenset({500, 503}))
+    )
+
+    result = client.post("/charges/", key=KEY, json=BODY)
+
+    assert result.response is failed
+    assert result.attempts == 1
+    assert len(script.requests) == 1
+    assert fake_time.sleeps == []
+
+
 def test_should_retry_can_be_overridden(make: Make) -> None:
     class RetryServerErrors(IdempotentClient):
         def should_retry(self, response: httpx.Response) -> bool:

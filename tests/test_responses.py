@@ -20,6 +20,7 @@ from idempotency_django.exceptions import (
     KeyMissing,
     ResponseNotStored,
     StoreUnavailable,
+    WorkNotCommitted,
 )
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import (
@@ -310,6 +311,7 @@ EXPECTED = [
     pytest.param(InFlight, 409, "in-flight", id="InFlight"),
     pytest.param(ResponseNotStored, 409, "response-not-stored", id="ResponseNotStored"),
     pytest.param(StoreUnavailable, 503, "store-unavailable", id="StoreUnavailable"),
+    pytest.param(WorkNotCommitted, 500, "work-not-committed", id="WorkNotCommitted"),
 ]
 
 

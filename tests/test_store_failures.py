@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import InterfaceError, OperationalError, connection
+from django.db import InterfaceError, OperationalError, connection, connections
 from django.test import RequestFactory
 
+from idempotency_django import signals
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.tasks import TaskInFlight, idempotent_task
 from tests import views
@@ -129,3 +130,79 @@ def test_a_task_whose_connection_died_keeps_its_key() -> None:
         task_dies_mid_write("msg-1")
     assert effects("task_dies_mid_write") == 1
     assert IdempotencyRecord.objects.get().state == IdempotencyRecord.State.IN_PROGRESS
+
+
+# --- a statement timeout is not a duplicate in flight (issue 17, item 8) ----------------------
+
+
+@pytest.fixture
+def statement_timeout(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This thread's connections give up on a statement after 300 ms."""
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    if connection.vendor == "postgresql":
+        monkeypatch.setitem(options, "options", "-c statement_timeout=300")
+    else:
+        monkeypatch.setitem(options, "init_command", "SET SESSION max_statement_time = 0.3")
+    connection.close()  # the next connection takes the option
+    yield
+    connection.close()
+
+
+@pytest.fixture
+def records_table_locked() -> Iterator[Callable[[], None]]:
+    """Another connection holds a lock on the records table (a migration, an operator's
+    ``LOCK TABLE``): nobody holds any key. Yields the function that unlocks it."""
+    table = IdempotencyRecord._meta.db_table
+    other = connections.create_connection("default")
+    other.ensure_connection()
+    with other.cursor() as cursor:
+        if other.vendor == "postgresql":
+            other.set_autocommit(False)
+            cursor.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        else:
+            cursor.execute(f"LOCK TABLES {table} WRITE")
+
+    def unlock() -> None:
+        if other.connection is None:
+            return
+        if other.vendor == "postgresql":
+            other.rollback()
+        else:
+            with other.cursor() as cursor:
+                cursor.execute("UNLOCK TABLES")
+        other.close()
+
+    yield unlock
+    unlock()
+
+
+def test_a_claim_that_times_out_on_a_locked_table_is_a_503_and_signalled(
+    alice: User,
+    post: Post,
+    settings: Any,
+    statement_timeout: None,
+    records_table_locked: Callable[[], None],
+) -> None:
+    """Not 409 "still being processed": no request holds the key. The store cannot serve
+    now: 503 with Retry-After, ``store_unavailable`` sent, never a fail-open run."""
+    settings.IDEMPOTENCY = {"ON_STORE_ERROR": "open"}
+    sent: list[dict[str, Any]] = []
+
+    def receiver(**kwargs: Any) -> None:
+        sent.append(kwargs)
+
+    signals.store_unavailable.connect(receiver)
+    try:
+        refused = post("/effect/", {"amount": 1})
+    finally:
+        signals.store_unavailable.disconnect(receiver)
+    records_table_locked()
+
+    assert refused.status_code == 503
+    assert refused["Retry-After"] == "1"
+    assert json.loads(refused.content)["type"].endswith("store-unavailable")
+    assert [(s["key"], s["policy"], s["kind"]) for s in sent] == [("k1", "closed", "other")]
+    assert effects() == 0
+    # The key was free all along: once the lock is gone, it runs.
+    assert post("/effect/", {"amount": 1}).status_code == 201
+    assert effects() == 1

@@ -9,6 +9,7 @@ The rest of the store's behaviour under prepared statements is the rest of the s
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -205,3 +206,104 @@ def test_once_prepared_a_request_makes_no_more_round_trips_than_unprepared(
     assert (created.status_code, replayed["Idempotent-Replayed"]) == (201, "true")
     assert first - unprotected == 2  # the claim, the completion
     assert again - unprotected == 0, sent  # the claim instead of the view's INSERT
+
+
+# --- statements the server refuses (issue 17 item 7, issue 21 item 1) -------------------------
+
+
+def _from_another_connection(sql: str) -> None:
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute(sql)
+    finally:
+        other.close()
+
+
+def test_a_column_type_changed_under_prepared_statements_costs_no_request(
+    alice: User, post: Post, threshold: Callable[[Any], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A migration run by another process changes a column's type: PostgreSQL refuses the
+    statements this connection prepared before (0A000, "cached plan must not change result
+    type"). They are sent again unprepared: no request of this connection gets a 503."""
+    threshold(0)
+    assert post("/effect/", {"amount": 1}, key="before").status_code == 201
+    table = IdempotencyRecord._meta.db_table
+    _from_another_connection(f"ALTER TABLE {table} ALTER COLUMN response_status TYPE bigint")
+    try:
+        with caplog.at_level(logging.WARNING, logger="idempotency_django"):
+            first = post("/effect/", {"amount": 1}, key="after")
+            replay = post("/effect/", {"amount": 1}, key="after")
+            older = post("/effect/", {"amount": 1}, key="before")
+    finally:
+        _from_another_connection(f"ALTER TABLE {table} ALTER COLUMN response_status TYPE integer")
+
+    assert first.status_code == 201
+    assert replay["Idempotent-Replayed"] == "true"
+    assert older["Idempotent-Replayed"] == "true"
+    assert effects() == 2
+    assert "0A000" in caplog.text
+
+
+def test_a_completion_whose_prepared_statement_the_server_forgot_is_stored(
+    alice: User, post: Post, threshold: Callable[[Any], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Behind a transaction-mode pooler without prepared-statement support, the completion's
+    prepared statement may not exist on the server connection it reaches (26000) after the
+    work committed. Retried unprepared, the outcome is stored: the retry is a replay, not a
+    second run once the lease lapses."""
+    threshold(0)
+    assert post("/effect/", {}, key="warm").status_code == 201  # prepares the statements
+
+    with caplog.at_level(logging.WARNING, logger="idempotency_django"):
+        first = post("/forgets-prepared-statements/", {}, key="k1")
+    retry = post("/forgets-prepared-statements/", {}, key="k1")
+
+    assert first.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    assert effects("forgets_prepared_statements") == 1
+    assert IdempotencyRecord.objects.get(key="k1").state == IdempotencyRecord.State.COMPLETED
+    assert "26000" in caplog.text
+
+
+def test_a_prepared_statement_name_taken_on_the_server_costs_no_request(
+    alice: User, post: Post, threshold: Callable[[Any], None]
+) -> None:
+    """Behind such a pooler, the server connection may already hold another client's
+    statement of the name psycopg picks (42P05, "already exists")."""
+    threshold(0)
+    connection.ensure_connection()
+    connection.connection.pgconn.exec_(b"PREPARE _pg3_0 AS SELECT 1")  # psycopg's first name
+
+    first = post("/effect/", {"amount": 1}, key="k1")
+    replay = post("/effect/", {"amount": 1}, key="k1")
+
+    assert first.status_code == 201
+    assert replay["Idempotent-Replayed"] == "true"
+    assert effects() == 1
+
+
+def test_inside_the_request_transaction_a_forgotten_statement_rolls_back_once(
+    alice: User,
+    post: Post,
+    threshold: Callable[[Any], None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under ATOMIC_REQUESTS the completion runs in the work's transaction, which PostgreSQL
+    aborts on the error: nothing can be retried in it. The work rolls back, the answer is a
+    503 and the key is free (the rollback is certain); the connection prepares nothing more,
+    so the retry runs once and is stored."""
+    monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
+    threshold(0)
+    assert post("/effect/", {}, key="warm").status_code == 201  # prepares the statements
+
+    failed = post("/forgets-prepared-statements/", {}, key="k1")
+    retry = post("/forgets-prepared-statements/", {}, key="k1")
+    replay = post("/forgets-prepared-statements/", {}, key="k1")
+
+    assert failed.status_code == 503
+    assert json.loads(failed.content)["type"].endswith("store-unavailable")
+    assert retry.status_code == 201
+    assert replay["Idempotent-Replayed"] == "true"
+    assert effects("forgets_prepared_statements") == 1  # its first work rolled back

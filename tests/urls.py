@@ -33,9 +33,11 @@ urlpatterns = [
     path("async-receipt/", views.async_receipt),
     path("loses-its-connection/", views.loses_its_connection),
     path("dies-mid-write/", views.dies_mid_write),
+    path("forgets-prepared-statements/", views.forgets_prepared_statements),
     path("", include("tests.drf_urls")),
     path("api/atomic-charge/", atomicity_views.AtomicChargeView.as_view()),
     path("api/writes-then-fails/", atomicity_views.WritesThenFailsView.as_view()),
     path("orphan/", atomicity_views.orphan),
     *slash_optional.urls,
+    path("orphan-in-store/", atomicity_views.orphan_in_store),
 ]

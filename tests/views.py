@@ -216,6 +216,18 @@ def loses_its_connection(request: HttpRequest) -> HttpResponse:
 
 
 @idempotent
+def forgets_prepared_statements(request: HttpRequest) -> HttpResponse:
+    """Does its work, then the server forgets the connection's prepared statements behind
+    psycopg's back, as a transaction-mode pooler does when the next transaction lands on
+    another server connection: the completion's prepared statement no longer exists."""
+    from django.db import connection
+
+    effect = SideEffect.objects.create(label="forgets_prepared_statements")
+    connection.connection.pgconn.exec_(b"DEALLOCATE ALL")  # unseen by psycopg
+    return JsonResponse({"effect": effect.pk}, status=201)
+
+
+@idempotent
 def dies_mid_write(request: HttpRequest) -> HttpResponse:
     """Writes, then its connection dies before the view hears back: the outcome is unknown."""
     SideEffect.objects.create(label="dies_mid_write")
