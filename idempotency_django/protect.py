@@ -8,6 +8,7 @@ lifecycle's result back into a response.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
@@ -26,6 +27,7 @@ from idempotency_django.exceptions import (
     AnonymousNotAllowed,
     BodyTooLarge,
     IdempotencyError,
+    InFlight,
     KeyMissing,
 )
 from idempotency_django.models import (
@@ -325,14 +327,18 @@ def protect(
         return error_response(error)
     if guard is None:
         return lifecycle.unprotected(request_transactions, call_view)
+    held = _claims_held(request)
+    if guard.scope in held:
+        refused = _nested(held, guard.scope, error_response)
+        return call_view() if refused is None else refused
     request.idempotency_scope = guard.scope  # type: ignore[attr-defined]
+
+    def work() -> HttpResponseBase:
+        with _holding(held, guard.scope):
+            return _rendered(call_view())
+
     result = lifecycle.run(
-        guard.scope,
-        guard.fingerprint,
-        guard.policy,
-        lambda: _rendered(call_view()),
-        guard.outcome,
-        request_transactions,
+        guard.scope, guard.fingerprint, guard.policy, work, guard.outcome, request_transactions
     )
     return respond(result, error_response)
 
@@ -352,11 +358,63 @@ async def aprotect(
         return error_response(error)
     if guard is None:
         return await call_view()
+    held = _claims_held(request)
+    if guard.scope in held:
+        refused = _nested(held, guard.scope, error_response)
+        return await call_view() if refused is None else refused
     request.idempotency_scope = guard.scope  # type: ignore[attr-defined]
+
+    async def work() -> HttpResponseBase:
+        with _holding(held, guard.scope):
+            return await call_view()
+
     result = await lifecycle.arun(
-        guard.scope, guard.fingerprint, guard.policy, call_view, _rendered_outcome(guard)
+        guard.scope, guard.fingerprint, guard.policy, work, _rendered_outcome(guard)
     )
     return respond(result, error_response)
+
+
+# -- nested layers of one request -----------------------------------------------------------
+#
+# One request can meet several protecting layers: the middleware, then an ``@idempotent``
+# view under a decorator that dropped its marker; a view that calls an ``@idempotent``
+# function. The scopes whose claim this request holds are kept on the request while their
+# work runs (the ``HttpRequest`` under DRF's ``Request``): an inner layer of the same scope
+# (account, endpoint, key) runs inside the outer claim, which governs (its options, its
+# stored outcome), once. A layer of another scope claims its own key, as any caller would.
+
+
+def _claims_held(request: HttpRequest) -> dict[engine.Scope, bool]:
+    """Scope → whether an inner layer has already run under that claim."""
+    inner = getattr(request, "_request", None)
+    base = inner if isinstance(inner, HttpRequest) else request
+    held: dict[engine.Scope, bool] = base.__dict__.setdefault("_idempotency_claims", {})
+    return held
+
+
+@contextlib.contextmanager
+def _holding(held: dict[engine.Scope, bool], scope: engine.Scope) -> Iterator[None]:
+    held[scope] = False
+    try:
+        yield
+    finally:
+        del held[scope]
+
+
+def _nested(
+    held: dict[engine.Scope, bool], scope: engine.Scope, error_response: ErrorResponse
+) -> HttpResponseBase | None:
+    """``None``: run the inner layer's work under the outer claim. A second inner run under
+    the same claim would do the work twice for one key: it is refused as in flight."""
+    if held[scope]:
+        return error_response(
+            InFlight(
+                "This request already ran the work of this Idempotency-Key once; a second "
+                "protected call under the same claim is refused."
+            )
+        )
+    held[scope] = True
+    return None
 
 
 def respond(
