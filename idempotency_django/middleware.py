@@ -24,8 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.http import HttpRequest, HttpResponseBase
+from django.utils.module_loading import import_string
 
 from idempotency_django.conf import conf
 from idempotency_django.protect import ViewOptions, aprotect, protect
@@ -56,14 +59,15 @@ class IdempotencyMiddleware:
 
     Place it after ``AuthenticationMiddleware`` and after every middleware that has a
     ``process_view`` (``CsrfViewMiddleware``): a protected view is answered from here,
-    so the ``process_view`` of a middleware listed later would not run (system checks
-    E012 and E013 say so at startup).
+    so the ``process_view`` of a middleware listed later would not run: the server
+    refuses to start then (and system check E013 says so); E012 checks the first.
     """
 
     sync_capable = True
     async_capable = True
 
     def __init__(self, get_response: GetResponse) -> None:
+        _refuse_unsafe_position(type(self))
         self.get_response = get_response
         self.async_mode = iscoroutinefunction(get_response)
         self.process_view: Callable[..., Any]
@@ -149,6 +153,41 @@ def _request_transactions(view: View) -> list[str]:
         for alias in connections
         if connections[alias].settings_dict.get("ATOMIC_REQUESTS") and alias not in opted_out
     ]
+
+
+def _refuse_unsafe_position(middleware: type) -> None:
+    """Refuse to start below a middleware that has a ``process_view``.
+
+    A protected view is answered from this ``process_view``, so theirs would never run:
+    listed after it, ``CsrfViewMiddleware`` lets a keyed POST without a token through.
+    System checks say so, but servers do not run checks; Django builds the middleware
+    chain when the server starts (from the last entry up), so this is that moment.
+    """
+    entries = [str(path) for path in getattr(settings, "MIDDLEWARE", None) or ()]
+    position = next(
+        (index for index, path in enumerate(entries) if _imported(path) is middleware), None
+    )
+    if position is None:  # built by hand (a test, a wrapper): nothing to compare with
+        return
+    later = [path for path in entries[position + 1 :] if _has_process_view(_imported(path))]
+    if later:
+        raise ImproperlyConfigured(
+            f"{entries[position]} comes before {', '.join(later)} in MIDDLEWARE, whose "
+            "process_view would never run for a view it protects (a CSRF check skipped). "
+            "Put it after every middleware that has a process_view: last in MIDDLEWARE "
+            "is safe."
+        )
+
+
+def _imported(path: str) -> Any:
+    try:
+        return import_string(path)
+    except ImportError:  # Django reports a middleware it cannot import itself
+        return None
+
+
+def _has_process_view(middleware: Any) -> bool:
+    return middleware is not None and callable(getattr(middleware, "process_view", None))
 
 
 # -- deciding what to do with a view -------------------------------------------------------
