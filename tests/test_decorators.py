@@ -669,3 +669,38 @@ def test_a_retried_completion_is_not_reported_lost(
     with caplog.at_level(logging.ERROR, logger="idempotency_django"):
         assert engine.complete(claim, StoredResponse(201, b"{}"))
     assert "claim lost" not in caplog.text
+
+
+# --- refused at decoration time, not at the first request -------------------------------------
+
+
+def test_a_drf_view_class_is_refused_with_a_pointer_to_the_mixin() -> None:
+    """The README promises the refusal; without it the class became a function, and the
+    URLconf failed with "'function' object has no attribute 'as_view'"."""
+    from rest_framework.views import APIView
+    from rest_framework.viewsets import ViewSet
+
+    from idempotency_django.decorators import idempotent
+
+    class ChargeView(APIView):
+        pass
+
+    class ChargeViewSet(ViewSet):
+        pass
+
+    with pytest.raises(TypeError, match=r"ChargeView.*IdempotentMixin"):
+        idempotent(ChargeView)
+    with pytest.raises(TypeError, match=r"ChargeViewSet.*IdempotentMixin"):
+        idempotent(ttl_seconds=3600)(ChargeViewSet)
+
+
+def test_a_django_view_class_is_refused_with_a_pointer_to_method_decorator() -> None:
+    from django.views import View
+
+    from idempotency_django.decorators import idempotent
+
+    class ChargeView(View):
+        pass
+
+    with pytest.raises(TypeError, match=r"method_decorator\(idempotent, name='dispatch'\)"):
+        idempotent(ChargeView)
