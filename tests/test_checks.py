@@ -254,3 +254,26 @@ def test_e011_idempotent_on_a_drf_view_method(settings: Any) -> None:
     assert [error.id for error in errors] == ["idempotency_django.E011"]
     assert "DecoratedAction.post" in errors[0].msg
     assert "IdempotentMixin" in (errors[0].hint or "")
+
+
+def test_misspelled_drf_idempotency_configuration_is_an_error(settings: Any) -> None:
+    """E020: a misspelled attribute or action on a routed DRF view protected nothing, and
+    no request failed to say so."""
+    from idempotency_django.checks import check_drf_view_attributes
+
+    settings.ROOT_URLCONF = "tests.drf_typo_urls"
+    errors = check_drf_view_attributes()
+
+    assert {error.id for error in errors} == {"idempotency_django.E020"}
+    messages = sorted(error.msg for error in errors)
+    assert len(messages) == 3
+    assert "PlainChargeViewSet has 'idempotency_mod'" in messages[0]
+    assert "PlainChargeViewSet.idempotency_actions names 'craete'" in messages[1]
+    assert "RefundViewSet.idempotency_actions names 'refnud'" in messages[2]
+    assert not any("RightViewSet" in message for message in messages)
+
+
+def test_the_check_command_reports_a_misspelled_action(settings: Any) -> None:
+    settings.ROOT_URLCONF = "tests.drf_typo_urls"
+    with pytest.raises(SystemCheckError, match=r"idempotency_django\.E020.*'craete'"):
+        call_command("check")
