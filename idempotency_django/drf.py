@@ -66,6 +66,11 @@ _KNOWN_ATTRIBUTES = frozenset(
         "get_idempotency_options",
     }
 )
+_ANONYMOUS = (
+    "Authenticate to use an Idempotency-Key on this endpoint. (The key belongs to the user "
+    "that the view's authentication_classes authenticate, and none did: require "
+    "authentication in permission_classes, or override get_idempotency_account.)"
+)
 _STANDARD_ACTIONS = ("list", "create", "retrieve", "update", "partial_update", "destroy")
 
 
@@ -186,7 +191,7 @@ class IdempotentMixin:
         }
         if "fingerprint_fields" in values:
             values["fingerprint_fields"] = list(values["fingerprint_fields"])
-        return ViewOptions(**values, **extra, label=label)
+        return ViewOptions(**values, **extra, label=label, anonymous_detail=_ANONYMOUS)
 
     def get_idempotency_options(self) -> ViewOptions:
         """The options for the current request; override to vary them per action."""

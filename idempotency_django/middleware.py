@@ -51,6 +51,12 @@ class _Plan:
     exempt_methods: frozenset[str] = frozenset()  # whose handler is @idempotency_exempt
 
 
+_ANONYMOUS = (
+    "Authenticate to use an Idempotency-Key on this endpoint. (IdempotencyMiddleware claims "
+    "before the view runs, for the user of the authentication middleware listed before it; "
+    "a view that authenticates inside itself needs @idempotent under its own authentication.)"
+)
+
 _plans: weakref.WeakKeyDictionary[Any, _Plan] = weakref.WeakKeyDictionary()
 
 
@@ -240,7 +246,8 @@ def _make_plan(view: View) -> _Plan:
             return _Plan(_LEAVE)
         return _Plan(_DRF, view=_with_mixin(view, cls), exempt_methods=exempt)
     label = f"IdempotencyMiddleware on {_name(view)}"
-    return _Plan(_PLAIN, options=ViewOptions(label=label), exempt_methods=exempt)
+    options = ViewOptions(label=label, anonymous_detail=_ANONYMOUS)
+    return _Plan(_PLAIN, options=options, exempt_methods=exempt)
 
 
 def _marked(obj: Any, marker: str) -> bool:

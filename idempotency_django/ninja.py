@@ -51,6 +51,11 @@ from idempotency_django.responses import problem_response
 Func = TypeVar("Func", bound=Callable[..., Any])
 
 _MARK = "_idempotency_options"
+_ANONYMOUS = (
+    "Authenticate to use an Idempotency-Key on this endpoint. (The key belongs to the caller "
+    "that the operation's auth= authenticates, and none did: give the operation auth=, or "
+    "the account= option.)"
+)
 
 
 def auth_account(request: HttpRequest) -> str | None:
@@ -94,6 +99,7 @@ def _options(given: Mapping[str, Any], label: str) -> ViewOptions:
     """``@idempotent``'s options, validated as its are; the account defaults to ``_account``."""
     values = {name: value for name, value in given.items() if value is not _UNSET}
     values.setdefault("account", _account)
+    values.setdefault("anonymous_detail", _ANONYMOUS)
     return options_from(values, label)
 
 

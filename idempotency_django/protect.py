@@ -84,6 +84,11 @@ class ViewOptions:
     key: Callable[[Any], str | None] | None = None
     on_disconnect: str = _UNSET
     label: str = "@idempotent"
+    # The 403's detail: where the account comes from differs per adapter (set by each).
+    anonymous_detail: str = (
+        "Authenticate to use an Idempotency-Key on this endpoint. (If the view does "
+        "authenticate, apply its authentication outside @idempotent, so that it runs first.)"
+    )
 
     def __post_init__(self) -> None:
         for name, setting in _VALIDATED.items():
@@ -267,11 +272,7 @@ class Guard:
         if account is None:
             if resolved.anonymous == "bypass":
                 return None
-            raise AnonymousNotAllowed(
-                "Authenticate to use an Idempotency-Key on this endpoint. (If the view does "
-                "authenticate, apply its authentication outside @idempotent, so that it runs "
-                "first.)"
-            )
+            raise AnonymousNotAllowed(options.anonymous_detail)
         endpoint = resolved.endpoint(request)
         try:
             fingerprint = resolved.fingerprint(

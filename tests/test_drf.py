@@ -291,3 +291,32 @@ def test_idempotency_actions_that_would_protect_nothing_are_refused(
     base = ViewSet if bases == "viewset" else APIView
     with pytest.raises(ImproperlyConfigured, match=match):
         type("Charges", (IdempotentMixin, base), {"idempotency_actions": actions})
+
+
+@pytest.mark.django_db
+def test_the_anonymous_403_speaks_of_drf_authentication() -> None:
+    """A view that lets anonymous callers through: the key has no account to belong to,
+    and the detail points at DRF's authentication, not at a decorator's order."""
+    from rest_framework.permissions import AllowAny
+    from rest_framework.response import Response
+    from rest_framework.test import APIRequestFactory
+    from rest_framework.views import APIView
+
+    from idempotency_django.drf import IdempotentMixin
+
+    class OpenCharges(IdempotentMixin, APIView):
+        authentication_classes: list[Any] = []
+        permission_classes = [AllowAny]
+
+        def post(self, request: Any) -> Response:
+            raise AssertionError("an anonymous key never runs the view")
+
+    request = APIRequestFactory().post(
+        "/open/", {"amount": 1}, format="json", HTTP_IDEMPOTENCY_KEY="k1"
+    )
+    refused = OpenCharges.as_view()(request)
+
+    assert refused.status_code == 403
+    detail = json.loads(refused.content)["detail"]
+    assert "authentication_classes" in detail
+    assert "outside @idempotent" not in detail

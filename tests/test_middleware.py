@@ -86,6 +86,16 @@ def test_a_malformed_key_and_an_anonymous_caller_are_refused(post: Post, alice: 
     assert effects("mw_plain") == 0
 
 
+def test_the_anonymous_403_speaks_of_the_middleware(post: Post, alice: User) -> None:
+    """No decorator here to move: the detail says where the middleware finds the user."""
+    refused = post("/mw/plain/", {"amount": 1}, user=None)
+
+    assert refused.status_code == 403
+    detail = problem(refused)["detail"]
+    assert "IdempotencyMiddleware" in detail
+    assert "outside @idempotent" not in detail
+
+
 def test_a_duplicate_while_the_first_runs_is_a_409(
     alice: User, post: Post, monkeypatch: pytest.MonkeyPatch
 ) -> None:

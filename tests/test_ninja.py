@@ -172,6 +172,8 @@ def test_without_ninja_auth_the_django_user_is_the_account(client: Client, alice
     assert again["Idempotent-Replayed"] == "true"
     assert anonymous.status_code == 403
     assert anonymous.json()["type"] == "urn:idempotency-django:problem:anonymous"
+    assert "auth=" in anonymous.json()["detail"]  # ninja's way in, not a decorator's order
+    assert "outside @idempotent" not in anonymous.json()["detail"]
     assert effects("ninja-session") == 1
 
 
