@@ -11,8 +11,13 @@ A Django REST framework view authenticates inside itself: it is run as a subclas
 mixes in ``IdempotentMixin`` (made once per view), so its claim happens after DRF's
 authentication, permissions and throttles, scoped to the DRF-authenticated user.
 
+django-ninja also authenticates inside its view: the middleware marks the request, and the
+operation claims it after ninja's auth, through the ninja adapter (``protect_under_middleware``).
+
 A view decorated with ``@idempotent``, or a DRF view that already uses the mixin, is left
-to its own protection (protected once, not twice); ``@idempotency_exempt`` and the
+to its own protection (protected once, not twice); one whose decorator is hidden (a wrapper
+without ``functools.wraps``) is claimed here, and its ``@idempotent`` runs inside that claim
+(``protect.py``: nested layers of one scope). ``@idempotency_exempt`` and the
 ``EXEMPT_URL_NAMES`` setting leave a view unprotected.
 """
 
@@ -40,6 +45,7 @@ View = Callable[..., Any]
 _NINJA_VIEWS = "ninja.operation"  # the module of every view django-ninja routes to
 _LEAVE = "leave"  # exempt, or protected by its own decorator or mixin
 _PLAIN = "plain"  # a Django view: the middleware protects it
+_NINJA = "ninja"  # a django-ninja view: marked here, claimed by its operation after ninja's auth
 _DRF = "drf"  # a DRF view without the mixin: run through a subclass that has it
 
 
@@ -94,6 +100,9 @@ class IdempotencyMiddleware:
         plan = _plan_for(request, view)
         if plan is None:
             return None
+        if plan.action == _NINJA:
+            _mark_for_ninja(request)
+            return None  # Django calls the view: ninja authenticates, the operation claims
         if plan.view is not None:  # DRF: the mixin reopens ATOMIC_REQUESTS itself
             return plan.view(request, *args, **kwargs)  # type: ignore[no-any-return]
         assert plan.options is not None
@@ -111,6 +120,9 @@ class IdempotencyMiddleware:
         plan = _plan_for(request, view)
         if plan is None:
             return None
+        if plan.action == _NINJA:
+            _mark_for_ninja(request)
+            return None  # Django calls the view: ninja authenticates, the operation claims
         if plan.view is not None:
             drf_view = plan.view
             return await sync_to_async(drf_view, thread_sensitive=True)(request, *args, **kwargs)  # type: ignore[no-any-return]
@@ -148,6 +160,12 @@ async def _aprotect_view(
         return view(request, *args, **kwargs)  # type: ignore[no-any-return]
 
     return await aprotect(request, call_view, options)
+
+
+def _mark_for_ninja(request: HttpRequest) -> None:
+    from idempotency_django.ninja import UNDER_MIDDLEWARE
+
+    request.__dict__[UNDER_MIDDLEWARE] = True
 
 
 def _request_transactions(view: View) -> list[str]:
@@ -237,8 +255,18 @@ def _make_plan(view: View) -> _Plan:
         return _Plan(_LEAVE)
     if getattr(view, "__module__", None) == _NINJA_VIEWS:
         # django-ninja authenticates inside its view, like DRF: a claim here would come
-        # before that authentication. Its operations are protected by idempotency_django.ninja.
-        return _Plan(_LEAVE)
+        # before that authentication. Its operations claim, after ninja's auth, the
+        # requests this middleware marks (idempotency_django.ninja).
+        from idempotency_django.ninja import protect_under_middleware
+
+        if not protect_under_middleware(view):
+            raise ImproperlyConfigured(
+                f"IdempotencyMiddleware cannot find the django-ninja operations behind "
+                f"{_name(view)} to protect them (an unsupported django-ninja version?). "
+                "Protect them with idempotency_django.ninja.IdempotentRouter, or exempt the "
+                "API's URL names in IDEMPOTENCY['EXEMPT_URL_NAMES']."
+            )
+        return _Plan(_NINJA)
     exempt = _exempt_methods(view, cls)
     drf = _drf_classes()
     if drf is not None and isinstance(cls, type) and issubclass(cls, drf[0]):

@@ -31,6 +31,7 @@ import copy
 import functools
 import hashlib
 import re
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -39,7 +40,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Model
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from ninja import Router
-from ninja.operation import Operation
+from ninja.operation import Operation, PathView
 from ninja.utils import contribute_operation_callback
 
 from idempotency_django import contract, keys
@@ -249,6 +250,73 @@ def _protected(
     return view
 
 
+# -- under IdempotencyMiddleware -------------------------------------------------------------
+
+# Set on a request by the middleware: protect it in the operation, after ninja's auth.
+UNDER_MIDDLEWARE = "_idempotency_under_middleware"
+_hooking = threading.Lock()
+
+
+def protect_under_middleware(view: Callable[..., Any]) -> bool:
+    """Make the operations behind one ninja URL view protect the requests that
+    ``IdempotencyMiddleware`` hands them; ``False`` when ``view`` is not one we can read.
+
+    django-ninja authenticates inside its view, so a claim in the middleware would come
+    before that authentication (every caller anonymous). Instead each operation's function
+    is wrapped, once, as ``@idempotent`` would wrap it, and protects a request only when the
+    middleware marked it (``UNDER_MIDDLEWARE``): the middleware still decides per request
+    (``METHODS``, ``EXEMPT_URL_NAMES``, ``ENABLED``), and without it nothing changes.
+    Operations that protect themselves (``@idempotent``, ``IdempotentRouter``), are
+    ``@idempotency_exempt``, or stream their response are left as they are.
+    """
+    path_view = None
+    for cell in getattr(view, "__closure__", None) or ():
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # pragma: no cover - an empty cell
+            continue
+        if isinstance(contents, PathView):
+            path_view = contents
+    if path_view is None:
+        return False
+    with _hooking:
+        for operation in path_view.operations:
+            func = operation.view_func
+            if (
+                operation.__dict__.get(UNDER_MIDDLEWARE)
+                or _MARK in getattr(func, "__dict__", {})
+                or getattr(func, "idempotency_exempt", False)
+                or operation.stream_format is not None
+            ):
+                continue
+            operation.view_func = _when_marked(operation, func)
+            operation.__dict__[UNDER_MIDDLEWARE] = True
+    return True
+
+
+def _when_marked(operation: Operation, func: Callable[..., Any]) -> Callable[..., Any]:
+    label = f"IdempotencyMiddleware on ninja operation {getattr(func, '__qualname__', func)}"
+    protected = _protected(operation, func, {}, label)
+
+    if iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def async_view(request: HttpRequest, **values: Any) -> Any:
+            if request.__dict__.get(UNDER_MIDDLEWARE):
+                return await protected(request, **values)
+            return await func(request, **values)
+
+        return async_view
+
+    @functools.wraps(func)
+    def view(request: HttpRequest, **values: Any) -> Any:
+        if request.__dict__.get(UNDER_MIDDLEWARE):
+            return protected(request, **values)
+        return func(request, **values)
+
+    return view
+
+
 def error_response(
     operation: Operation, request: HttpRequest, error: IdempotencyError
 ) -> HttpResponseBase:
@@ -313,4 +381,4 @@ class _SchemaExtra(Mapping[str, Any]):
         return len(self._build())
 
 
-__all__ = ["IdempotentRouter", "auth_account", "idempotent"]
+__all__ = ["IdempotentRouter", "auth_account", "idempotent", "protect_under_middleware"]
