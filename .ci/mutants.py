@@ -465,10 +465,8 @@ MUTANTS = [
         "nested-claims-again",
         "an inner @idempotent of the request's own scope claims again: 409 forever",
         "protect.py",
-        "    if guard.scope in held:\n"
-        "        refused = _nested(held, guard.scope, error_response)\n"
-        "        return call_view() if refused is None else refused\n",
-        "",
+        "        with _inner(held, guard.scope):\n            return call_view()\n",
+        "        pass\n",
         (
             "test_middleware.py::test_an_inner_idempotent_layer_runs_once_under_the_middlewares_claim",
         ),
@@ -477,10 +475,8 @@ MUTANTS = [
         "nested-claims-again-async",
         "an inner async @idempotent of the request's own scope claims again: 409 forever",
         "protect.py",
-        "    if guard.scope in held:\n"
-        "        refused = _nested(held, guard.scope, error_response)\n"
-        "        return await call_view() if refused is None else refused\n",
-        "",
+        "        with _inner(held, guard.scope):\n            return await call_view()\n",
+        "        pass\n",
         (
             "test_middleware.py::test_under_asgi_an_inner_idempotent_layer_runs_once_under_the_middlewares_claim",
         ),
@@ -489,8 +485,8 @@ MUTANTS = [
         "nested-runs-twice",
         "a view calling an @idempotent function twice under one claim does the work twice",
         "protect.py",
-        "    if held[scope]:",
-        "    if False:",
+        "        held[scope] = True\n",
+        "        pass\n",
         ("test_middleware.py::test_a_second_inner_call_under_one_claim_is_refused",),
     ),
     Mutant(

@@ -330,8 +330,10 @@ def protect(
         return lifecycle.unprotected(request_transactions, call_view)
     held = _claims_held(request)
     if guard.scope in held:
-        refused = _nested(held, guard.scope, error_response)
-        return call_view() if refused is None else refused
+        if held[guard.scope]:
+            return _ran_once(error_response)
+        with _inner(held, guard.scope):
+            return call_view()
     request.idempotency_scope = guard.scope  # type: ignore[attr-defined]
 
     def work() -> HttpResponseBase:
@@ -361,8 +363,10 @@ async def aprotect(
         return await call_view()
     held = _claims_held(request)
     if guard.scope in held:
-        refused = _nested(held, guard.scope, error_response)
-        return await call_view() if refused is None else refused
+        if held[guard.scope]:
+            return _ran_once(error_response)
+        with _inner(held, guard.scope):
+            return await call_view()
     request.idempotency_scope = guard.scope  # type: ignore[attr-defined]
 
     async def work() -> HttpResponseBase:
@@ -382,7 +386,8 @@ async def aprotect(
 # function. The scopes whose claim this request holds are kept on the request while their
 # work runs (the ``HttpRequest`` under DRF's ``Request``): an inner layer of the same scope
 # (account, endpoint, key) runs inside the outer claim, which governs (its options, its
-# stored outcome), once. A layer of another scope claims its own key, as any caller would.
+# stored outcome), once: layers nested in it pass too, a second call after it has returned is
+# refused. A layer of another scope claims its own key, as any caller would.
 
 
 def _claims_held(request: HttpRequest) -> dict[engine.Scope, bool]:
@@ -402,20 +407,24 @@ def _holding(held: dict[engine.Scope, bool], scope: engine.Scope) -> Iterator[No
         del held[scope]
 
 
-def _nested(
-    held: dict[engine.Scope, bool], scope: engine.Scope, error_response: ErrorResponse
-) -> HttpResponseBase | None:
-    """``None``: run the inner layer's work under the outer claim. A second inner run under
-    the same claim would do the work twice for one key: it is refused as in flight."""
-    if held[scope]:
-        return error_response(
-            InFlight(
-                "This request already ran the work of this Idempotency-Key once; a second "
-                "protected call under the same claim is refused."
-            )
+@contextlib.contextmanager
+def _inner(held: dict[engine.Scope, bool], scope: engine.Scope) -> Iterator[None]:
+    """An inner layer running under the outer claim; layers within it pass too (a decorated
+    view calling a decorated function), but once it has returned the work is done."""
+    try:
+        yield
+    finally:
+        held[scope] = True
+
+
+def _ran_once(error_response: ErrorResponse) -> HttpResponseBase:
+    """A second inner run under one claim would do the work twice for one key."""
+    return error_response(
+        InFlight(
+            "This request already ran the work of this Idempotency-Key once; a second "
+            "protected call under the same claim is refused."
         )
-    held[scope] = True
-    return None
+    )
 
 
 def respond(

@@ -31,6 +31,7 @@ urlpatterns = [
     # Nested layers of one scope: claimed by the middleware, met again inside the view.
     path("mw/wrapped/", middleware_views.wrapped),
     path("mw/calls-charge/", middleware_views.calls_charge),
+    path("mw/wrapped-calls-charge/", middleware_views.wrapped_calls_charge),
     path("mw/calls-charge-twice/", middleware_views.calls_charge_twice),
     path("mw/calls-another-scope/", middleware_views.calls_another_scope),
     path("mw/async-wrapped/", middleware_views.async_wrapped),

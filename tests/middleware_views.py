@@ -193,6 +193,13 @@ def calls_charge(request: HttpRequest) -> HttpResponse:
     return charge(request)
 
 
+@without_wraps
+@idempotent
+def wrapped_calls_charge(request: HttpRequest) -> HttpResponse:
+    """Three layers of one scope: the middleware, the view's hidden @idempotent, charge's."""
+    return charge(request)
+
+
 def calls_charge_twice(request: HttpRequest) -> HttpResponse:
     first = charge(request)
     second = charge(request)

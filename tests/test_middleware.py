@@ -268,6 +268,7 @@ def test_a_decorated_view_is_protected_once(alice: User, post: Post, path: str, 
     [
         ("/mw/wrapped/", "mw_wrapped"),  # @idempotent under a decorator without functools.wraps
         ("/mw/calls-charge/", "mw_charge"),  # an undecorated view calling an @idempotent function
+        ("/mw/wrapped-calls-charge/", "mw_charge"),  # both: three layers of one scope
     ],
 )
 def test_an_inner_idempotent_layer_runs_once_under_the_middlewares_claim(
