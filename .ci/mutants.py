@@ -810,6 +810,70 @@ MUTANTS = [
         "",
         ("test_checks.py::test_check_passes_without_root_urlconf",),
     ),
+    Mutant(
+        "nested-claims-again",
+        "an inner @idempotent of the request's own scope claims again: 409 forever",
+        "protect.py",
+        "        with _inner(held, guard.scope):\n            return call_view()\n",
+        "        pass\n",
+        (
+            "test_middleware.py::test_an_inner_idempotent_layer_runs_once_under_the_middlewares_claim",
+        ),
+    ),
+    Mutant(
+        "nested-claims-again-async",
+        "an inner async @idempotent of the request's own scope claims again: 409 forever",
+        "protect.py",
+        "        with _inner(held, guard.scope):\n            return await call_view()\n",
+        "        pass\n",
+        (
+            "test_middleware.py::test_under_asgi_an_inner_idempotent_layer_runs_once_under_the_middlewares_claim",
+        ),
+    ),
+    Mutant(
+        "nested-runs-twice",
+        "a view calling an @idempotent function twice under one claim does the work twice",
+        "protect.py",
+        "        held[scope] = True\n",
+        "        pass\n",
+        ("test_middleware.py::test_a_second_inner_call_under_one_claim_is_refused",),
+    ),
+    Mutant(
+        "middleware-starts-before-process-view",
+        "the middleware starts before CsrfViewMiddleware: a keyed POST without a token is served",
+        "middleware.py",
+        "        _refuse_unsafe_position(type(self))\n",
+        "",
+        (
+            "test_middleware_checks.py::test_the_server_refuses_to_start_before_a_middleware_with_process_view",
+            "test_middleware_checks.py::test_a_keyed_post_without_a_csrf_token_is_never_served",
+        ),
+    ),
+    Mutant(
+        "middleware-leaves-plain-ninja",
+        "a plain django-ninja operation under the middleware runs unprotected",
+        "middleware.py",
+        "    request.__dict__[UNDER_MIDDLEWARE] = True",
+        "    request.__dict__[UNDER_MIDDLEWARE] = False",
+        ("test_ninja.py::test_the_middleware_protects_a_plain_operation_after_ninjas_auth",),
+    ),
+    Mutant(
+        "ninja-protected-without-middleware",
+        "once the middleware has seen a ninja operation, it is protected without the middleware",
+        "ninja.py",
+        "        if request.__dict__.get(UNDER_MIDDLEWARE):\n"
+        "            return protected(request, **values)",
+        "        if True:\n            return protected(request, **values)",
+        ("test_ninja.py::test_without_the_middleware_the_operation_is_as_ninja_made_it",),
+    ),
+    Mutant(
+        "drf-misspelling-accepted",
+        "a misspelled idempotency_* attribute on a DRF view is ignored without a word",
+        "drf.py",
+        "        if unknown:\n            raise ImproperlyConfigured(",
+        "        if False:\n            raise ImproperlyConfigured(",
+        ("test_drf.py::test_a_misspelled_idempotency_attribute_is_refused_at_class_creation",),
+    ),
 ]
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -41,6 +41,7 @@ def register() -> None:
     checks.register(check_settings, "idempotency_django")
     checks.register(check_drf_views, checks.Tags.urls)
     checks.register(check_middleware, "idempotency_django")
+    checks.register(check_drf_view_attributes, checks.Tags.urls)
 
 
 def check_settings(
@@ -383,3 +384,56 @@ def _has_process_view(path: str) -> bool:
     except ImportError:
         return False  # Django reports a middleware it cannot import itself
     return callable(getattr(middleware, "process_view", None))
+
+
+def check_drf_view_attributes(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """E018: a routed DRF view whose ``idempotency_*`` configuration names nothing.
+
+    A misspelled attribute (``idempotency_mod``) leaves the view on the defaults, and a
+    misspelled action in ``idempotency_actions`` (``{"craete"}``) leaves that action
+    unprotected; neither fails a request. A class with the mixin is refused when it is
+    created; this also covers views that only ``IdempotencyMiddleware`` protects.
+    """
+    try:
+        from rest_framework.views import APIView
+        from rest_framework.viewsets import ViewSetMixin
+
+        from idempotency_django.drf import unknown_attributes, viewset_actions
+    except ImportError:  # pragma: no cover - DRF is optional
+        return []
+    served: dict[type, set[str]] = {}
+    for entry in url_patterns():
+        cls = getattr(entry.callback, "cls", None)
+        if isinstance(cls, type) and issubclass(cls, APIView):
+            actions = getattr(entry.callback, "actions", None) or {}
+            served.setdefault(cls, set()).update(actions.values())
+    errors: list[checks.CheckMessage] = []
+    for cls, actions in sorted(served.items(), key=lambda item: item[0].__qualname__):
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        for attribute in unknown_attributes(cls):
+            errors.append(
+                checks.Error(
+                    f"{name} has {attribute!r}, which idempotency_django does not read.",
+                    hint="Check the spelling against the idempotency_* attributes and "
+                    "get_idempotency_* hooks of idempotency_django.drf.IdempotentMixin.",
+                    obj=cls,
+                    id="idempotency_django.E018",
+                )
+            )
+        wanted = getattr(cls, "idempotency_actions", None)
+        if wanted is None or isinstance(wanted, (str, bytes)) or not issubclass(cls, ViewSetMixin):
+            continue
+        known = actions | viewset_actions(cls)
+        for action in sorted(set(wanted) - known):
+            errors.append(
+                checks.Error(
+                    f"{name}.idempotency_actions names {action!r}, which is not an action "
+                    "of this viewset: no request to it would be protected.",
+                    hint=f"Its actions: {', '.join(sorted(known)) or 'none'}.",
+                    obj=cls,
+                    id="idempotency_django.E018",
+                )
+            )
+    return errors

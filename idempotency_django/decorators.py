@@ -133,9 +133,20 @@ _USE_THE_MIXIN = (
 
 
 def _refuse_unsupported(view_func: Any, label: str) -> None:
-    """A method decorated directly gets ``self`` where the request should be; a DRF action
+    """A class (a DRF view above all) is not a view function; a method decorated directly
+    gets ``self`` where the request should be; a DRF action
     wrapped by ``method_decorator`` gets DRF's ``Request`` after DRF's own dispatch. Say so
     now rather than fail with an AttributeError on the first request."""
+    if isinstance(view_func, type):  # would fail later, in as_view() or the URLconf
+        if _is_drf_view(view_func, instance=False):
+            raise TypeError(
+                f"{label}: @idempotent cannot decorate a Django REST framework view class; "
+                f"{_USE_THE_MIXIN}: class {view_func.__name__}(IdempotentMixin, ...)."
+            )
+        raise TypeError(
+            f"{label}: @idempotent decorates a view function, not a class; decorate a "
+            "class-based view with method_decorator(idempotent, name='dispatch')."
+        )
     bound = getattr(getattr(view_func, "func", None), "__self__", None)
     if bound is not None and _is_drf_view(bound):
         raise ImproperlyConfigured(f"{label}: {_USE_THE_MIXIN}.")
@@ -162,8 +173,8 @@ def _require_http_request(request: Any, label: str) -> None:
         )
 
 
-def _is_drf_view(obj: Any) -> bool:
+def _is_drf_view(obj: Any, *, instance: bool = True) -> bool:
     return any(
         klass.__module__ == "rest_framework.views" and klass.__name__ == "APIView"
-        for klass in type(obj).__mro__
+        for klass in (type(obj) if instance else obj).__mro__
     )

@@ -15,7 +15,7 @@ from django.http import HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 from rest_framework import exceptions, views
 from rest_framework.request import Request
-from rest_framework.viewsets import ModelViewSet
+from rest_framework.viewsets import ModelViewSet, ViewSetMixin
 
 from idempotency_django.conf import conf, resolve_callable
 from idempotency_django.exceptions import IdempotencyError
@@ -49,6 +49,48 @@ _OPTION_ATTRIBUTES = {
     "idempotency_store_statuses": "store_statuses",
     "idempotency_on_store_error": "on_store_error",
 }
+
+# Every other ``idempotency_*`` or ``get_idempotency_*`` name on a view is a misspelling, which
+# would leave the view on defaults (or protect nothing, for idempotency_actions) without a word.
+_KNOWN_ATTRIBUTES = frozenset(
+    {
+        *_OPTION_ATTRIBUTES,
+        "idempotency_actions",
+        "idempotency_applies",
+        "idempotency_error_response",
+        "idempotency_exempt",  # set by @idempotency_exempt
+        "get_idempotency_key",
+        "get_idempotency_account",
+        "get_idempotency_endpoint",
+        "get_idempotency_fingerprint",
+        "get_idempotency_options",
+    }
+)
+_ANONYMOUS = (
+    "Authenticate to use an Idempotency-Key on this endpoint. (The key belongs to the user "
+    "that the view's authentication_classes authenticate, and none did: require "
+    "authentication in permission_classes, or override get_idempotency_account.)"
+)
+_STANDARD_ACTIONS = ("list", "create", "retrieve", "update", "partial_update", "destroy")
+
+
+def unknown_attributes(cls: type) -> list[str]:
+    """The ``idempotency_*`` / ``get_idempotency_*`` names on ``cls`` that nothing reads."""
+    return sorted(
+        name
+        for name in dir(cls)
+        if name.startswith(("idempotency_", "get_idempotency_")) and name not in _KNOWN_ATTRIBUTES
+    )
+
+
+def viewset_actions(cls: type) -> set[str]:
+    """The action names a viewset class can serve (``self.action`` for its requests): the
+    standard ones it defines, its ``@action``s and their extra method mappings."""
+    names = {name for name in _STANDARD_ACTIONS if callable(getattr(cls, name, None))}
+    for extra in getattr(cls, "get_extra_actions", lambda: [])():
+        names.add(extra.__name__)
+        names.update(getattr(extra, "mapping", {}).values())
+    return names
 
 
 class IdempotentMixin:
@@ -87,6 +129,32 @@ class IdempotentMixin:
                 "no request is protected."
             )
         cls._idempotency_options(f"{cls.__qualname__} (IdempotentMixin)")
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        unknown = unknown_attributes(cls)
+        if unknown:
+            raise ImproperlyConfigured(
+                f"{name}: unknown attribute {unknown[0]!r}; IdempotentMixin reads "
+                f"{', '.join(sorted(a for a in _KNOWN_ATTRIBUTES if a.startswith('idem')))} "
+                "and the get_idempotency_* hooks (key, account, endpoint, fingerprint, options)."
+            )
+        actions = cls.idempotency_actions
+        if actions is None:
+            return
+        if (
+            isinstance(actions, (str, bytes))
+            or not isinstance(actions, Collection)
+            or not all(isinstance(action, str) for action in actions)
+        ):
+            raise ImproperlyConfigured(
+                f"{name}: idempotency_actions is {actions!r}; give a set of action names, "
+                'e.g. {"create", "refund"}.'
+            )
+        if views.APIView in mro and not issubclass(cls, ViewSetMixin):
+            raise ImproperlyConfigured(
+                f"{name}: idempotency_actions names viewset actions, and an APIView has none: "
+                "no request would be protected. Remove it (idempotency_methods chooses the "
+                "methods)."
+            )
 
     @classmethod
     def as_view(cls, *args: Any, **kwargs: Any) -> Any:
@@ -123,7 +191,7 @@ class IdempotentMixin:
         }
         if "fingerprint_fields" in values:
             values["fingerprint_fields"] = list(values["fingerprint_fields"])
-        return ViewOptions(**values, **extra, label=label)
+        return ViewOptions(**values, **extra, label=label, anonymous_detail=_ANONYMOUS)
 
     def get_idempotency_options(self) -> ViewOptions:
         """The options for the current request; override to vary them per action."""

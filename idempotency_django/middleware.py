@@ -11,8 +11,13 @@ A Django REST framework view authenticates inside itself: it is run as a subclas
 mixes in ``IdempotentMixin`` (made once per view), so its claim happens after DRF's
 authentication, permissions and throttles, scoped to the DRF-authenticated user.
 
+django-ninja also authenticates inside its view: the middleware marks the request, and the
+operation claims it after ninja's auth, through the ninja adapter (``protect_under_middleware``).
+
 A view decorated with ``@idempotent``, or a DRF view that already uses the mixin, is left
-to its own protection (protected once, not twice); ``@idempotency_exempt`` and the
+to its own protection (protected once, not twice); one whose decorator is hidden (a wrapper
+without ``functools.wraps``) is claimed here, and its ``@idempotent`` runs inside that claim
+(``protect.py``: nested layers of one scope). ``@idempotency_exempt`` and the
 ``EXEMPT_URL_NAMES`` setting leave a view unprotected.
 """
 
@@ -24,8 +29,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.http import HttpRequest, HttpResponseBase
+from django.utils.module_loading import import_string
 
 from idempotency_django.conf import conf
 from idempotency_django.protect import ViewOptions, aprotect, protect
@@ -37,6 +45,7 @@ View = Callable[..., Any]
 _NINJA_VIEWS = "ninja.operation"  # the module of every view django-ninja routes to
 _LEAVE = "leave"  # exempt, or protected by its own decorator or mixin
 _PLAIN = "plain"  # a Django view: the middleware protects it
+_NINJA = "ninja"  # a django-ninja view: marked here, claimed by its operation after ninja's auth
 _DRF = "drf"  # a DRF view without the mixin: run through a subclass that has it
 
 
@@ -48,6 +57,12 @@ class _Plan:
     exempt_methods: frozenset[str] = frozenset()  # whose handler is @idempotency_exempt
 
 
+_ANONYMOUS = (
+    "Authenticate to use an Idempotency-Key on this endpoint. (IdempotencyMiddleware claims "
+    "before the view runs, for the user of the authentication middleware listed before it; "
+    "a view that authenticates inside itself needs @idempotent under its own authentication.)"
+)
+
 _plans: weakref.WeakKeyDictionary[Any, _Plan] = weakref.WeakKeyDictionary()
 
 
@@ -56,14 +71,15 @@ class IdempotencyMiddleware:
 
     Place it after ``AuthenticationMiddleware`` and after every middleware that has a
     ``process_view`` (``CsrfViewMiddleware``): a protected view is answered from here,
-    so the ``process_view`` of a middleware listed later would not run (system checks
-    E012 and E013 say so at startup).
+    so the ``process_view`` of a middleware listed later would not run: the server
+    refuses to start then (and system check E013 says so); E012 checks the first.
     """
 
     sync_capable = True
     async_capable = True
 
     def __init__(self, get_response: GetResponse) -> None:
+        _refuse_unsafe_position(type(self))
         self.get_response = get_response
         self.async_mode = iscoroutinefunction(get_response)
         self.process_view: Callable[..., Any]
@@ -84,6 +100,9 @@ class IdempotencyMiddleware:
         plan = _plan_for(request, view)
         if plan is None:
             return None
+        if plan.action == _NINJA:
+            _mark_for_ninja(request)
+            return None  # Django calls the view: ninja authenticates, the operation claims
         if plan.view is not None:  # DRF: the mixin reopens ATOMIC_REQUESTS itself
             return plan.view(request, *args, **kwargs)  # type: ignore[no-any-return]
         assert plan.options is not None
@@ -101,6 +120,9 @@ class IdempotencyMiddleware:
         plan = _plan_for(request, view)
         if plan is None:
             return None
+        if plan.action == _NINJA:
+            _mark_for_ninja(request)
+            return None  # Django calls the view: ninja authenticates, the operation claims
         if plan.view is not None:
             drf_view = plan.view
             return await sync_to_async(drf_view, thread_sensitive=True)(request, *args, **kwargs)  # type: ignore[no-any-return]
@@ -140,6 +162,12 @@ async def _aprotect_view(
     return await aprotect(request, call_view, options)
 
 
+def _mark_for_ninja(request: HttpRequest) -> None:
+    from idempotency_django.ninja import UNDER_MIDDLEWARE
+
+    request.__dict__[UNDER_MIDDLEWARE] = True
+
+
 def _request_transactions(view: View) -> list[str]:
     """The aliases whose ``ATOMIC_REQUESTS`` transaction Django would have opened around
     ``view`` (``BaseHandler.make_view_atomic``), honouring ``non_atomic_requests``."""
@@ -149,6 +177,41 @@ def _request_transactions(view: View) -> list[str]:
         for alias in connections
         if connections[alias].settings_dict.get("ATOMIC_REQUESTS") and alias not in opted_out
     ]
+
+
+def _refuse_unsafe_position(middleware: type) -> None:
+    """Refuse to start below a middleware that has a ``process_view``.
+
+    A protected view is answered from this ``process_view``, so theirs would never run:
+    listed after it, ``CsrfViewMiddleware`` lets a keyed POST without a token through.
+    System checks say so, but servers do not run checks; Django builds the middleware
+    chain when the server starts (from the last entry up), so this is that moment.
+    """
+    entries = [str(path) for path in getattr(settings, "MIDDLEWARE", None) or ()]
+    position = next(
+        (index for index, path in enumerate(entries) if _imported(path) is middleware), None
+    )
+    if position is None:  # built by hand (a test, a wrapper): nothing to compare with
+        return
+    later = [path for path in entries[position + 1 :] if _has_process_view(_imported(path))]
+    if later:
+        raise ImproperlyConfigured(
+            f"{entries[position]} comes before {', '.join(later)} in MIDDLEWARE, whose "
+            "process_view would never run for a view it protects (a CSRF check skipped). "
+            "Put it after every middleware that has a process_view: last in MIDDLEWARE "
+            "is safe."
+        )
+
+
+def _imported(path: str) -> Any:
+    try:
+        return import_string(path)
+    except ImportError:  # Django reports a middleware it cannot import itself
+        return None
+
+
+def _has_process_view(middleware: Any) -> bool:
+    return middleware is not None and callable(getattr(middleware, "process_view", None))
 
 
 # -- deciding what to do with a view -------------------------------------------------------
@@ -192,8 +255,18 @@ def _make_plan(view: View) -> _Plan:
         return _Plan(_LEAVE)
     if getattr(view, "__module__", None) == _NINJA_VIEWS:
         # django-ninja authenticates inside its view, like DRF: a claim here would come
-        # before that authentication. Its operations are protected by idempotency_django.ninja.
-        return _Plan(_LEAVE)
+        # before that authentication. Its operations claim, after ninja's auth, the
+        # requests this middleware marks (idempotency_django.ninja).
+        from idempotency_django.ninja import protect_under_middleware
+
+        if not protect_under_middleware(view):
+            raise ImproperlyConfigured(
+                f"IdempotencyMiddleware cannot find the django-ninja operations behind "
+                f"{_name(view)} to protect them (an unsupported django-ninja version?). "
+                "Protect them with idempotency_django.ninja.IdempotentRouter, or exempt the "
+                "API's URL names in IDEMPOTENCY['EXEMPT_URL_NAMES']."
+            )
+        return _Plan(_NINJA)
     exempt = _exempt_methods(view, cls)
     drf = _drf_classes()
     if drf is not None and isinstance(cls, type) and issubclass(cls, drf[0]):
@@ -201,7 +274,8 @@ def _make_plan(view: View) -> _Plan:
             return _Plan(_LEAVE)
         return _Plan(_DRF, view=_with_mixin(view, cls), exempt_methods=exempt)
     label = f"IdempotencyMiddleware on {_name(view)}"
-    return _Plan(_PLAIN, options=ViewOptions(label=label), exempt_methods=exempt)
+    options = ViewOptions(label=label, anonymous_detail=_ANONYMOUS)
+    return _Plan(_PLAIN, options=options, exempt_methods=exempt)
 
 
 def _marked(obj: Any, marker: str) -> bool:

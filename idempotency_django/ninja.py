@@ -34,6 +34,7 @@ import copy
 import functools
 import hashlib
 import re
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -42,7 +43,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Model
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from ninja import Router
-from ninja.operation import Operation
+from ninja.operation import Operation, PathView
 from ninja.utils import contribute_operation_callback
 
 from idempotency_django import contract, keys
@@ -61,6 +62,11 @@ from idempotency_django.responses import problem_response
 Func = TypeVar("Func", bound=Callable[..., Any])
 
 _MARK = "_idempotency_options"
+_ANONYMOUS = (
+    "Authenticate to use an Idempotency-Key on this endpoint. (The key belongs to the caller "
+    "that the operation's auth= authenticates, and none did: give the operation auth=, or "
+    "the account= option.)"
+)
 
 
 def auth_account(request: HttpRequest) -> str | None:
@@ -104,6 +110,7 @@ def _options(given: Mapping[str, Any], label: str) -> ViewOptions:
     """``@idempotent``'s options, validated as its are; the account defaults to ``_account``."""
     values = {name: value for name, value in given.items() if value is not _UNSET}
     values.setdefault("account", _account)
+    values.setdefault("anonymous_detail", _ANONYMOUS)
     return options_from(values, label)
 
 
@@ -277,6 +284,73 @@ def _protected(
     return view
 
 
+# -- under IdempotencyMiddleware -------------------------------------------------------------
+
+# Set on a request by the middleware: protect it in the operation, after ninja's auth.
+UNDER_MIDDLEWARE = "_idempotency_under_middleware"
+_hooking = threading.Lock()
+
+
+def protect_under_middleware(view: Callable[..., Any]) -> bool:
+    """Make the operations behind one ninja URL view protect the requests that
+    ``IdempotencyMiddleware`` hands them; ``False`` when ``view`` is not one we can read.
+
+    django-ninja authenticates inside its view, so a claim in the middleware would come
+    before that authentication (every caller anonymous). Instead each operation's function
+    is wrapped, once, as ``@idempotent`` would wrap it, and protects a request only when the
+    middleware marked it (``UNDER_MIDDLEWARE``): the middleware still decides per request
+    (``METHODS``, ``EXEMPT_URL_NAMES``, ``ENABLED``), and without it nothing changes.
+    Operations that protect themselves (``@idempotent``, ``IdempotentRouter``), are
+    ``@idempotency_exempt``, or stream their response are left as they are.
+    """
+    path_view = None
+    for cell in getattr(view, "__closure__", None) or ():
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # pragma: no cover - an empty cell
+            continue
+        if isinstance(contents, PathView):
+            path_view = contents
+    if path_view is None:
+        return False
+    with _hooking:
+        for operation in path_view.operations:
+            func = operation.view_func
+            if (
+                operation.__dict__.get(UNDER_MIDDLEWARE)
+                or _MARK in getattr(func, "__dict__", {})
+                or getattr(func, "idempotency_exempt", False)
+                or operation.stream_format is not None
+            ):
+                continue
+            operation.view_func = _when_marked(operation, func)
+            operation.__dict__[UNDER_MIDDLEWARE] = True
+    return True
+
+
+def _when_marked(operation: Operation, func: Callable[..., Any]) -> Callable[..., Any]:
+    label = f"IdempotencyMiddleware on ninja operation {getattr(func, '__qualname__', func)}"
+    protected = _protected(operation, func, {}, label)
+
+    if iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def async_view(request: HttpRequest, **values: Any) -> Any:
+            if request.__dict__.get(UNDER_MIDDLEWARE):
+                return await protected(request, **values)
+            return await func(request, **values)
+
+        return async_view
+
+    @functools.wraps(func)
+    def view(request: HttpRequest, **values: Any) -> Any:
+        if request.__dict__.get(UNDER_MIDDLEWARE):
+            return protected(request, **values)
+        return func(request, **values)
+
+    return view
+
+
 def error_response(
     operation: Operation, request: HttpRequest, error: IdempotencyError
 ) -> HttpResponseBase:
@@ -341,4 +415,4 @@ class _SchemaExtra(Mapping[str, Any]):
         return len(self._build())
 
 
-__all__ = ["IdempotentRouter", "auth_account", "idempotent"]
+__all__ = ["IdempotentRouter", "auth_account", "idempotent", "protect_under_middleware"]

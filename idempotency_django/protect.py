@@ -8,6 +8,7 @@ lifecycle's result back into a response.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
@@ -32,6 +33,7 @@ from idempotency_django.exceptions import (
     AnonymousNotAllowed,
     BodyTooLarge,
     IdempotencyError,
+    InFlight,
     KeyMissing,
 )
 from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH
@@ -84,6 +86,11 @@ class ViewOptions:
     key: Callable[[Any], str | None] | None = None
     on_disconnect: str = _UNSET
     label: str = "@idempotent"
+    # The 403's detail: where the account comes from differs per adapter (set by each).
+    anonymous_detail: str = (
+        "Authenticate to use an Idempotency-Key on this endpoint. (If the view does "
+        "authenticate, apply its authentication outside @idempotent, so that it runs first.)"
+    )
 
     def __post_init__(self) -> None:
         for name, setting in _VALIDATED.items():
@@ -282,11 +289,7 @@ class Guard:
         if account is None:
             if resolved.anonymous == "bypass":
                 return None
-            raise AnonymousNotAllowed(
-                "Authenticate to use an Idempotency-Key on this endpoint. (If the view does "
-                "authenticate, apply its authentication outside @idempotent, so that it runs "
-                "first.)"
-            )
+            raise AnonymousNotAllowed(options.anonymous_detail)
         endpoint = resolved.endpoint(request)
         try:
             fingerprint = resolved.fingerprint(
@@ -363,14 +366,20 @@ def protect(
         return error_response(error)
     if guard is None:
         return lifecycle.unprotected(request_transactions, call_view)
+    held = _claims_held(request)
+    if guard.scope in held:
+        if held[guard.scope]:
+            return _ran_once(error_response)
+        with _inner(held, guard.scope):
+            return call_view()
     request.idempotency_scope = guard.scope  # type: ignore[attr-defined]
+
+    def work() -> HttpResponseBase:
+        with _holding(held, guard.scope):
+            return _rendered(call_view())
+
     result = lifecycle.run(
-        guard.scope,
-        guard.fingerprint,
-        guard.policy,
-        lambda: _rendered(call_view()),
-        guard.outcome,
-        request_transactions,
+        guard.scope, guard.fingerprint, guard.policy, work, guard.outcome, request_transactions
     )
     return respond(result, error_response)
 
@@ -390,11 +399,70 @@ async def aprotect(
         return error_response(error)
     if guard is None:
         return await call_view()
+    held = _claims_held(request)
+    if guard.scope in held:
+        if held[guard.scope]:
+            return _ran_once(error_response)
+        with _inner(held, guard.scope):
+            return await call_view()
     request.idempotency_scope = guard.scope  # type: ignore[attr-defined]
+
+    async def work() -> HttpResponseBase:
+        with _holding(held, guard.scope):
+            return await call_view()
+
     result = await lifecycle.arun(
-        guard.scope, guard.fingerprint, guard.policy, call_view, _rendered_outcome(guard)
+        guard.scope, guard.fingerprint, guard.policy, work, _rendered_outcome(guard)
     )
     return respond(result, error_response)
+
+
+# -- nested layers of one request -----------------------------------------------------------
+#
+# One request can meet several protecting layers: the middleware, then an ``@idempotent``
+# view under a decorator that dropped its marker; a view that calls an ``@idempotent``
+# function. The scopes whose claim this request holds are kept on the request while their
+# work runs (the ``HttpRequest`` under DRF's ``Request``): an inner layer of the same scope
+# (account, endpoint, key) runs inside the outer claim, which governs (its options, its
+# stored outcome), once: layers nested in it pass too, a second call after it has returned is
+# refused. A layer of another scope claims its own key, as any caller would.
+
+
+def _claims_held(request: HttpRequest) -> dict[engine.Scope, bool]:
+    """Scope → whether an inner layer has already run under that claim."""
+    inner = getattr(request, "_request", None)
+    base = inner if isinstance(inner, HttpRequest) else request
+    held: dict[engine.Scope, bool] = base.__dict__.setdefault("_idempotency_claims", {})
+    return held
+
+
+@contextlib.contextmanager
+def _holding(held: dict[engine.Scope, bool], scope: engine.Scope) -> Iterator[None]:
+    held[scope] = False
+    try:
+        yield
+    finally:
+        del held[scope]
+
+
+@contextlib.contextmanager
+def _inner(held: dict[engine.Scope, bool], scope: engine.Scope) -> Iterator[None]:
+    """An inner layer running under the outer claim; layers within it pass too (a decorated
+    view calling a decorated function), but once it has returned the work is done."""
+    try:
+        yield
+    finally:
+        held[scope] = True
+
+
+def _ran_once(error_response: ErrorResponse) -> HttpResponseBase:
+    """A second inner run under one claim would do the work twice for one key."""
+    return error_response(
+        InFlight(
+            "This request already ran the work of this Idempotency-Key once; a second "
+            "protected call under the same claim is refused."
+        )
+    )
 
 
 def respond(

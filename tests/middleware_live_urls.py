@@ -22,6 +22,7 @@ from rest_framework.routers import SimpleRouter
 
 from example_project.payments import service
 from example_project.payments.auth import _credentials
+from idempotency_django.decorators import idempotent
 
 DRF_PREFIX = "/mw/api/"
 
@@ -76,11 +77,44 @@ class ChargeViewSet(viewsets.ViewSet):
         return Response(service.charges_of(request.user))
 
 
+def _without_wraps(view: Callable[..., Any]) -> Callable[..., Any]:
+    """A project's async decorator that does not use functools.wraps: the middleware cannot
+    see the ``@idempotent`` beneath it, claims the request, and meets it inside that claim."""
+
+    async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        return await view(request, *args, **kwargs)
+
+    return wrapper
+
+
+@csrf_exempt
+@_without_wraps
+@idempotent
+async def async_wrapped_charges(request: HttpRequest) -> HttpResponse:
+    return await _acharge(request)
+
+
+@idempotent
+async def _acharge(request: HttpRequest) -> HttpResponse:
+    user = request.user
+    if not isinstance(user, User):
+        return _response(service.problem(401, "unauthorized", "Authentication required"))
+    return _response(await service.acharge(user, json.loads(request.body)))
+
+
+@csrf_exempt
+async def async_calls_charge(request: HttpRequest) -> HttpResponse:
+    """Undecorated: it calls an ``@idempotent`` function with its own request."""
+    return await _acharge(request)
+
+
 router = SimpleRouter()
 router.register("mw/api/charges", ChargeViewSet, basename="mw-api-charges")
 
 urlpatterns: list[Any] = [
     path("mw/charges/", charges, name="mw-charges"),
+    path("mw/async/wrapped/charges/", async_wrapped_charges),
+    path("mw/async/calls/charges/", async_calls_charge),
     *router.urls,
     path("", include("example_project.urls")),
 ]

@@ -28,6 +28,14 @@ urlpatterns = [
     path("mw/decorated/", views.effect),
     path("mw/decorated-class/", views.EffectView.as_view()),
     path("mw/decorated-async/", views.async_effect),
+    # Nested layers of one scope: claimed by the middleware, met again inside the view.
+    path("mw/wrapped/", middleware_views.wrapped),
+    path("mw/calls-charge/", middleware_views.calls_charge),
+    path("mw/wrapped-calls-charge/", middleware_views.wrapped_calls_charge),
+    path("mw/calls-charge-twice/", middleware_views.calls_charge_twice),
+    path("mw/calls-another-scope/", middleware_views.calls_another_scope),
+    path("mw/async-wrapped/", middleware_views.async_wrapped),
+    path("mw/async-calls-charge/", middleware_views.async_calls_charge),
     path("", include(router.urls)),
     path("admin/", admin.site.urls),
 ]

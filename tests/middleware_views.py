@@ -18,10 +18,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from idempotency_django.decorators import idempotency_exempt
+from idempotency_django.decorators import idempotency_exempt, idempotent
 from idempotency_django.drf import IdempotentMixin
 from tests.models import SideEffect
 from tests.views import _body, _effect, async_hold, gate
+
+ViewFunc = Callable[..., Any]
 
 # Called inside ``plain`` while it holds its claim (tests set it).
 DURING: list[Callable[[], object]] = []
@@ -150,3 +152,94 @@ def non_atomic(request: HttpRequest) -> HttpResponse:
     """Opted out of ATOMIC_REQUESTS by its author: the middleware keeps it out."""
     effect = SideEffect.objects.create(label="mw_non_atomic")
     return JsonResponse({"effect": effect.pk, "in_atomic": connection.in_atomic_block}, status=201)
+
+
+# --- nested layers: claimed by the middleware, then met again inside the view ------------------
+
+
+def without_wraps(view: ViewFunc) -> ViewFunc:
+    """A project's decorator that does not use functools.wraps: the view's ``@idempotent``
+    marker is lost, so the middleware claims, and the decorator is met inside that claim."""
+
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+def async_without_wraps(view: ViewFunc) -> ViewFunc:
+    async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        return await view(request, *args, **kwargs)
+
+    return wrapper
+
+
+@without_wraps
+@idempotent
+def wrapped(request: HttpRequest) -> HttpResponse:
+    for call in DURING:
+        call()
+    return _effect(request, "mw_wrapped")
+
+
+@idempotent
+def charge(request: HttpRequest) -> HttpResponse:
+    for call in DURING:
+        call()
+    return _effect(request, "mw_charge")
+
+
+def calls_charge(request: HttpRequest) -> HttpResponse:
+    """Undecorated: it calls an ``@idempotent`` function with its own request."""
+    return charge(request)
+
+
+@without_wraps
+@idempotent
+def wrapped_calls_charge(request: HttpRequest) -> HttpResponse:
+    """Three layers of one scope: the middleware, the view's hidden @idempotent, charge's."""
+    return charge(request)
+
+
+def calls_charge_twice(request: HttpRequest) -> HttpResponse:
+    first = charge(request)
+    second = charge(request)
+    return JsonResponse({"first": first.status_code, "second": second.status_code}, status=201)
+
+
+@idempotent(endpoint=lambda request: "charge-of-its-own")
+def charge_of_its_own(request: HttpRequest) -> HttpResponse:
+    return _effect(request, "mw_own_scope")
+
+
+def calls_another_scope(request: HttpRequest) -> HttpResponse:
+    """Its inner function scopes its key apart (its own endpoint): two claims, two records."""
+    inner = charge_of_its_own(request)
+    SideEffect.objects.create(label="mw_outer")
+    if "X-Outer-Status" in request.headers:  # not in the fingerprint: the retry is the same
+        return HttpResponse(status=int(request.headers["X-Outer-Status"]))
+    return inner
+
+
+async def _held_async_effect(request: HttpRequest, label: str) -> HttpResponse:
+    data = _body(request)
+    if data.get("hold") and async_hold.entered is not None and async_hold.release is not None:
+        async_hold.entered.set()
+        await async_hold.release.wait()
+    effect = await SideEffect.objects.acreate(label=label)
+    return JsonResponse({"effect": effect.pk, "echo": data}, status=201)
+
+
+@async_without_wraps
+@idempotent
+async def async_wrapped(request: HttpRequest) -> HttpResponse:
+    return await _held_async_effect(request, "mw_async_wrapped")
+
+
+@idempotent
+async def async_charge(request: HttpRequest) -> HttpResponse:
+    return await _held_async_effect(request, "mw_async_charge")
+
+
+async def async_calls_charge(request: HttpRequest) -> HttpResponse:
+    return await async_charge(request)

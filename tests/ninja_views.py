@@ -15,6 +15,7 @@ from ninja.errors import HttpError
 from ninja.responses import Status
 from ninja.security import HttpBearer
 
+from idempotency_django.decorators import idempotency_exempt
 from idempotency_django.ninja import IdempotentRouter, idempotent
 from tests.models import SideEffect
 from tests.views import async_hold, gate
@@ -124,6 +125,27 @@ def session_effect(request: HttpRequest, payload: EffectIn) -> Any:
 def plain_effect(request: HttpRequest, payload: EffectIn) -> Any:
     """Not protected: no router option, no decorator."""
     return _effect("ninja-plain", payload)
+
+
+# Plain operations: only IdempotencyMiddleware protects them (in the tests that install it).
+
+
+@api.post("/mw/plain/", auth=UserBearer(), response={201: EffectOut})
+def middleware_plain(request: HttpRequest, payload: EffectIn) -> Any:
+    return _effect("ninja-mw-plain", payload)
+
+
+@api.post("/mw/async/", auth=UserBearer(), response={201: EffectOut})
+async def middleware_async(request: HttpRequest, payload: EffectIn) -> Any:
+    from asgiref.sync import sync_to_async
+
+    return await sync_to_async(_effect)("ninja-mw-async", payload)
+
+
+@api.post("/mw/exempt/", auth=UserBearer(), response={201: EffectOut})
+@idempotency_exempt
+def middleware_exempt(request: HttpRequest, payload: EffectIn) -> Any:
+    return _effect("ninja-mw-exempt", payload)
 
 
 api.add_router("/r", router)

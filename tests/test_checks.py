@@ -435,3 +435,26 @@ def test_every_check_of_ours_runs_without_a_setting_a_worker_may_lack(
     delattr(settings, name)
     for check in ours:
         assert check(app_configs=None) == []
+
+
+def test_misspelled_drf_idempotency_configuration_is_an_error(settings: Any) -> None:
+    """E018: a misspelled attribute or action on a routed DRF view protected nothing, and
+    no request failed to say so."""
+    from idempotency_django.checks import check_drf_view_attributes
+
+    settings.ROOT_URLCONF = "tests.drf_typo_urls"
+    errors = check_drf_view_attributes()
+
+    assert {error.id for error in errors} == {"idempotency_django.E018"}
+    messages = sorted(error.msg for error in errors)
+    assert len(messages) == 3
+    assert "PlainChargeViewSet has 'idempotency_mod'" in messages[0]
+    assert "PlainChargeViewSet.idempotency_actions names 'craete'" in messages[1]
+    assert "RefundViewSet.idempotency_actions names 'refnud'" in messages[2]
+    assert not any("RightViewSet" in message for message in messages)
+
+
+def test_the_check_command_reports_a_misspelled_action(settings: Any) -> None:
+    settings.ROOT_URLCONF = "tests.drf_typo_urls"
+    with pytest.raises(SystemCheckError, match=r"idempotency_django\.E018.*'craete'"):
+        call_command("check")

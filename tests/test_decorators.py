@@ -741,3 +741,72 @@ def test_a_retried_completion_is_not_reported_lost(
     with caplog.at_level(logging.ERROR, logger="idempotency_django"):
         assert engine.complete(claim, StoredResponse(201, b"{}"))
     assert "claim lost" not in caplog.text
+
+
+# --- refused at decoration time, not at the first request -------------------------------------
+
+
+def test_a_drf_view_class_is_refused_with_a_pointer_to_the_mixin() -> None:
+    """The README promises the refusal; without it the class became a function, and the
+    URLconf failed with "'function' object has no attribute 'as_view'"."""
+    from rest_framework.views import APIView
+    from rest_framework.viewsets import ViewSet
+
+    from idempotency_django.decorators import idempotent
+
+    class ChargeView(APIView):
+        pass
+
+    class ChargeViewSet(ViewSet):
+        pass
+
+    with pytest.raises(TypeError, match=r"ChargeView.*IdempotentMixin"):
+        idempotent(ChargeView)
+    with pytest.raises(TypeError, match=r"ChargeViewSet.*IdempotentMixin"):
+        idempotent(ttl_seconds=3600)(ChargeViewSet)
+
+
+def test_a_django_view_class_is_refused_with_a_pointer_to_method_decorator() -> None:
+    from django.views import View
+
+    from idempotency_django.decorators import idempotent
+
+    class ChargeView(View):
+        pass
+
+    with pytest.raises(TypeError, match=r"method_decorator\(idempotent, name='dispatch'\)"):
+        idempotent(ChargeView)
+
+
+def test_an_idempotent_function_called_by_an_idempotent_view_runs_under_its_claim(
+    alice: User,
+) -> None:
+    """No middleware: the view's own @idempotent claims, the function it calls (same
+    account, endpoint and key) runs inside that claim instead of answering it 409."""
+    from django.test import RequestFactory
+
+    from idempotency_django.decorators import idempotent
+    from tests.middleware_views import charge
+
+    @idempotent
+    def view(request: Any) -> Any:
+        return charge(request)
+
+    def send() -> Any:
+        request = RequestFactory().post(
+            "/charges/",
+            {"amount": 1},
+            content_type="application/json",
+            headers={"Idempotency-Key": "k1"},
+        )
+        request.user = alice
+        return view(request)
+
+    first = send()
+    retry = send()
+
+    assert first.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    assert effects("mw_charge") == 1
+    assert IdempotencyRecord.objects.count() == 1

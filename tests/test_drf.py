@@ -305,3 +305,76 @@ def test_concurrent_duplicates_run_the_view_once(alice: User) -> None:
     assert [r.status_code for r in losers] == [409] * 5
     assert winner.status_code == 201
     assert effects("drf") == 1
+
+
+# --- configuration that would protect nothing is refused when the class is created ----------
+
+
+@pytest.mark.parametrize(
+    ("attribute", "value"),
+    [
+        ("idempotency_mod", "atomic"),  # idempotency_mode
+        ("idempotency_action", {"create"}),  # idempotency_actions
+        ("get_idempotency_acount", lambda self, request: "tenant"),  # the account hook
+    ],
+)
+def test_a_misspelled_idempotency_attribute_is_refused_at_class_creation(
+    attribute: str, value: Any
+) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+    from rest_framework.viewsets import ViewSet
+
+    from idempotency_django.drf import IdempotentMixin
+
+    with pytest.raises(ImproperlyConfigured, match=rf"Charges: unknown attribute '{attribute}'"):
+        type("Charges", (IdempotentMixin, ViewSet), {attribute: value, "__module__": __name__})
+
+
+@pytest.mark.parametrize(
+    ("bases", "actions", "match"),
+    [
+        ("viewset", "create", "give a set of action names"),  # "update" in "partial_update"
+        ("apiview", {"post"}, "an APIView has none"),  # self.action is always None there
+    ],
+)
+def test_idempotency_actions_that_would_protect_nothing_are_refused(
+    bases: str, actions: Any, match: str
+) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+    from rest_framework.views import APIView
+    from rest_framework.viewsets import ViewSet
+
+    from idempotency_django.drf import IdempotentMixin
+
+    base = ViewSet if bases == "viewset" else APIView
+    with pytest.raises(ImproperlyConfigured, match=match):
+        type("Charges", (IdempotentMixin, base), {"idempotency_actions": actions})
+
+
+@pytest.mark.django_db
+def test_the_anonymous_403_speaks_of_drf_authentication() -> None:
+    """A view that lets anonymous callers through: the key has no account to belong to,
+    and the detail points at DRF's authentication, not at a decorator's order."""
+    from rest_framework.permissions import AllowAny
+    from rest_framework.response import Response
+    from rest_framework.test import APIRequestFactory
+    from rest_framework.views import APIView
+
+    from idempotency_django.drf import IdempotentMixin
+
+    class OpenCharges(IdempotentMixin, APIView):
+        authentication_classes: list[Any] = []
+        permission_classes = [AllowAny]
+
+        def post(self, request: Any) -> Response:
+            raise AssertionError("an anonymous key never runs the view")
+
+    request = APIRequestFactory().post(
+        "/open/", {"amount": 1}, format="json", HTTP_IDEMPOTENCY_KEY="k1"
+    )
+    refused = OpenCharges.as_view()(request)
+
+    assert refused.status_code == 403
+    detail = json.loads(refused.content)["detail"]
+    assert "authentication_classes" in detail
+    assert "outside @idempotent" not in detail

@@ -87,6 +87,16 @@ def test_a_malformed_key_and_an_anonymous_caller_are_refused(post: Post, alice: 
     assert effects("mw_plain") == 0
 
 
+def test_the_anonymous_403_speaks_of_the_middleware(post: Post, alice: User) -> None:
+    """No decorator here to move: the detail says where the middleware finds the user."""
+    refused = post("/mw/plain/", {"amount": 1}, user=None)
+
+    assert refused.status_code == 403
+    detail = problem(refused)["detail"]
+    assert "IdempotencyMiddleware" in detail
+    assert "outside @idempotent" not in detail
+
+
 def test_a_duplicate_while_the_first_runs_is_a_409(
     alice: User, post: Post, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -249,6 +259,74 @@ def test_a_decorated_view_is_protected_once(alice: User, post: Post, path: str, 
     assert retry["Idempotent-Replayed"] == "true"
     assert effects(label) == 1
     assert IdempotencyRecord.objects.count() == 1
+
+
+# --- nested layers of one scope: the outer claim governs, the inner layer runs once ---------------
+
+
+@pytest.mark.parametrize(
+    ("path", "label"),
+    [
+        ("/mw/wrapped/", "mw_wrapped"),  # @idempotent under a decorator without functools.wraps
+        ("/mw/calls-charge/", "mw_charge"),  # an undecorated view calling an @idempotent function
+        ("/mw/wrapped-calls-charge/", "mw_charge"),  # both: three layers of one scope
+    ],
+)
+def test_an_inner_idempotent_layer_runs_once_under_the_middlewares_claim(
+    alice: User, post: Post, monkeypatch: pytest.MonkeyPatch, path: str, label: str
+) -> None:
+    """The middleware claims the request, then meets ``@idempotent`` inside the view, for the
+    same account, endpoint and key. Claimed again, the inner layer would find the outer's
+    claim and answer 409 to every attempt, forever."""
+    duplicates: list[Any] = []
+    monkeypatch.setattr(
+        middleware_views, "DURING", [lambda: duplicates.append(post(path, {"amount": 1}))]
+    )
+    first = post(path, {"amount": 1})
+    monkeypatch.setattr(middleware_views, "DURING", [])
+    retry = post(path, {"amount": 1})
+
+    assert first.status_code == 201
+    assert "Idempotent-Replayed" not in first
+    [duplicate] = duplicates  # sent while the first held its claim
+    assert duplicate.status_code == 409
+    assert problem(duplicate)["type"].endswith("in-flight")
+    assert retry.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    assert effects(label) == 1
+    assert IdempotencyRecord.objects.count() == 1
+
+
+def test_a_second_inner_call_under_one_claim_is_refused(alice: User, post: Post) -> None:
+    """Once: the same key's work is not done twice because a view calls it twice."""
+    first = post("/mw/calls-charge-twice/", {"amount": 1})
+    retry = post("/mw/calls-charge-twice/", {"amount": 1})
+
+    assert json.loads(first.content) == {"first": 201, "second": 409}
+    assert retry["Idempotent-Replayed"] == "true"
+    assert effects("mw_charge") == 1
+
+
+def test_an_inner_layer_of_another_scope_holds_its_own_claim(alice: User, post: Post) -> None:
+    """An inner function that scopes its key apart (its own endpoint) claims its own record.
+    When the outer outcome is not stored (a 5xx releases the outer key), the retry runs the
+    view again, and the inner work is replayed from its own record, not redone."""
+    failed = post("/mw/calls-another-scope/", {"amount": 1}, X_Outer_Status="503")
+    assert failed.status_code == 503
+    assert list(IdempotencyRecord.objects.values_list("endpoint", flat=True)) == [
+        "charge-of-its-own"
+    ]
+
+    first = post("/mw/calls-another-scope/", {"amount": 1})
+    retry = post("/mw/calls-another-scope/", {"amount": 1})
+
+    assert first.status_code == 201
+    assert first["Idempotent-Replayed"] == "true"  # the inner function's stored outcome
+    assert retry["Idempotent-Replayed"] == "true"
+    assert effects("mw_own_scope") == 1
+    assert effects("mw_outer") == 2
+    assert IdempotencyRecord.objects.count() == 2
 
 
 def test_a_drf_view_with_the_mixin_is_protected_once(alice: User, client: Client) -> None:
@@ -631,3 +709,60 @@ def test_under_asgi_an_async_view_cancelled_as_it_returns_stores_its_response(
     assert retry.status_code == 201
     assert retry["Idempotent-Replayed"] == "true"
     assert effects("mw_async") == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "label"),
+    [
+        ("/mw/async-wrapped/", "mw_async_wrapped"),
+        ("/mw/async-calls-charge/", "mw_async_charge"),
+    ],
+)
+def test_under_asgi_an_inner_idempotent_layer_runs_once_under_the_middlewares_claim(
+    alice: User, path: str, label: str
+) -> None:
+    """The middleware in async mode, called as Django's ASGI handler calls it: the first
+    request parks inside the inner ``@idempotent`` layer, a duplicate is answered 409
+    meanwhile on the same loop; once the first has completed, a retry through the whole
+    ASGI stack is a replay."""
+    view = resolve(path).func
+
+    async def get_response(request: Any) -> Any:  # pragma: no cover - process_view answers
+        raise AssertionError("the view middleware answers protected requests")
+
+    middleware = IdempotencyMiddleware(get_response)
+
+    async def send() -> Any:
+        request = AsyncRequestFactory().post(
+            path,
+            data=json.dumps({"hold": True}),
+            content_type="application/json",
+            headers={"Idempotency-Key": "k1"},
+        )
+        request.user = alice
+        request.resolver_match = resolve(path)
+        return await middleware.process_view(request, view, (), {})
+
+    async def scenario() -> tuple[Any, Any]:
+        middleware_views.async_hold.entered = asyncio.Event()
+        middleware_views.async_hold.release = asyncio.Event()
+        first = asyncio.ensure_future(send())
+        await asyncio.wait_for(middleware_views.async_hold.entered.wait(), timeout=20)
+        duplicate = await asyncio.wait_for(send(), timeout=20)
+        middleware_views.async_hold.release.set()
+        return await asyncio.wait_for(first, timeout=20), duplicate
+
+    try:
+        first, duplicate = async_to_sync(scenario)()
+    finally:
+        middleware_views.async_hold.entered = middleware_views.async_hold.release = None
+    retry = apost(path, {"hold": True})
+
+    assert first.status_code == 201
+    assert duplicate.status_code == 409
+    assert problem(duplicate)["type"].endswith("in-flight")
+    assert retry.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    assert effects(label) == 1
+    assert IdempotencyRecord.objects.count() == 1

@@ -3,11 +3,18 @@ and for its setting, ``EXEMPT_URL_NAMES`` (E010)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import TYPE_CHECKING
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.wsgi import WSGIHandler
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
+from django.test import Client
 
 from idempotency_django.checks import check_middleware, check_settings
 
@@ -74,3 +81,63 @@ def test_the_check_command_reports_the_order(settings: Settings) -> None:
     settings.MIDDLEWARE = [SESSIONS, IDEMPOTENCY, AUTH]
     with pytest.raises(SystemCheckError, match=r"idempotency_django\.E012"):
         call_command("check")
+
+
+# --- refused when the server starts, not only by the checks it does not run ---------------------
+
+
+@pytest.mark.parametrize("handler", [WSGIHandler, ASGIHandler])
+def test_the_server_refuses_to_start_before_a_middleware_with_process_view(
+    settings: Settings, handler: type
+) -> None:
+    settings.MIDDLEWARE = [SESSIONS, AUTH, IDEMPOTENCY, COMMON, CSRF]
+    with pytest.raises(ImproperlyConfigured, match="CsrfViewMiddleware") as refused:
+        handler()
+    assert COMMON not in str(refused.value)  # no process_view: its order does not matter
+
+
+@pytest.mark.django_db
+def test_a_keyed_post_without_a_csrf_token_is_never_served(settings: Settings) -> None:
+    """Listed before CsrfViewMiddleware, the middleware would answer the view itself and
+    the CSRF check would never run: a forged POST with a key would get 201."""
+    settings.MIDDLEWARE = [SESSIONS, AUTH, IDEMPOTENCY, CSRF]
+    settings.ROOT_URLCONF = "tests.middleware_urls"
+    client = Client(enforce_csrf_checks=True)
+    with pytest.raises(ImproperlyConfigured, match="process_view"):
+        client.post("/mw/plain/", {"amount": 1}, headers={"Idempotency-Key": "k1"})
+
+
+@pytest.mark.parametrize(
+    "middleware",
+    [
+        pytest.param([SESSIONS, CSRF, AUTH, COMMON, IDEMPOTENCY], id="last"),
+        pytest.param([SESSIONS, AUTH, IDEMPOTENCY, COMMON], id="before-no-process-view"),
+        pytest.param([SESSIONS, AUTH, IDEMPOTENCY, "no.such.Middleware"], id="unimportable"),
+    ],
+)
+def test_a_safe_order_starts(settings: Settings, middleware: list[str]) -> None:
+    settings.MIDDLEWARE = [path for path in middleware if path != "no.such.Middleware"]
+    WSGIHandler()
+    ASGIHandler()
+
+
+def test_the_shipped_settings_start(settings: Settings) -> None:
+    """The test settings and the example project with the middleware last start; so does
+    the live-test project, as its own process (its URLs are the example project's)."""
+    from example_project import settings as example
+    from tests import settings as test_settings
+
+    for middleware in (
+        [*test_settings.MIDDLEWARE, IDEMPOTENCY],
+        [*example.MIDDLEWARE, IDEMPOTENCY],
+    ):
+        settings.MIDDLEWARE = middleware
+        WSGIHandler()
+    started = subprocess.run(
+        [sys.executable, "-c", "from django.core.wsgi import get_wsgi_application as g; g()"],
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.middleware_live_settings"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert started.returncode == 0, started.stderr

@@ -115,3 +115,21 @@ def test_concurrent_duplicates_of_a_decorated_view_are_claimed_once(alice: User)
     assert_one_ran(responses)
     assert effects("effect") == 1
     assert IdempotencyRecord.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "label"),
+    [("/mw/wrapped/", "mw_wrapped"), ("/mw/calls-charge/", "mw_charge")],
+)
+def test_concurrent_duplicates_of_a_nested_idempotent_layer_run_it_once(
+    alice: User, path: str, label: str
+) -> None:
+    """Claimed by the middleware, then met again by ``@idempotent`` inside the view: the
+    inner layer runs under the outer claim, and duplicates from other threads get 409."""
+    headers = {"Idempotency-Key": "k1", "X-User": "alice"}
+    responses = race(path, {"gate": True}, headers)
+
+    assert_one_ran(responses)
+    assert effects(label) == 1
+    assert send(path, {"gate": True}, headers)["Idempotent-Replayed"] == "true"
+    assert IdempotencyRecord.objects.count() == 1

@@ -223,6 +223,8 @@ def test_without_ninja_auth_the_django_user_is_the_account(client: Client, alice
     assert again["Idempotent-Replayed"] == "true"
     assert anonymous.status_code == 403
     assert anonymous.json()["type"] == "urn:idempotency-django:problem:anonymous"
+    assert "auth=" in anonymous.json()["detail"]  # ninja's way in, not a decorator's order
+    assert "outside @idempotent" not in anonymous.json()["detail"]
     assert effects("ninja-session") == 1
 
 
@@ -644,3 +646,98 @@ def test_an_async_operation_cancelled_as_it_returns_stores_its_response(
     assert retry["Idempotent-Replayed"] == "true"
     assert retry.json() == {"effect": SideEffect.objects.get().pk, "amount": 5}
     assert effects("ninja-async") == 1
+
+
+# --- plain operations under IdempotencyMiddleware: claimed after ninja's auth ---------------------
+
+
+@pytest.fixture
+def with_middleware(settings: Any) -> None:
+    settings.MIDDLEWARE = [
+        *settings.MIDDLEWARE,
+        "idempotency_django.middleware.IdempotencyMiddleware",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("path", "label"), [("/mw/plain/", "ninja-mw-plain"), ("/mw/async/", "ninja-mw-async")]
+)
+def test_the_middleware_protects_a_plain_operation_after_ninjas_auth(
+    send: Send, alice: User, bob: User, with_middleware: None, path: str, label: str
+) -> None:
+    """The middleware promises every view: a ninja operation with neither IdempotentRouter
+    nor @idempotent is claimed too, scoped to ninja's authenticated caller (a claim in the
+    middleware itself would see nobody: request.user is anonymous here)."""
+    first = send(path, {"amount": 1})
+    retry = send(path, {"amount": 1})
+    other = send(path, {"amount": 2})
+    bobs = send(path, {"amount": 1}, user="bob")
+    refused = send(path, {"amount": 1}, user="mallory")  # ninja's auth refuses: no claim
+
+    assert first.status_code == 201
+    assert retry.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    assert other.status_code == 422
+    assert bobs.status_code == 201
+    assert "Idempotent-Replayed" not in bobs
+    assert refused.status_code == 401
+    assert effects(label) == 2  # alice once, bob once
+    assert sorted(IdempotencyRecord.objects.values_list("account", flat=True)) == sorted(
+        [str(alice.pk), str(bob.pk)]
+    )
+
+
+def test_the_middleware_leaves_an_exempt_operation_alone(
+    send: Send, alice: User, with_middleware: None
+) -> None:
+    send("/mw/exempt/", {"amount": 1})
+    send("/mw/exempt/", {"amount": 1})
+
+    assert effects("ninja-mw-exempt") == 2
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_without_the_middleware_the_operation_is_as_ninja_made_it(
+    alice: User, settings: Any
+) -> None:
+    """The middleware decides per request: once it has seen an operation, the operation
+    still runs unprotected in a project (or a test) without the middleware."""
+    headers = {"Idempotency-Key": "k1", "Authorization": "Bearer alice"}
+    body = json.dumps({"amount": 1})
+    middleware = settings.MIDDLEWARE
+    settings.MIDDLEWARE = [*middleware, "idempotency_django.middleware.IdempotencyMiddleware"]
+    protected = Client()
+    for _ in range(2):
+        protected.post("/ninja/mw/plain/", body, "application/json", headers=headers)
+    settings.MIDDLEWARE = middleware
+    unprotected = Client()
+    for _ in range(2):
+        unprotected.post("/ninja/mw/plain/", body, "application/json", headers=headers)
+
+    assert effects("ninja-mw-plain") == 3
+    assert IdempotencyRecord.objects.count() == 1
+
+
+def test_under_asgi_the_middleware_protects_a_plain_async_operation(
+    alice: User, with_middleware: None
+) -> None:
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncClient
+
+    async def send() -> Any:
+        return await AsyncClient().post(
+            "/ninja/mw/async/",
+            data=json.dumps({"amount": 1}),
+            content_type="application/json",
+            headers={"Idempotency-Key": "k1", "Authorization": "Bearer alice"},
+        )
+
+    first = async_to_sync(send)()
+    retry = async_to_sync(send)()
+
+    assert first.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    assert effects("ninja-mw-async") == 1
+    assert IdempotencyRecord.objects.get().account == str(alice.pk)

@@ -186,3 +186,66 @@ def test_get_is_untouched(server: Server) -> None:
     )
     assert first.status_code == 200
     assert REPLAYED not in first.headers
+
+
+# --- under uvicorn: nested layers of one scope -------------------------------------------------
+
+NESTED = ["/mw/async/wrapped/charges/", "/mw/async/calls/charges/"]
+
+
+@pytest.fixture(scope="module")
+def asgi_server(e2e_db: Database, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """uvicorn serving the example with the middleware (its own settings module)."""
+    log_path = tmp_path_factory.mktemp("uvicorn-middleware") / "uvicorn.log"
+    log_file = log_path.open("wb")
+    env = example_env(e2e_db.url)
+    env["DJANGO_SETTINGS_MODULE"] = "tests.middleware_live_settings"
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "example_project.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+            "--lifespan",
+            "off",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    running = Server(process=process, port=port, log_path=log_path, _log_file=log_file)
+    try:
+        running.wait_log("Started server process", 2)
+        running.wait_ready()
+        yield running
+    finally:
+        running.stop()
+        print(f"--- uvicorn (middleware) on port {port} ---\n{running.log()}")
+
+
+@pytest.mark.parametrize("path", NESTED)
+def test_under_uvicorn_an_inner_idempotent_layer_charges_once(
+    asgi_server: Server, path: str
+) -> None:
+    """The middleware claims, then meets ``@idempotent`` inside the view (hidden by a
+    decorator without functools.wraps, or called by an undecorated view): concurrent
+    duplicates charge once, and the retry is a replay (claimed twice, every one was a 409)."""
+    before = asgi_server.charge_count()
+    key = new_key()
+    body = charge_body()
+
+    responses = concurrently(8, lambda: asgi_server.post_charge(body, key=key, path=path))
+
+    ran = assert_one_ran(responses)
+    assert asgi_server.charge_count() == before + 1
+    assert_replay(asgi_server.post_charge(body, key=key, path=path), ran)
