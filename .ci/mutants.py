@@ -104,6 +104,28 @@ MUTANTS = [
         (DEC + "test_claim_lost_completion_does_not_overwrite_the_new_owner",),
     ),
     Mutant(
+        "lost-claim-read-ignores-endpoint",
+        "PostgreSQL's claim-or-read reads ignoring the endpoint: another endpoint's record answers",
+        "store.py",
+        'f"WHERE {where_key} AND NOT EXISTS (SELECT 1 FROM ins)"',
+        "f\"WHERE {where_key.replace(column['endpoint'] + ' = %s', '%s IS NOT NULL')} \"\n"
+        '            "AND NOT EXISTS (SELECT 1 FROM ins)"',
+        (
+            DEC + "test_a_retry_is_answered_with_its_own_endpoints_record",
+            HOT + "test_a_claim_that_waited_reads_its_own_endpoints_row_not_another_endpoints",
+        ),
+    ),
+    Mutant(
+        "read-ignores-endpoint",
+        "the read after a lost claim (MariaDB's, PostgreSQL's after a wait) ignores the endpoint",
+        "store.py",
+        "read = f\"SELECT {', '.join(selected)} FROM {table} WHERE {where_key}\"",
+        "read = f\"SELECT {', '.join(selected)} FROM {table} WHERE \" + where_key.replace(\n"
+        "        column['endpoint'] + ' = %s', '%s IS NOT NULL'\n"
+        "    )",
+        (HOT + "test_a_claim_that_waited_reads_its_own_endpoints_row_not_another_endpoints",),
+    ),
+    Mutant(
         "claim-always-succeeds",
         "the claim reports success on a conflict: every duplicate runs the view",
         "store.py",
