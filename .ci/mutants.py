@@ -131,6 +131,15 @@ MUTANTS = [
         ),
     ),
     Mutant(
+        "lost-claim-read-ignores-account",
+        "PostgreSQL's claim-or-read reads ignoring the account: one user's retry gets another's",
+        "store.py",
+        'f"WHERE {where_key} AND NOT EXISTS (SELECT 1 FROM ins)"',
+        "f\"WHERE {where_key.replace(column['account'] + ' = %s', '%s IS NOT NULL')} \"\n"
+        '            "AND NOT EXISTS (SELECT 1 FROM ins)"',
+        (DEC + "test_two_accounts_with_one_key_are_independent",),
+    ),
+    Mutant(
         "read-ignores-endpoint",
         "the read after a lost claim (MariaDB's, PostgreSQL's after a wait) ignores the endpoint",
         "store.py",
