@@ -123,8 +123,9 @@ MUTANTS = [
         "PostgreSQL's claim-or-read reads ignoring the endpoint: another endpoint's record answers",
         "store.py",
         'f"WHERE {where_key} AND NOT EXISTS (SELECT 1 FROM ins)"',
-        "f\"WHERE {where_key.replace(column['endpoint'] + ' = %s', '%s IS NOT NULL')} \"\n"
-        '            "AND NOT EXISTS (SELECT 1 FROM ins)"',
+        '"WHERE " + where_key.replace(\n'
+        "            column['endpoint'] + ' = %s', '(' + column['endpoint'] + ' = %s OR TRUE)'\n"
+        '            ) + " AND NOT EXISTS (SELECT 1 FROM ins)"',
         (
             DEC + "test_a_retry_is_answered_with_its_own_endpoints_record",
             HOT + "test_a_claim_that_waited_reads_its_own_endpoints_row_not_another_endpoints",
@@ -135,8 +136,9 @@ MUTANTS = [
         "PostgreSQL's claim-or-read reads ignoring the account: one user's retry gets another's",
         "store.py",
         'f"WHERE {where_key} AND NOT EXISTS (SELECT 1 FROM ins)"',
-        "f\"WHERE {where_key.replace(column['account'] + ' = %s', '%s IS NOT NULL')} \"\n"
-        '            "AND NOT EXISTS (SELECT 1 FROM ins)"',
+        '"WHERE " + where_key.replace(\n'
+        "            column['account'] + ' = %s', '(' + column['account'] + ' = %s OR TRUE)'\n"
+        '            ) + " AND NOT EXISTS (SELECT 1 FROM ins)"',
         (DEC + "test_two_accounts_with_one_key_are_independent",),
     ),
     Mutant(
@@ -145,7 +147,7 @@ MUTANTS = [
         "store.py",
         "read = f\"SELECT {', '.join(selected)} FROM {table} WHERE {where_key}\"",
         "read = f\"SELECT {', '.join(selected)} FROM {table} WHERE \" + where_key.replace(\n"
-        "        column['endpoint'] + ' = %s', '%s IS NOT NULL'\n"
+        "        column['endpoint'] + ' = %s', '(' + column['endpoint'] + ' = %s OR TRUE)'\n"
         "    )",
         (HOT + "test_a_claim_that_waited_reads_its_own_endpoints_row_not_another_endpoints",),
     ),
