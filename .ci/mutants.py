@@ -17,8 +17,8 @@ suite's. The end-to-end tests (marker ``e2e``: gunicorn, uvicorn, a browser) are
 they reach the package through real servers, are slow and the likeliest to flake under
 load, and a promise only they would guard wants an in-process test anyway. With ``-x`` and
 the mutant's named tests first (same verdict, a different order), a killed mutant is over
-in the time of one collection; only a survivor runs everything. On two shared cores the
-whole list takes about half an hour::
+in the time of one collection (about 40 s); only a survivor runs everything. On two cores
+shared with other work, 52 mutants took 47 minutes, 15 of them the unmutated run::
 
     nohup python .ci/mutants.py --full --database-url postgres://root@127.0.0.1:5432/mutants \\
         > mutants-full.log 2>&1 &
