@@ -409,7 +409,8 @@ def test_release_is_one_delete_that_checks_state_and_lease_itself(client_: Clien
 @pytest.mark.parametrize(
     "meanwhile",
     [
-        pytest.param({"lease_expires_at": timezone.now() + timedelta(minutes=1)}, id="renewed"),
+        # A timedelta counts from the change (a time taken at collection may have passed).
+        pytest.param({"lease_expires_at": timedelta(minutes=1)}, id="renewed"),
         pytest.param(
             {"state": State.COMPLETED, "response_status": 201, "lease_expires_at": None},
             id="completed",
@@ -426,7 +427,11 @@ def test_release_keeps_a_record_that_changed_just_before_its_delete(
 
     def change_it_first(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         if sql.lstrip().upper().startswith("DELETE"):
-            IdempotencyRecord.objects.filter(pk=record.pk).update(**meanwhile)
+            changes = {
+                name: timezone.now() + value if isinstance(value, timedelta) else value
+                for name, value in meanwhile.items()
+            }
+            IdempotencyRecord.objects.filter(pk=record.pk).update(**changes)
         return execute(sql, params, many, context)
 
     with connections["default"].execute_wrapper(change_it_first):

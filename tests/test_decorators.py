@@ -283,14 +283,40 @@ def test_anonymous_bypass_runs_unprotected(post: Post, settings, db) -> None:  #
 def test_two_accounts_with_one_key_are_independent(alice: User, bob: User, post: Post) -> None:
     for_alice = post("/effect/", {"amount": 1}, user="alice")
     for_bob = post("/effect/", {"amount": 1}, user="bob")
-    bob_with_other_body = post("/effect/", {"amount": 2}, user="bob", key="k2")
-    alice_same_key_other_body = post("/effect/", {"amount": 2}, user="alice", key="k2")
+    alice_retry = post("/effect/", {"amount": 1}, user="alice")
+    bob_retry = post("/effect/", {"amount": 1}, user="bob")
 
-    assert for_bob.status_code == 201
+    assert for_alice.status_code == for_bob.status_code == 201
     assert "Idempotent-Replayed" not in for_bob
     assert json.loads(for_bob.content)["effect"] != json.loads(for_alice.content)["effect"]
-    assert bob_with_other_body.status_code == alice_same_key_other_body.status_code == 201
+    # Each retry is its own account's first response, replayed: one run per account.
+    assert (alice_retry.status_code, alice_retry.content) == (201, for_alice.content)
+    assert (bob_retry.status_code, bob_retry.content) == (201, for_bob.content)
+    assert alice_retry["Idempotent-Replayed"] == bob_retry["Idempotent-Replayed"] == "true"
+    assert effects() == 2
+
+    # One account's body is no mismatch for the other's request under the same key.
+    bob_with_other_body = post("/effect/", {"amount": 2}, user="bob", key="k2")
+    alice_with_another = post("/effect/", {"amount": 3}, user="alice", key="k2")
+    assert bob_with_other_body.status_code == alice_with_another.status_code == 201
     assert effects() == 4
+
+
+def test_a_retry_is_answered_with_its_own_endpoints_record(alice: User, post: Post) -> None:
+    """One account, one key, three endpoints: the retry's claim loses, and the read that
+    follows must find its endpoint's record. The other two were written first and their
+    endpoints sort on either side, so a read that ignored the endpoint would find one of
+    them first, whatever order the database returns rows in."""
+    firsts = {
+        path: post(path, {"amount": 1}) for path in ("/effect/1/", "/effect/3/", "/effect/2/")
+    }
+    retry = post("/effect/2/", {"amount": 1})
+
+    assert [first.status_code for first in firsts.values()] == [201, 201, 201]
+    assert retry.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == firsts["/effect/2/"].content
+    assert effects() == 3
 
 
 def test_custom_account_callable_scopes_keys(alice: User, bob: User, post: Post, settings) -> None:  # type: ignore[no-untyped-def]

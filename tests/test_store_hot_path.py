@@ -274,3 +274,32 @@ def test_a_claim_that_waited_for_a_concurrent_claim_reads_the_row_it_lost_to(
     assert replay["Idempotent-Replayed"] == "true"
     assert effects() == 1
     assert attempts.qsize() == 2  # one claim attempt each: no race loop
+
+
+@pytest.mark.concurrency
+def test_a_claim_that_waited_reads_its_own_endpoints_row_not_another_endpoints(
+    alice: User,
+) -> None:
+    """The same race, with the account's key already used on two other endpoints (written
+    first, their endpoints sorting on either side of ``/atomic/``): the read after the
+    wait must find ``/atomic/``'s row, the one the claim lost to, never another endpoint's
+    record (a 422, or another endpoint's response)."""
+    before = [send(path, {"gate": False}) for path in ("/async/", "/effect/")]
+    first: queue.Queue[Any] = queue.Queue()
+    holder = threading.Thread(target=lambda: first.put(send("/atomic/", {"gate": True})))
+    holder.start()
+    assert gate.entered.wait(20)
+    second: queue.Queue[Any] = queue.Queue()
+    waiter = threading.Thread(target=lambda: second.put(send("/atomic/", {"gate": True})))
+    waiter.start()
+    assert wait_until(lambda: lock_waiters() >= 1)
+    finish([holder, waiter])
+
+    assert [response.status_code for response in before] == [201, 201]
+    original = first.get(timeout=5)
+    assert original.status_code == 201
+    replay = second.get(timeout=5)
+    assert replay.status_code == 201
+    assert replay["Idempotent-Replayed"] == "true"
+    assert replay.content == original.content
+    assert effects() == 3
