@@ -16,6 +16,7 @@ from drf_spectacular.openapi import AutoSchema
 from rest_framework.settings import api_settings
 
 from idempotency_django import contract
+from idempotency_django.conf import status_predicate
 
 
 def document(view: Any, method: str, operation: dict[str, Any]) -> dict[str, Any]:
@@ -31,6 +32,7 @@ def document(view: Any, method: str, operation: dict[str, Any]) -> dict[str, Any
         operation,
         required=bool(options.pick("required", "REQUIRED")),
         ttl=None if ttl is None else float(ttl),
+        stored=status_predicate(options.pick("store_statuses", "STORE_STATUSES")),
     )
 
 
