@@ -928,6 +928,14 @@ MUTANTS = [
             "test_openapi.py::test_the_published_key_schema_accepts_what_the_server_accepts",
         ),
     ),
+    Mutant(
+        "openapi-mixin-docstring-described",
+        "IdempotentMixin's docstring becomes the description of every undocumented DRF operation",
+        "openapi.py",
+        "                return _view_doc(self.view.__class__)",
+        "                return description",
+        ("test_openapi.py::test_the_mixins_docstring_describes_no_operation",),
+    ),
 ]
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -460,3 +460,45 @@ def test_the_replay_header_follows_store_statuses(generate: Generate) -> None:
     assert "Idempotent-Replayed" in responses["409"]["headers"]
     for status in ("400", "415", "422"):
         assert "Idempotent-Replayed" not in responses[status].get("headers", {}), status
+
+
+def test_the_mixins_docstring_describes_no_operation() -> None:
+    """drf-spectacular describes an operation by the first docstring in its view's MRO: a
+    view without one is not described by ``IdempotentMixin``'s, meant for its users."""
+    from drf_spectacular.types import OpenApiTypes
+    from drf_spectacular.utils import extend_schema
+    from rest_framework.response import Response
+    from rest_framework.views import APIView
+
+    from idempotency_django.drf import IdempotentMixin
+
+    class Undocumented(IdempotentMixin, APIView):
+        @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT})
+        def post(self, request: Any) -> Response:
+            return Response(status=201)
+
+    class Base(APIView):
+        """Charges, from a documented base."""
+
+    class Inherited(IdempotentMixin, Base):
+        def post(self, request: Any) -> Response:
+            return Response(status=201)
+
+    class Documented(IdempotentMixin, APIView):
+        """Charges, documented."""
+
+        def post(self, request: Any) -> Response:
+            """Create a charge."""
+            return Response(status=201)
+
+    patterns = [
+        path("undocumented/", Undocumented.as_view()),
+        path("inherited/", Inherited.as_view()),
+        path("documented/", Documented.as_view()),
+    ]
+    paths = SchemaGenerator(patterns=patterns).get_schema(request=None, public=True)["paths"]
+
+    assert "description" not in paths["/undocumented/"]["post"]
+    assert paths["/inherited/"]["post"]["description"] == "Charges, from a documented base."
+    assert paths["/documented/"]["post"]["description"] == "Create a charge."
+    assert key_header(paths["/undocumented/"]["post"]) is not None
