@@ -14,7 +14,7 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.http import HttpResponseBase
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, viewsets
 from rest_framework.authentication import BasicAuthentication
 from rest_framework.permissions import IsAuthenticated
@@ -67,7 +67,13 @@ class ChargeViewSet(IdempotentMixin, viewsets.ViewSet):
 
     @extend_schema(
         request=OpenApiTypes.OBJECT,
-        responses={201: OpenApiTypes.OBJECT, 402: OpenApiTypes.OBJECT},
+        responses={
+            201: OpenApiTypes.OBJECT,
+            **{
+                (status, service.PROBLEM): OpenApiResponse(service.PROBLEM_SCHEMA, description=text)
+                for status, text in service.PROBLEM_ANSWERS.items()
+            },
+        },
         summary="Charge a card, once per Idempotency-Key",
     )
     def create(self, request: Request) -> Response:
