@@ -242,3 +242,24 @@ def test_every_answer_is_documented_as_it_is_sent(
         root = {**body_schema, "components": schema.get("components", {})}
         assert validator(root).is_valid(got["body"]), name
     assert sent >= {"201", "400", "401", "402", "415", "504"}
+
+
+@pytest.mark.parametrize("document", ["ninja schema", "drf schema"])
+def test_the_charge_body_is_published_required_and_typed(
+    answers: dict[str, Any], document: str
+) -> None:
+    from openapi_schema_validator import OAS30Validator, OAS31Validator
+
+    schema = answers[document]["body"]
+    path = "/ninja/charges/" if document == "ninja schema" else "/api/charges/"
+    body = schema["paths"][path]["post"]["requestBody"]
+    validator = OAS31Validator if schema["openapi"].startswith("3.1") else OAS30Validator
+    root = {
+        **body["content"]["application/json"]["schema"],
+        "components": schema.get("components", {}),
+    }
+
+    assert body.get("required") is True
+    assert validator(root).is_valid({"amount": 1000, "currency": "eur", "card": "tok_visa"})
+    assert not validator(root).is_valid({"amount": 1000, "currency": "eur"})
+    assert not validator(root).is_valid({"amount": 0, "currency": "eur", "card": "tok_visa"})
