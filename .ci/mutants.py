@@ -922,6 +922,68 @@ MUTANTS = [
         "        if False:\n            raise ImproperlyConfigured(",
         ("test_drf.py::test_a_misspelled_idempotency_attribute_is_refused_at_class_creation",),
     ),
+    Mutant(
+        "contract-problem-type-closed",
+        "the published problem type is an enum of the app's types: a view's own problem fails",
+        "contract.py",
+        '                "format": "uri-reference",\n',
+        '                "format": "uri-reference",\n                "enum": types,\n',
+        ("test_openapi.py::test_a_views_own_problem_types_validate",),
+    ),
+    Mutant(
+        "contract-view-problem-schema-replaced",
+        "the view's own problem+json schema for a status is replaced by the app's",
+        "contract.py",
+        '        theirs["schema"] = {"anyOf": [theirs["schema"], mine["schema"]]}',
+        '        theirs["schema"] = mine["schema"]',
+        ("test_openapi.py::test_a_views_own_problem_schema_is_kept_beside_the_apps",),
+    ),
+    Mutant(
+        "contract-replay-header-not-on-problem-statuses",
+        "a view's stored 400 or 422 is replayed with a header its schema does not document",
+        "contract.py",
+        "        if code.isdigit() and stored(int(code)):",
+        "        if code.isdigit() and stored(int(code)) and int(code) not in PROBLEMS:",
+        ("test_openapi.py::test_every_stored_status_documents_the_replay_header",),
+    ),
+    Mutant(
+        "contract-replay-header-ignores-store-statuses",
+        "the replay header is documented on statuses STORE_STATUSES never stores",
+        "contract.py",
+        "        if code.isdigit() and stored(int(code)):",
+        '        if code.isdigit() and code[0] in "234" and code != "409":',
+        ("test_openapi.py::test_the_replay_header_follows_store_statuses",),
+    ),
+    Mutant(
+        "key-pattern-quoted-unbounded",
+        "the published pattern lets a quoted key longer than the parser's limit through",
+        "keys.py",
+        '{_QUOTED_CHARACTER}{{1,{KEY_MAX_LENGTH}}}")$',
+        '{_QUOTED_CHARACTER}+")$',
+        (
+            "test_keys.py::test_parse_key_accepts_exactly_the_published_schema",
+            "test_openapi.py::test_the_published_key_schema_accepts_what_the_server_accepts",
+        ),
+    ),
+    Mutant(
+        "key-pattern-bare-quote-first",
+        "the published pattern lets a bare value start with a quote, which the parser refuses",
+        "keys.py",
+        r'rf"^(?:[\x21\x23-\x2b\x2d-\x7e]{KEY_CHARACTER}',
+        r'rf"^(?:{KEY_CHARACTER}{KEY_CHARACTER}',
+        (
+            "test_keys.py::test_parse_key_accepts_exactly_the_published_schema",
+            "test_openapi.py::test_the_published_key_schema_accepts_what_the_server_accepts",
+        ),
+    ),
+    Mutant(
+        "openapi-mixin-docstring-described",
+        "IdempotentMixin's docstring becomes the description of every undocumented DRF operation",
+        "openapi.py",
+        "                return _view_doc(self.view.__class__)",
+        "                return description",
+        ("test_openapi.py::test_the_mixins_docstring_describes_no_operation",),
+    ),
 ]
 
 ROOT = Path(__file__).resolve().parent.parent

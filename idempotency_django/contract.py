@@ -11,12 +11,13 @@ text is built when a schema is generated, from the settings in force (``HEADER``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from idempotency_django import exceptions
 from idempotency_django.codecs import ResponseUnreadable
 from idempotency_django.conf import conf
-from idempotency_django.keys import KEY_CHARACTER
+from idempotency_django.keys import KEY_PATTERN, KEY_VALUE_MAX_LENGTH
 from idempotency_django.models import KEY_MAX_LENGTH
 
 #: The problems each status can carry, in the order a reader meets them.
@@ -63,7 +64,13 @@ def ttl_text(ttl: float | None) -> str:
 
 
 def key_parameter(*, required: bool, ttl: float | None) -> dict[str, Any]:
-    """The header parameter: its name, format, maximum length and the expiry policy."""
+    """The header parameter: its name, format, maximum length and the expiry policy.
+
+    The pattern and ``maxLength`` accept exactly the values ``keys.parse_key`` accepts, in
+    both forms: a client that validates against them is never refused a key the server
+    takes, nor sent one it would refuse. The pattern carries the key's length limit (the
+    unquoted key's); ``maxLength`` is the longest value it allows (every character escaped).
+    """
     header = conf.HEADER
     return {
         "in": "header",
@@ -72,8 +79,8 @@ def key_parameter(*, required: bool, ttl: float | None) -> dict[str, Any]:
         "schema": {
             "type": "string",
             "minLength": 1,
-            "maxLength": KEY_MAX_LENGTH,
-            "pattern": f"^{KEY_CHARACTER}+$",
+            "maxLength": KEY_VALUE_MAX_LENGTH,
+            "pattern": KEY_PATTERN,
         },
         "description": (
             "Names one logical operation: send the same key on every retry of it, and a new "
@@ -81,7 +88,8 @@ def key_parameter(*, required: bool, ttl: float | None) -> dict[str, Any]:
             f"first response, marked with {conf.REPLAY_HEADER}: true. The key is 1 to "
             f"{KEY_MAX_LENGTH} visible ASCII characters other than a comma (not only "
             "spaces), sent in one header line; its RFC 8941 "
-            'quoted-string form ("...", with \\" and \\\\ escapes) names the same key. '
+            'quoted-string form ("...", with \\" and \\\\ escapes, where spaces are allowed) '
+            f"names the same key, of 1 to {KEY_MAX_LENGTH} characters once unquoted. "
             "Keys are scoped to the authenticated account and the endpoint. "
             + ttl_text(ttl)
             + ("" if required else f" Without {header}, the request runs unprotected.")
@@ -90,20 +98,29 @@ def key_parameter(*, required: bool, ttl: float | None) -> dict[str, Any]:
 
 
 def problem_schema() -> dict[str, Any]:
-    """RFC 9457 problem details, with the app's stable ``type`` URIs listed."""
+    """RFC 9457 problem details, with the app's stable ``type`` URIs named.
+
+    ``type`` is open: the status is shared with the view's own problems (a 400 of its own
+    validation, a 422 of its business rules), whose types the app cannot know, so the app's
+    types are listed in the description and an example, not as an enum that would refuse
+    every other.
+    """
+    types = sorted(
+        {
+            f"{conf.PROBLEM_TYPE_BASE}{problem.slug}"
+            for problems in PROBLEMS.values()
+            for problem in problems
+        }
+    )
     return {
         "type": "object",
         "properties": {
             "type": {
                 "type": "string",
-                "format": "uri",
-                "enum": sorted(
-                    {
-                        f"{conf.PROBLEM_TYPE_BASE}{problem.slug}"
-                        for problems in PROBLEMS.values()
-                        for problem in problems
-                    }
-                ),
+                "format": "uri-reference",
+                "description": "The problem type (RFC 9457): the view's own, or one of this "
+                f"API's idempotency problems: {', '.join(types)}.",
+                "example": f"{conf.PROBLEM_TYPE_BASE}{exceptions.KeyMismatch.slug}",
             },
             "title": {"type": "string"},
             "status": {"type": "integer"},
@@ -152,33 +169,53 @@ def expiry_extension(ttl: float | None) -> dict[str, Any]:
     }
 
 
-def document(operation: dict[str, Any], *, required: bool, ttl: float | None) -> dict[str, Any]:
+def _merge_problem(response: dict[str, Any], ours: dict[str, Any]) -> None:
+    """Add the app's problem content to the view's own ``response`` for the same status.
+
+    A problem+json schema the view documented is kept, as one alternative (``anyOf``: a body
+    of either kind validates, and one that fits both is not refused as ``oneOf`` would).
+    """
+    content = response.setdefault("content", {})
+    theirs = content.get(PROBLEM_MEDIA_TYPE)
+    mine = ours["content"][PROBLEM_MEDIA_TYPE]
+    if not isinstance(theirs, dict) or "schema" not in theirs:
+        content[PROBLEM_MEDIA_TYPE] = {**(theirs or {}), **mine}
+    elif theirs["schema"] != mine["schema"]:
+        theirs["schema"] = {"anyOf": [theirs["schema"], mine["schema"]]}
+    response.setdefault("headers", {}).update(ours.get("headers", {}))
+
+
+def document(
+    operation: dict[str, Any],
+    *,
+    required: bool,
+    ttl: float | None,
+    stored: Callable[[int], bool],
+) -> dict[str, Any]:
     """Add the contract to ``operation`` (an OpenAPI operation object) and return it.
 
     The key parameter is appended; a problem status the operation already documents keeps
-    its description and gains the problem+json content (a view's own 422 and the app's 422
-    share the status). The replay header goes on every 2xx, 3xx and 4xx response that is not
-    one of the app's problems: those are what can be stored and replayed. Status keys may be
-    strings (drf-spectacular) or ints (django-ninja); new ones follow the operation's kind.
+    its description and its own problem+json schema, and gains the app's as an alternative
+    (a view's own 422 and the app's 422 share the status). The replay header goes on every
+    response whose status ``stored`` (the view's ``STORE_STATUSES``) stores, the app's
+    problem statuses included: the app's problems are never stored, but the view's own
+    answers with those statuses are (a serializer's 400), and are replayed with it. Status
+    keys may be strings (drf-spectacular) or ints (django-ninja); new ones follow the
+    operation's kind.
     """
     operation.setdefault("parameters", []).append(key_parameter(required=required, ttl=ttl))
     responses: dict[Any, Any] = operation.setdefault("responses", {})
     ints = bool(responses) and all(isinstance(status, int) for status in responses)
-    own: set[Any] = set()
     for status in PROBLEMS:
         ours = problem_response(status)
         name = next((n for n in (status, str(status)) if n in responses), None)
         if name is None:
             responses[status if ints else str(status)] = ours
-        else:  # the view's own response with this status: stored and replayed too
-            responses[name].setdefault("content", {}).update(ours["content"])
-            responses[name].setdefault("headers", {}).update(ours.get("headers", {}))
-            own.add(name)
+        else:
+            _merge_problem(responses[name], ours)
     for status, response in responses.items():
         code = str(status)
-        if not (code.isdigit() and code[0] in "234"):
-            continue  # 1xx, 5xx and "default" are never replayed
-        if int(code) not in PROBLEMS or (status in own and code != "409"):
+        if code.isdigit() and stored(int(code)):  # "default" names no status
             response.setdefault("headers", {})[conf.REPLAY_HEADER] = replay_header()
     operation["x-idempotency"] = expiry_extension(ttl)
     return operation

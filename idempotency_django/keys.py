@@ -103,6 +103,21 @@ MAX_JSON_DEPTH = 128
 # What a bare key is made of, as the published contract (contract.key_parameter) gives it
 # to clients: visible ASCII but the comma, which parse_key refuses in any form.
 KEY_CHARACTER = r"[\x21-\x2b\x2d-\x7e]"
+
+# The header's value exactly as parse_key accepts it (a field value, which HTTP gives
+# without surrounding whitespace), for the published contract: a bare key, which cannot
+# start with a quote (that is read as a quoted string); or a quoted string of printable
+# ASCII but the comma, with \" and \\ escapes, not only spaces. Both are 1 to
+# KEY_MAX_LENGTH characters once unquoted, a limit only a pattern can state for the
+# quoted form (an escape is two characters of the value, one of the key). Written in the
+# common subset of ECMA-262 (what OpenAPI means) and Python's re: no identity escapes.
+_QUOTED_CHARACTER = r'(?:[\x20\x21\x23-\x2b\x2d-\x5b\x5d-\x7e]|\\["\\])'
+KEY_PATTERN = (
+    rf"^(?:[\x21\x23-\x2b\x2d-\x7e]{KEY_CHARACTER}{{0,{KEY_MAX_LENGTH - 1}}}"
+    rf'|"(?! *"){_QUOTED_CHARACTER}{{1,{KEY_MAX_LENGTH}}}")$'
+)
+# The longest value KEY_PATTERN accepts: a quoted key written with escapes only.
+KEY_VALUE_MAX_LENGTH = 2 + 2 * KEY_MAX_LENGTH
 _VISIBLE_ASCII = re.compile(r"[\x21-\x7e]*")
 
 

@@ -47,7 +47,7 @@ from ninja.operation import Operation, PathView
 from ninja.utils import contribute_operation_callback
 
 from idempotency_django import contract, keys
-from idempotency_django.conf import DEFAULTS, conf
+from idempotency_django.conf import DEFAULTS, conf, status_predicate
 from idempotency_django.exceptions import IdempotencyError
 from idempotency_django.protect import (
     _UNSET,
@@ -403,6 +403,7 @@ class _SchemaExtra(Mapping[str, Any]):
             extra,
             required=bool(options.pick("required", "REQUIRED")),
             ttl=None if ttl is None else float(ttl),
+            stored=status_predicate(options.pick("store_statuses", "STORE_STATUSES")),
         )
 
     def __getitem__(self, name: str) -> Any:

@@ -13,9 +13,12 @@ from typing import Any
 
 from drf_spectacular.extensions import OpenApiViewExtension
 from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.plumbing import get_doc
+from drf_spectacular.settings import spectacular_settings
 from rest_framework.settings import api_settings
 
 from idempotency_django import contract
+from idempotency_django.conf import status_predicate
 
 
 def document(view: Any, method: str, operation: dict[str, Any]) -> dict[str, Any]:
@@ -31,6 +34,7 @@ def document(view: Any, method: str, operation: dict[str, Any]) -> dict[str, Any
         operation,
         required=bool(options.pick("required", "REQUIRED")),
         ttl=None if ttl is None else float(ttl),
+        stored=status_predicate(options.pick("store_statuses", "STORE_STATUSES")),
     )
 
 
@@ -44,7 +48,32 @@ def _documenting(base: type[AutoSchema]) -> type[AutoSchema]:
                 return None
             return document(self.view, self.method, operation)
 
+        def get_description(self) -> str:
+            description: str = super().get_description()
+            if description and description == get_doc(self.view.__class__):
+                return _view_doc(self.view.__class__)
+            return description
+
     return IdempotentSchema
+
+
+def _view_doc(view_class: type) -> str:
+    """The view's docstring as drf-spectacular finds it, but not the library's.
+
+    drf-spectacular takes the first docstring in the view's MRO (up to DRF's own classes),
+    so a view without one would be described by ``IdempotentMixin``'s docstring, on every
+    operation: that text is for the mixin's users, not the API's.
+    """
+    mro = view_class.__mro__
+    barrier = min(
+        (mro.index(klass) for klass in spectacular_settings.GET_LIB_DOC_EXCLUDES() if klass in mro),
+        default=len(mro),
+    )
+    for klass in mro[:barrier]:
+        if klass.__module__.startswith("idempotency_django.") or not klass.__doc__:
+            continue
+        return get_doc(klass)
+    return ""
 
 
 def _with_schema(handler: Any, schema: type[AutoSchema]) -> Any:

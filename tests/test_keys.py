@@ -150,6 +150,66 @@ def test_parse_key_accepts_exactly_the_published_pattern(character: str) -> None
     assert accepted is bool(pattern.fullmatch(raw))
 
 
+_SAMPLE = ' \t"\\,!#az09~\x00\x7f\u00e9'
+
+
+def _bare() -> Any:
+    from hypothesis import strategies as st
+
+    return st.text(alphabet=st.sampled_from(_SAMPLE), max_size=300) | st.builds(
+        lambda n, tail: "k" * n + tail,
+        st.integers(0, KEY_MAX_LENGTH + 2),
+        st.text(alphabet=st.sampled_from(_SAMPLE), max_size=2),
+    )
+
+
+def _quoted() -> Any:
+    """Quoted strings near the limits: unescaped characters and escapes (an escape is two
+    characters of the value, one of the key), any run of them, and what may follow."""
+    from hypothesis import strategies as st
+
+    piece = st.sampled_from([*_SAMPLE, "k", '\\"', "\\\\", "\\n"])
+    short = st.lists(piece, max_size=8).map("".join)
+    long = st.builds(
+        lambda n, escape, tail: ("k" * n if not escape else '\\"' * n) + tail,
+        st.integers(0, KEY_MAX_LENGTH + 2),
+        st.booleans(),
+        short,
+    )
+    return st.builds(
+        lambda inner, end: f'"{inner}{end}',
+        short | long,
+        st.sampled_from(['"', "", '""', '"x', "\\"]),
+    )
+
+
+def test_parse_key_accepts_exactly_the_published_schema() -> None:
+    """For any header value, the published pattern and maximum length allow it exactly
+    when the parser accepts it, bare or quoted: a client validating against the schema is
+    never refused a key, nor kept from one the server takes. A field value has no
+    surrounding whitespace (RFC 9110 5.5: servers strip it, as parse_key does), so
+    neither do the values generated here."""
+    from hypothesis import given, settings
+
+    from idempotency_django.contract import key_parameter
+
+    schema = key_parameter(required=True, ttl=None)["schema"]
+    pattern = re.compile(schema["pattern"])
+
+    @settings(max_examples=2000, deadline=None)
+    @given((_bare() | _quoted()).map(lambda value: value.strip(" \t")))
+    def check(value: str) -> None:
+        try:
+            keys.parse_key(value)
+            accepted = True
+        except KeyMalformed:
+            accepted = False
+        published = bool(pattern.fullmatch(value)) and len(value) <= schema["maxLength"]
+        assert published is accepted, value
+
+    check()
+
+
 def test_key_malformed_carries_a_detail() -> None:
     with pytest.raises(KeyMalformed) as excinfo:
         keys.parse_key("k" * (KEY_MAX_LENGTH + 1))

@@ -14,8 +14,8 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.http import HttpResponseBase
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
-from rest_framework import exceptions, viewsets
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import exceptions, serializers, viewsets
 from rest_framework.authentication import BasicAuthentication
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
@@ -55,6 +55,17 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> HttpRe
     return response
 
 
+class ChargeIn(serializers.Serializer[Any]):
+    """A charge, as ``service.validate`` reads it: published in the schema (the view itself
+    validates with the service, as the plain views do, so its 400s are the same)."""
+
+    amount = serializers.IntegerField(
+        min_value=1, max_value=service.MAX_AMOUNT, help_text="In the currency's minor unit."
+    )
+    currency = serializers.RegexField(r"^[A-Za-z]{3}$")
+    card = serializers.ChoiceField(choices=service.CARDS)
+
+
 class ChargeViewSet(IdempotentMixin, viewsets.ViewSet):
     authentication_classes = [BasicAuthentication]
     permission_classes = [IsAuthenticated]
@@ -66,8 +77,14 @@ class ChargeViewSet(IdempotentMixin, viewsets.ViewSet):
         return Response(service.charges_of(request.user))
 
     @extend_schema(
-        request=OpenApiTypes.OBJECT,
-        responses={201: OpenApiTypes.OBJECT, 402: OpenApiTypes.OBJECT},
+        request=ChargeIn,
+        responses={
+            201: OpenApiTypes.OBJECT,
+            **{
+                (status, service.PROBLEM): OpenApiResponse(service.PROBLEM_SCHEMA, description=text)
+                for status, text in service.PROBLEM_ANSWERS.items()
+            },
+        },
         summary="Charge a card, once per Idempotency-Key",
     )
     def create(self, request: Request) -> Response:

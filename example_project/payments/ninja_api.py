@@ -110,8 +110,17 @@ CHARGE_BODY = {
         },
     },
     "responses": {
-        201: {"description": "Charged; Location names the charge."},
-        402: {"description": "The card was declined (stored: a retry is declined too)."},
+        201: {
+            "description": "Charged; Location names the charge.",
+            "content": {"application/json": {"schema": {"type": "object"}}},
+        },
+        **{
+            status: {
+                "description": text,
+                "content": {service.PROBLEM: {"schema": service.PROBLEM_SCHEMA}},
+            }
+            for status, text in service.PROBLEM_ANSWERS.items()
+        },
     },
 }
 
@@ -121,7 +130,14 @@ def charges(request: HttpRequest) -> HttpResponse:
     return _response(service.Outcome(200, service.charges_of(_user(request))))
 
 
-@api.post("/charges/", summary="Charge a card, once per Idempotency-Key", openapi_extra=CHARGE_BODY)
+# ``response`` names the statuses the view sends (else ninja documents a 200 it never
+# sends); their content is in CHARGE_BODY, as the view builds its responses itself.
+@api.post(
+    "/charges/",
+    summary="Charge a card, once per Idempotency-Key",
+    response={201: None, 402: None},
+    openapi_extra=CHARGE_BODY,
+)
 @idempotent
 def charge(request: HttpRequest) -> HttpResponse:
     """The body is read as the plain view reads it (not as a ninja ``Schema``), so a bad one

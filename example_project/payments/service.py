@@ -14,6 +14,26 @@ from example_project.payments.models import Charge
 
 CARDS = ("tok_visa", "tok_declined", "tok_timeout")
 PROBLEM = "application/problem+json"
+# What ``problem`` answers, for the published schemas (RFC 9457 problem details).
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "type": {"type": "string"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+    },
+    "required": ["type", "title", "status"],
+}
+# The answers of the charging endpoints that are the example's own (the idempotency app
+# documents its own), as each is sent: a declined card, a provider timeout, and the
+# refusals before the charge (no credentials, a body that is not JSON).
+PROBLEM_ANSWERS = {
+    401: "Authentication required (HTTP Basic).",
+    402: "The card was declined (stored: a retry is declined too).",
+    415: "The body is not application/json (stored, like any definitive answer).",
+    504: "The card provider did not answer in time: not stored, retry with the same key.",
+}
 # The largest amount every supported database stores in ``Charge.amount`` (a
 # PositiveIntegerField: PostgreSQL's integer; MariaDB's unsigned integer and SQLite go
 # higher). Checked here, so that a larger one is a 400 and not a database error (a 500).

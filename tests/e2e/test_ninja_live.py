@@ -112,7 +112,8 @@ def test_the_published_expiry_policy_is_served(server: Server, url: str, path: s
     assert response.status_code == 200
     post = response.json()["paths"][path]["post"]
     header = next(p for p in post["parameters"] if p["name"] == "Idempotency-Key")
-    assert header["schema"]["maxLength"] == 255
+    assert header["schema"]["maxLength"] == 512  # a quoted key of 255, every character escaped
+    assert post["x-idempotency"]["maxKeyLength"] == 255
     assert "Keys expire 86400 seconds" in header["description"]
     assert post["x-idempotency"]["ttlSeconds"] == 86400
     assert "Retry-After" in post["responses"]["409"]["headers"]
