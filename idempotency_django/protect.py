@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
 from typing import Any
@@ -244,8 +244,8 @@ class RequestTransactions:
     Aliases that the view's author opted out (``@transaction.non_atomic_requests``) stay out.
     """
 
-    def __init__(self) -> None:
-        self._by_author: set[str] = set()
+    def __init__(self, by_author: Iterable[str] = ()) -> None:
+        self._by_author: set[str] = set(by_author)
 
     def add(self, alias: str) -> None:  # what @transaction.non_atomic_requests calls
         self._by_author.add(alias)
@@ -257,12 +257,26 @@ class RequestTransactions:
         return iter(list(connections))
 
     def to_reopen(self) -> list[str]:
-        return [
-            alias
-            for alias in connections
-            if alias not in self._by_author
-            and connections[alias].settings_dict.get("ATOMIC_REQUESTS")
-        ]
+        return _atomic_requests(excluding=self._by_author)
+
+
+def request_transactions(view: Any) -> list[str]:
+    """The aliases whose ``ATOMIC_REQUESTS`` transaction Django would open around ``view``
+    (``BaseHandler.make_view_atomic``), less those its author opted out of with
+    ``@transaction.non_atomic_requests``: the ones the lifecycle opens again around the
+    work. The one answer for every adapter (decorator, DRF mixin, middleware)."""
+    opted_out = getattr(view, "_non_atomic_requests", ())
+    if isinstance(opted_out, RequestTransactions):
+        return opted_out.to_reopen()
+    return _atomic_requests(excluding=opted_out)
+
+
+def _atomic_requests(excluding: Collection[str]) -> list[str]:
+    return [
+        alias
+        for alias in connections
+        if alias not in excluding and connections[alias].settings_dict.get("ATOMIC_REQUESTS")
+    ]
 
 
 @dataclass(frozen=True)
