@@ -226,6 +226,17 @@ class Resolved:
         )
 
 
+def refuse_async_atomic(options: ViewOptions) -> None:
+    """An async view given ``mode="atomic"`` is refused where it is declared, naming it, by
+    every adapter: Django has no async transactions, and running it in ``commit`` mode
+    instead would silently drop what its author asked for."""
+    if options.mode == "atomic":
+        raise ImproperlyConfigured(
+            f"{options.label}: mode='atomic' on an async view: Django has no async "
+            "transactions; async views run in 'commit' mode."
+        )
+
+
 def options_from(values: dict[str, Any], label: str) -> ViewOptions:
     known = {field.name for field in fields(ViewOptions)}
     unknown = sorted(set(values) - known)
