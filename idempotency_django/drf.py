@@ -21,6 +21,7 @@ from idempotency_django.conf import conf, resolve_callable
 from idempotency_django.exceptions import IdempotencyError
 from idempotency_django.lifecycle import unprotected
 from idempotency_django.protect import (
+    _UNSET,
     RequestTransactions,
     ViewOptions,
     answered,
@@ -115,7 +116,7 @@ class IdempotentMixin:
     idempotency_in_flight: str | None = None
     idempotency_wait_seconds: float | None = None
     idempotency_lease_seconds: float | None = None
-    idempotency_ttl_seconds: float | None = None
+    idempotency_ttl_seconds: float | None = _UNSET  # None keeps keys forever, as TTL_SECONDS
     idempotency_max_run_seconds: float | None = None
     idempotency_fingerprint_fields: Iterable[str] | None = None
     idempotency_store_statuses: Callable[[int], bool] | Iterable[int] | str | None = None
@@ -201,7 +202,8 @@ class IdempotentMixin:
         values: dict[str, Any] = {
             argument: getattr(cls, attribute)
             for attribute, argument in _OPTION_ATTRIBUTES.items()
-            if getattr(cls, attribute) is not None
+            if getattr(cls, attribute) is not _UNSET
+            and (getattr(cls, attribute) is not None or argument == "ttl_seconds")
         }
         if "fingerprint_fields" in values:
             values["fingerprint_fields"] = list(values["fingerprint_fields"])

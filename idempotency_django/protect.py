@@ -207,23 +207,29 @@ class Resolved:
         return policy
 
     def _policy(self, alias: str) -> lifecycle.Policy:
-        checked = self.options.checked
-        ttl = checked("ttl_seconds", "TTL_SECONDS")
-        return lifecycle.Policy(
-            options=engine.Options(
-                alias=alias,
-                lease=float(checked("lease_seconds", "LEASE_SECONDS")),
-                ttl=None if ttl is None else float(ttl),
-                in_flight=str(checked("in_flight", "IN_FLIGHT")),
-                wait_seconds=float(checked("wait_seconds", "WAIT_SECONDS")),
-                retry_after=int(conf.checked("RETRY_AFTER_SECONDS")),
-            ),
-            mode=str(checked("mode", "MODE")),
-            max_run=float(checked("max_run_seconds", "MAX_RUN_SECONDS")),
-            on_store_error=str(checked("on_store_error", "ON_STORE_ERROR")),
-            on_disconnect=str(checked("on_disconnect", "ON_DISCONNECT")),
-            label=self.options.label,
-        )
+        return policy_for(self.options.checked, alias, self.options.label)
+
+
+def policy_for(pick: Callable[[str, str], Any], alias: str, label: str) -> lifecycle.Policy:
+    """The per-run policy, for views and tasks alike: ``pick(option, setting)`` is the
+    view's or task's own value, or the setting refused as its system check refuses it.
+    An own ``ttl_seconds=None`` keeps keys forever, as ``TTL_SECONDS = None`` does."""
+    ttl = pick("ttl_seconds", "TTL_SECONDS")
+    return lifecycle.Policy(
+        options=engine.Options(
+            alias=alias,
+            lease=float(pick("lease_seconds", "LEASE_SECONDS")),
+            ttl=None if ttl is None else float(ttl),
+            in_flight=str(pick("in_flight", "IN_FLIGHT")),
+            wait_seconds=float(pick("wait_seconds", "WAIT_SECONDS")),
+            retry_after=int(conf.checked("RETRY_AFTER_SECONDS")),
+        ),
+        mode=str(pick("mode", "MODE")),
+        max_run=float(pick("max_run_seconds", "MAX_RUN_SECONDS")),
+        on_store_error=str(pick("on_store_error", "ON_STORE_ERROR")),
+        on_disconnect=str(pick("on_disconnect", "ON_DISCONNECT")),
+        label=label,
+    )
 
 
 def refuse_async_atomic(options: ViewOptions) -> None:

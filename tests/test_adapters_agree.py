@@ -4,10 +4,134 @@ adapter that has it, so one adapter cannot drift from the others unnoticed."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponse
+from django.urls import path
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from idempotency_django.decorators import idempotent
+from idempotency_django.drf import IdempotentMixin
+from idempotency_django.models import IdempotencyRecord
+from idempotency_django.store import never
+from idempotency_django.tasks import claim_once, idempotent_task
+
+# --- ttl_seconds=None: keep forever, as TTL_SECONDS = None; left out: the setting ------------
+
+
+@idempotent(ttl_seconds=None)
+def view_forever(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(status=201)
+
+
+@idempotent
+def view_by_setting(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(status=201)
+
+
+class _DRFView(IdempotentMixin, APIView):
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    def get_idempotency_account(self, request: Request) -> str:
+        return "account"
+
+    def post(self, request: Request) -> Response:
+        return Response(status=201)
+
+
+class DRFForever(_DRFView):
+    idempotency_ttl_seconds = None
+
+
+class DRFBySetting(_DRFView):
+    pass
+
+
+@idempotent_task(scope="s", key="message_id", ttl_seconds=None)
+def task_forever(message_id: str) -> None: ...
+
+
+@idempotent_task(scope="s", key="message_id")
+def task_by_setting(message_id: str) -> None: ...
+
+
+urlpatterns = [
+    path("view-forever/", view_forever),
+    path("view-by-setting/", view_by_setting),
+    path("drf-forever/", DRFForever.as_view()),
+    path("drf-by-setting/", DRFBySetting.as_view()),
+]
+
+
+def _view(url: str) -> Callable[[Any], None]:
+    def run(client: Any) -> None:
+        response = client.post(
+            url,
+            data="{}",
+            content_type="application/json",
+            headers={"Idempotency-Key": "k1", "X-User": "alice"},
+        )
+        assert response.status_code == 201
+
+    return run
+
+
+def _claim_once(ttl: dict[str, Any]) -> Callable[[Any], None]:
+    def run(client: Any) -> None:
+        with claim_once("s", "k1", **ttl) as block:
+            block.result = 1
+
+    return run
+
+
+@pytest.mark.urls("tests.test_adapters_agree")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("run", "forever"),
+    [
+        (_view("/view-forever/"), True),
+        (_view("/view-by-setting/"), False),
+        (_view("/drf-forever/"), True),
+        (_view("/drf-by-setting/"), False),
+        (lambda client: task_forever("k1"), True),
+        (lambda client: task_by_setting("k1"), False),
+        (_claim_once({"ttl_seconds": None}), True),
+        (_claim_once({}), False),
+    ],
+    ids=[
+        "view-none",
+        "view-unset",
+        "drf-none",
+        "drf-unset",
+        "task-none",
+        "task-unset",
+        "claim_once-none",
+        "claim_once-unset",
+    ],
+)
+def test_ttl_seconds_none_keeps_the_key_forever_in_every_adapter(
+    client: Any, alice: User, settings: Any, run: Callable[[Any], None], forever: bool
+) -> None:
+    settings.IDEMPOTENCY = {"TTL_SECONDS": 600}
+
+    run(client)
+
+    record = IdempotencyRecord.objects.get()
+    assert record.state == IdempotencyRecord.State.COMPLETED
+    assert record.completed_at is not None
+    if forever:
+        assert record.expires_at == never()
+    else:
+        assert record.expires_at - record.completed_at == timedelta(seconds=600)
+
 
 # --- async views and mode="atomic": refused where declared, naming the view -----------------
 
