@@ -41,7 +41,7 @@ from idempotency_django.exceptions import (
     StoreUnavailable,
     WorkNotCommitted,
 )
-from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH, KEY_MAX_LENGTH
+from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH
 from idempotency_django.protect import _UNSET, policy_for
 from idempotency_django.responses import StoredResponse
 
@@ -73,7 +73,7 @@ class TaskKeyMismatch(KeyMismatch):
 
 
 class TaskKeyMalformed(KeyMalformed, ValueError):
-    """The key is empty, blank, longer than 255 characters or not printable ASCII."""
+    """The key is empty, blank, longer than 255 characters, not printable ASCII or has a comma."""
 
 
 class TaskResultNotStored(ResponseNotStored):
@@ -405,18 +405,15 @@ def idempotent_task(
 
 
 def task_key(value: object) -> str:
-    """A task's key as stored: a str (or int, or UUID) of 1-255 printable ASCII characters,
-    the characters an HTTP ``Idempotency-Key`` may hold."""
+    """A task's key as stored: a str (or int, or UUID) that an HTTP ``Idempotency-Key`` may
+    hold (``keys.key_error``)."""
     if isinstance(value, uuid.UUID) or (isinstance(value, int) and not isinstance(value, bool)):
         value = str(value)
     if not isinstance(value, str):
         raise TypeError(f"An idempotency key must be a str, int or UUID, not {type(value)!r}.")
-    if not value.strip(" "):
-        raise TaskKeyMalformed("The key is empty.")
-    if len(value) > KEY_MAX_LENGTH:
-        raise TaskKeyMalformed(f"The key is longer than {KEY_MAX_LENGTH} characters.")
-    if any(not 0x20 <= ord(char) <= 0x7E for char in value):
-        raise TaskKeyMalformed("The key must be printable ASCII characters.")
+    error = keys.key_error(value)
+    if error is not None:
+        raise TaskKeyMalformed(error)
     return value
 
 

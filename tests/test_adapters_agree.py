@@ -180,3 +180,54 @@ def test_a_sync_view_in_atomic_mode_is_declared(
     declare: Callable[[Callable[..., Any]], Any],
 ) -> None:
     declare(refund_sync)
+
+
+# --- one key rule: a key one entry point refuses, all refuse --------------------------------
+
+KEYS = [
+    ("abc", True),
+    ("k" * 255, True),
+    ("two words", True),  # the client sends it quoted, as an sf-string
+    ('with "quotes" \\ & ~', True),
+    (" padded ", True),
+    ("", False),
+    ("   ", False),
+    ("k" * 256, False),
+    ("café", False),
+    ("a\nb", False),
+    ("tab\there", False),
+    ("a,b", False),
+]
+
+
+def _by_http(key: str) -> None:
+    from idempotency_django import keys
+
+    # What the client puts in the header, as the server reads it back.
+    assert keys.parse_key(keys.header_value(key)) == key
+
+
+def _by_task(key: str) -> None:
+    from idempotency_django.tasks import task_key
+
+    assert task_key(key) == key
+
+
+def _by_client(key: str) -> None:
+    from idempotency_django.client import check_key
+
+    assert check_key(key) == key
+
+
+@pytest.mark.parametrize("check", [_by_http, _by_task, _by_client], ids=lambda c: c.__name__)
+@pytest.mark.parametrize(("key", "valid"), KEYS)
+def test_every_entry_point_refuses_the_same_keys(
+    check: Callable[[str], None], key: str, valid: bool
+) -> None:
+    from idempotency_django.exceptions import KeyMalformed
+
+    if valid:
+        check(key)
+    else:
+        with pytest.raises((KeyMalformed, ValueError)):
+            check(key)
