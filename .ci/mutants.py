@@ -183,8 +183,8 @@ MUTANTS = [
         "atomic-requests-dropped",
         "ATOMIC_REQUESTS transactions are not given back: the view's work loses its transaction",
         "protect.py",
-        "def to_reopen(self) -> list[str]:\n        return [",
-        "def to_reopen(self) -> list[str]:\n        return [] if True else [",
+        "def to_reopen(self) -> list[str]:\n        return _atomic_requests(",
+        "def to_reopen(self) -> list[str]:\n        return [] if True else _atomic_requests(",
         ("test_transactions.py",),
     ),
     Mutant(
@@ -604,7 +604,7 @@ MUTANTS = [
         "middleware-ignores-atomic-requests",
         "the middleware runs the view outside the ATOMIC_REQUESTS transaction",
         "middleware.py",
-        "request_transactions=_request_transactions(view)",
+        "request_transactions=request_transactions(view)",
         "request_transactions=()",
         (
             "test_middleware.py::test_under_atomic_requests_a_view_that_raises_after_writing_commits_nothing",
@@ -827,8 +827,8 @@ MUTANTS = [
         "on-disconnect-unchecked",
         'an unknown ON_DISCONNECT reaches the lifecycle, which treats it as "release"',
         "protect.py",
-        'on_disconnect=str(checked("on_disconnect", "ON_DISCONNECT")),',
-        'on_disconnect=str(self.options.pick("on_disconnect", "ON_DISCONNECT")),',
+        'on_disconnect=str(pick("on_disconnect", "ON_DISCONNECT")),',
+        'on_disconnect=str(conf.get("ON_DISCONNECT")),',
         ("test_conf.py::test_a_setting_its_check_refuses_fails_the_request_before_the_view_runs",),
     ),
     Mutant(
@@ -983,6 +983,41 @@ MUTANTS = [
         "                return _view_doc(self.view.__class__)",
         "                return description",
         ("test_openapi.py::test_the_mixins_docstring_describes_no_operation",),
+    ),
+    Mutant(
+        "drf-ignores-non-atomic-requests",
+        "the DRF mixin reopens a request transaction its author opted out of",
+        "drf.py",
+        "reopen = request_transactions(None) if transactions is None else transactions.to_reopen()",
+        "reopen = request_transactions(None)",
+        (
+            "test_request_transactions.py::"
+            "test_a_protected_view_runs_in_the_request_transactions_its_author_kept",
+        ),
+    ),
+    Mutant(
+        "middleware-drf-drops-non-atomic-requests",
+        "the middleware's DRF view forgets its author's non_atomic_requests opt-out",
+        "middleware.py",
+        "        transaction.non_atomic_requests(using=alias)(built)",
+        "        pass",
+        ("test_request_transactions.py::test_under_the_middleware_too",),
+    ),
+    Mutant(
+        "task-ttl-none-uses-the-setting",
+        "a task's ttl_seconds=None takes the TTL_SECONDS setting instead of keeping keys forever",
+        "tasks.py",
+        'if value is _UNSET or (value is None and name != "ttl_seconds"):',
+        "if value is _UNSET or value is None:",
+        ("test_adapters_agree.py::test_ttl_seconds_none_keeps_the_key_forever_in_every_adapter",),
+    ),
+    Mutant(
+        "async-atomic-accepted",
+        "an async view in atomic mode is declared, and silently runs in commit mode",
+        "protect.py",
+        'if options.mode == "atomic":',
+        "if False:",
+        ("test_adapters_agree.py::test_an_async_view_in_atomic_mode_is_refused_when_declared",),
     ),
 ]
 

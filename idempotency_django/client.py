@@ -30,6 +30,8 @@ from typing import Any
 import httpx
 
 from idempotency_django.downstream import downstream_key, downstream_key_for
+from idempotency_django.keys import KEY_MAX_LENGTH as _SERVER_KEY_MAX_LENGTH
+from idempotency_django.keys import header_value, key_error
 
 __all__ = [
     "AsyncIdempotentClient",
@@ -43,7 +45,7 @@ __all__ = [
 
 logger = logging.getLogger("idempotency_django.client")
 
-KEY_MAX_LENGTH = 255
+KEY_MAX_LENGTH = _SERVER_KEY_MAX_LENGTH
 
 #: Transport failures after which the request may or may not have been processed (or was
 #: never sent): retrying them with the same key is what the key is for. ``LocalProtocolError``
@@ -131,15 +133,13 @@ class RetriesExhausted(Exception):
 
 
 def check_key(key: str) -> str:
-    """A key the server accepts as a bare token: 1-255 visible ASCII characters, no comma."""
-    if not isinstance(key, str) or not key:
+    """A key the server accepts (``keys.key_error``, the server's own rule), refused here
+    before anything is sent."""
+    if not isinstance(key, str):
         raise ValueError("An Idempotency-Key is a non-empty string made once per operation")
-    if len(key) > KEY_MAX_LENGTH:
-        raise ValueError(f"An Idempotency-Key is at most {KEY_MAX_LENGTH} characters")
-    if any(not 0x21 <= ord(char) <= 0x7E for char in key):
-        raise ValueError("An Idempotency-Key is visible ASCII characters (no spaces)")
-    if "," in key:
-        raise ValueError("An Idempotency-Key has no comma (servers join repeated headers by one)")
+    error = key_error(key)
+    if error is not None:
+        raise ValueError(f"Idempotency-Key {key!r} refused: {error}")
     return key
 
 
@@ -326,7 +326,7 @@ class _Base:
         for name in list(merged):
             if name.lower() == self.header.lower():
                 raise ValueError(f"Pass the key as key=, not as a {self.header} header")
-        merged[self.header] = key
+        merged[self.header] = header_value(key)  # quoted if it holds a space
         return merged
 
 

@@ -18,6 +18,7 @@ from idempotency_django.protect import (
     aprotect,
     options_from,
     protect,
+    refuse_async_atomic,
 )
 
 View = TypeVar("View", bound=Callable[..., Any])
@@ -62,11 +63,7 @@ def idempotent(view: Any = None, **kwargs: Any) -> Any:
         transactions = RequestTransactions()
         wrapper: Callable[..., Any]
         if iscoroutinefunction(view_func):
-            if given.get("mode") == "atomic":
-                raise ImproperlyConfigured(
-                    f"{label}: mode='atomic' on an async view: Django has no async "
-                    "transactions; async views run in 'commit' mode."
-                )
+            refuse_async_atomic(options)
 
             @functools.wraps(view_func)
             async def async_wrapper(

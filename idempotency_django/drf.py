@@ -20,7 +20,14 @@ from rest_framework.viewsets import ModelViewSet, ViewSetMixin
 from idempotency_django.conf import conf, resolve_callable
 from idempotency_django.exceptions import IdempotencyError
 from idempotency_django.lifecycle import unprotected
-from idempotency_django.protect import RequestTransactions, ViewOptions, answered, protect
+from idempotency_django.protect import (
+    _UNSET,
+    RequestTransactions,
+    ViewOptions,
+    answered,
+    protect,
+    request_transactions,
+)
 from idempotency_django.responses import problem_response
 
 
@@ -109,11 +116,13 @@ class IdempotentMixin:
     idempotency_in_flight: str | None = None
     idempotency_wait_seconds: float | None = None
     idempotency_lease_seconds: float | None = None
-    idempotency_ttl_seconds: float | None = None
+    idempotency_ttl_seconds: float | None = _UNSET  # None keeps keys forever, as TTL_SECONDS
     idempotency_max_run_seconds: float | None = None
     idempotency_fingerprint_fields: Iterable[str] | None = None
     idempotency_store_statuses: Callable[[int], bool] | Iterable[int] | str | None = None
     idempotency_on_store_error: str | None = None
+    # Set by as_view (an initkwarg): the view's own _non_atomic_requests, author's opt-outs in.
+    _idempotency_transactions: RequestTransactions | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Refuse, at class creation, what would silently protect nothing or fail later: the
@@ -160,8 +169,14 @@ class IdempotentMixin:
     def as_view(cls, *args: Any, **kwargs: Any) -> Any:
         """DRF's ``as_view``, opted out of ``ATOMIC_REQUESTS``: the lifecycle opens those
         transactions again around the handler, after the claim has committed."""
+        # Opt-outs already made on dispatch (copied onto the view by as_view), and those made
+        # later on the view itself (non_atomic_requests(View.as_view())), reach the instances.
+        transactions = RequestTransactions(
+            getattr(getattr(cls, "dispatch", None), "_non_atomic_requests", ())
+        )
+        kwargs["_idempotency_transactions"] = transactions
         view = super().as_view(*args, **kwargs)  # type: ignore[misc]
-        view._non_atomic_requests = RequestTransactions()
+        view._non_atomic_requests = transactions
         return view
 
     # -- hooks ------------------------------------------------------------------------------
@@ -187,7 +202,8 @@ class IdempotentMixin:
         values: dict[str, Any] = {
             argument: getattr(cls, attribute)
             for attribute, argument in _OPTION_ATTRIBUTES.items()
-            if getattr(cls, attribute) is not None
+            if getattr(cls, attribute) is not _UNSET
+            and (getattr(cls, attribute) is not None or argument == "ttl_seconds")
         }
         if "fingerprint_fields" in values:
             values["fingerprint_fields"] = list(values["fingerprint_fields"])
@@ -244,7 +260,8 @@ class IdempotentMixin:
             return
         handler = getattr(view, method)
         options = self.get_idempotency_options()
-        reopen = RequestTransactions().to_reopen()
+        transactions = self._idempotency_transactions
+        reopen = request_transactions(None) if transactions is None else transactions.to_reopen()
         if self.idempotency_applies(request, options):
 
             def protected(request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:

@@ -86,7 +86,6 @@ from django.utils.duration import duration_iso_string
 from django.utils.functional import Promise
 
 from idempotency_django.exceptions import KeyMalformed
-from idempotency_django.models import FINGERPRINT_MAX_LENGTH, KEY_MAX_LENGTH
 
 Fingerprinter = Callable[[HttpRequest], "str | bytes | None"]
 
@@ -99,6 +98,9 @@ FINGERPRINT_VERSION = 2
 # the same body could get two fingerprints.
 MAX_JSON_DEPTH = 128
 
+
+KEY_MAX_LENGTH = 255
+FINGERPRINT_MAX_LENGTH = 80
 
 # What a bare key is made of, as the published contract (contract.key_parameter) gives it
 # to clients: visible ASCII but the comma, which parse_key refuses in any form.
@@ -119,6 +121,35 @@ KEY_PATTERN = (
 # The longest value KEY_PATTERN accepts: a quoted key written with escapes only.
 KEY_VALUE_MAX_LENGTH = 2 + 2 * KEY_MAX_LENGTH
 _VISIBLE_ASCII = re.compile(r"[\x21-\x7e]*")
+_PRINTABLE_ASCII = re.compile(r"[\x20-\x7e]*")
+
+
+def key_error(key: str) -> str | None:
+    """Why ``key`` cannot be an idempotency key, or ``None``: the one rule for a key's value,
+    applied to the HTTP header once unquoted (``parse_key``), to task keys (``task_key``)
+    and by the client before it sends one (``client.check_key``), so that a key one of them
+    refuses, all refuse. 1-255 printable ASCII characters, not only spaces, and no comma
+    (servers join repeated header lines with one)."""
+    if not key.strip(" "):
+        return "The key is empty."
+    if len(key) > KEY_MAX_LENGTH:
+        return f"The key is longer than {KEY_MAX_LENGTH} characters."
+    if not _PRINTABLE_ASCII.fullmatch(key):
+        return "The key must be printable ASCII characters."
+    if "," in key:
+        return (
+            "A key may not contain a comma (repeated Idempotency-Key header lines arrive "
+            "joined by commas)."
+        )
+    return None
+
+
+def header_value(key: str) -> str:
+    """``key`` as an ``Idempotency-Key`` header value that ``parse_key`` reads back as
+    ``key``: a bare token when it is one, else an RFC 8941 sf-string."""
+    if _VISIBLE_ASCII.fullmatch(key) and not key.startswith('"'):
+        return key
+    return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def parse_key(raw: str) -> str:
@@ -143,10 +174,9 @@ def parse_key(raw: str) -> str:
         if not _VISIBLE_ASCII.fullmatch(value):
             raise KeyMalformed("The key must be visible ASCII characters (or a quoted string).")
         key = value
-    if not key.strip(" "):
-        raise KeyMalformed("The key is empty.")
-    if len(key) > KEY_MAX_LENGTH:
-        raise KeyMalformed(f"The key is longer than {KEY_MAX_LENGTH} characters.")
+    error = key_error(key)
+    if error is not None:
+        raise KeyMalformed(error)
     return key
 
 

@@ -31,12 +31,12 @@ from typing import Any
 from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
+from django.db import transaction
 from django.http import HttpRequest, HttpResponseBase
 from django.utils.module_loading import import_string
 
 from idempotency_django.conf import conf
-from idempotency_django.protect import ViewOptions, aprotect, protect
+from idempotency_django.protect import ViewOptions, aprotect, protect, request_transactions
 
 GetResponse = Callable[[HttpRequest], Any]
 View = Callable[..., Any]
@@ -107,7 +107,7 @@ class IdempotencyMiddleware:
             return plan.view(request, *args, **kwargs)  # type: ignore[no-any-return]
         assert plan.options is not None
         if iscoroutinefunction(view):
-            if _request_transactions(view):
+            if request_transactions(view):
                 return None  # Django refuses ATOMIC_REQUESTS on async views: let it say so
             return async_to_sync(_aprotect_view)(request, view, args, kwargs, plan.options)
         return _protect_view(request, view, args, kwargs, plan.options)
@@ -128,7 +128,7 @@ class IdempotencyMiddleware:
             return await sync_to_async(drf_view, thread_sensitive=True)(request, *args, **kwargs)  # type: ignore[no-any-return]
         assert plan.options is not None
         if iscoroutinefunction(view):
-            if _request_transactions(view):
+            if request_transactions(view):
                 return None
             return await _aprotect_view(request, view, args, kwargs, plan.options)
         return await sync_to_async(_protect_view, thread_sensitive=True)(
@@ -146,7 +146,7 @@ def _protect_view(
     def call_view() -> HttpResponseBase:
         return view(request, *args, **kwargs)  # type: ignore[no-any-return]
 
-    return protect(request, call_view, options, request_transactions=_request_transactions(view))
+    return protect(request, call_view, options, request_transactions=request_transactions(view))
 
 
 async def _aprotect_view(
@@ -166,17 +166,6 @@ def _mark_for_ninja(request: HttpRequest) -> None:
     from idempotency_django.ninja import UNDER_MIDDLEWARE
 
     request.__dict__[UNDER_MIDDLEWARE] = True
-
-
-def _request_transactions(view: View) -> list[str]:
-    """The aliases whose ``ATOMIC_REQUESTS`` transaction Django would have opened around
-    ``view`` (``BaseHandler.make_view_atomic``), honouring ``non_atomic_requests``."""
-    opted_out = getattr(view, "_non_atomic_requests", ())
-    return [
-        alias
-        for alias in connections
-        if connections[alias].settings_dict.get("ATOMIC_REQUESTS") and alias not in opted_out
-    ]
 
 
 def _refuse_unsafe_position(middleware: type) -> None:
@@ -331,9 +320,14 @@ def _with_mixin(view: View, cls: type) -> View:
     )
     initkwargs = dict(getattr(view, "initkwargs", {}))
     actions = getattr(view, "actions", None)
+    built: Any
     if actions is not None:  # a viewset, bound by its router to these actions
-        return protected.as_view(actions, **initkwargs)  # type: ignore[attr-defined,no-any-return]
-    return protected.as_view(**initkwargs)  # type: ignore[attr-defined,no-any-return]
+        built = protected.as_view(actions, **initkwargs)  # type: ignore[attr-defined]
+    else:
+        built = protected.as_view(**initkwargs)  # type: ignore[attr-defined]
+    for alias in getattr(view, "_non_atomic_requests", ()):  # the author's opt-outs
+        transaction.non_atomic_requests(using=alias)(built)
+    return built  # type: ignore[no-any-return]
 
 
 def _name(view: Any) -> str:

@@ -56,6 +56,7 @@ from idempotency_django.protect import (
     aprotect,
     options_from,
     protect,
+    refuse_async_atomic,
 )
 from idempotency_django.responses import problem_response
 
@@ -124,7 +125,9 @@ def idempotent(view: Func | None = None, **given: Any) -> Any:
 
     def decorator(func: Func) -> Func:
         label = f"ninja @idempotent on {getattr(func, '__qualname__', repr(func))}"
-        _options(given, label)  # a bad argument fails at import, naming the operation
+        options = _options(given, label)  # a bad argument fails at import, naming the operation
+        if iscoroutinefunction(func):
+            refuse_async_atomic(options)
         func.__dict__[_MARK] = (given, label)
         contribute_operation_callback(func, _install)
         return func
@@ -155,6 +158,8 @@ class IdempotentRouter(Router):
         protected = conf.methods_at_import() if given is None else {m.upper() for m in given}
         if _MARK not in view_func.__dict__ and protected & {m.upper() for m in methods}:
             label = f"IdempotentRouter operation {getattr(view_func, '__qualname__', path)}"
+            if iscoroutinefunction(view_func):
+                refuse_async_atomic(_options(self.idempotency, label))
             view_func.__dict__[_MARK] = (self.idempotency, label)
             _install(operation)
 

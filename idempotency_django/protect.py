@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from functools import cached_property
 from typing import Any
@@ -207,22 +207,39 @@ class Resolved:
         return policy
 
     def _policy(self, alias: str) -> lifecycle.Policy:
-        checked = self.options.checked
-        ttl = checked("ttl_seconds", "TTL_SECONDS")
-        return lifecycle.Policy(
-            options=engine.Options(
-                alias=alias,
-                lease=float(checked("lease_seconds", "LEASE_SECONDS")),
-                ttl=None if ttl is None else float(ttl),
-                in_flight=str(checked("in_flight", "IN_FLIGHT")),
-                wait_seconds=float(checked("wait_seconds", "WAIT_SECONDS")),
-                retry_after=int(conf.checked("RETRY_AFTER_SECONDS")),
-            ),
-            mode=str(checked("mode", "MODE")),
-            max_run=float(checked("max_run_seconds", "MAX_RUN_SECONDS")),
-            on_store_error=str(checked("on_store_error", "ON_STORE_ERROR")),
-            on_disconnect=str(checked("on_disconnect", "ON_DISCONNECT")),
-            label=self.options.label,
+        return policy_for(self.options.checked, alias, self.options.label)
+
+
+def policy_for(pick: Callable[[str, str], Any], alias: str, label: str) -> lifecycle.Policy:
+    """The per-run policy, for views and tasks alike: ``pick(option, setting)`` is the
+    view's or task's own value, or the setting refused as its system check refuses it.
+    An own ``ttl_seconds=None`` keeps keys forever, as ``TTL_SECONDS = None`` does."""
+    ttl = pick("ttl_seconds", "TTL_SECONDS")
+    return lifecycle.Policy(
+        options=engine.Options(
+            alias=alias,
+            lease=float(pick("lease_seconds", "LEASE_SECONDS")),
+            ttl=None if ttl is None else float(ttl),
+            in_flight=str(pick("in_flight", "IN_FLIGHT")),
+            wait_seconds=float(pick("wait_seconds", "WAIT_SECONDS")),
+            retry_after=int(conf.checked("RETRY_AFTER_SECONDS")),
+        ),
+        mode=str(pick("mode", "MODE")),
+        max_run=float(pick("max_run_seconds", "MAX_RUN_SECONDS")),
+        on_store_error=str(pick("on_store_error", "ON_STORE_ERROR")),
+        on_disconnect=str(pick("on_disconnect", "ON_DISCONNECT")),
+        label=label,
+    )
+
+
+def refuse_async_atomic(options: ViewOptions) -> None:
+    """An async view given ``mode="atomic"`` is refused where it is declared, naming it, by
+    every adapter: Django has no async transactions, and running it in ``commit`` mode
+    instead would silently drop what its author asked for."""
+    if options.mode == "atomic":
+        raise ImproperlyConfigured(
+            f"{options.label}: mode='atomic' on an async view: Django has no async "
+            "transactions; async views run in 'commit' mode."
         )
 
 
@@ -244,8 +261,8 @@ class RequestTransactions:
     Aliases that the view's author opted out (``@transaction.non_atomic_requests``) stay out.
     """
 
-    def __init__(self) -> None:
-        self._by_author: set[str] = set()
+    def __init__(self, by_author: Iterable[str] = ()) -> None:
+        self._by_author: set[str] = set(by_author)
 
     def add(self, alias: str) -> None:  # what @transaction.non_atomic_requests calls
         self._by_author.add(alias)
@@ -257,12 +274,26 @@ class RequestTransactions:
         return iter(list(connections))
 
     def to_reopen(self) -> list[str]:
-        return [
-            alias
-            for alias in connections
-            if alias not in self._by_author
-            and connections[alias].settings_dict.get("ATOMIC_REQUESTS")
-        ]
+        return _atomic_requests(excluding=self._by_author)
+
+
+def request_transactions(view: Any) -> list[str]:
+    """The aliases whose ``ATOMIC_REQUESTS`` transaction Django would open around ``view``
+    (``BaseHandler.make_view_atomic``), less those its author opted out of with
+    ``@transaction.non_atomic_requests``: the ones the lifecycle opens again around the
+    work. The one answer for every adapter (decorator, DRF mixin, middleware)."""
+    opted_out = getattr(view, "_non_atomic_requests", ())
+    if isinstance(opted_out, RequestTransactions):
+        return opted_out.to_reopen()
+    return _atomic_requests(excluding=opted_out)
+
+
+def _atomic_requests(excluding: Collection[str]) -> list[str]:
+    return [
+        alias
+        for alias in connections
+        if alias not in excluding and connections[alias].settings_dict.get("ATOMIC_REQUESTS")
+    ]
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,8 @@ from idempotency_django.exceptions import (
     StoreUnavailable,
     WorkNotCommitted,
 )
-from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH, KEY_MAX_LENGTH
+from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH
+from idempotency_django.protect import _UNSET, policy_for
 from idempotency_django.responses import StoredResponse
 
 logger = logging.getLogger("idempotency_django")
@@ -72,7 +73,7 @@ class TaskKeyMismatch(KeyMismatch):
 
 
 class TaskKeyMalformed(KeyMalformed, ValueError):
-    """The key is empty, blank, longer than 255 characters or not printable ASCII."""
+    """The key is empty, blank, longer than 255 characters, not printable ASCII or has a comma."""
 
 
 class TaskResultNotStored(ResponseNotStored):
@@ -92,13 +93,14 @@ class TaskWorkNotCommitted(WorkNotCommitted):
 
 @dataclass(frozen=True)
 class TaskOptions:
-    """Per-task overrides; ``None`` falls back to the ``IDEMPOTENCY`` setting when the task
-    is called. Validated as the settings are, when the task is declared."""
+    """Per-task overrides; one left out falls back to the ``IDEMPOTENCY`` setting when the
+    task is called (``None`` too, but for ``ttl_seconds``: keep forever). Validated as the
+    settings are, when the task is declared."""
 
     in_flight: str | None = None
     wait_seconds: float | None = None
     lease_seconds: float | None = None
-    ttl_seconds: float | None = None
+    ttl_seconds: float | None = _UNSET  # None keeps keys forever, as TTL_SECONDS = None
     max_run_seconds: float | None = None
     mode: str | None = None
     label: str = "idempotent task"
@@ -113,39 +115,28 @@ class TaskOptions:
             "mode",
         ):
             value = getattr(self, name)
-            if value is not None:
+            if value is not None and value is not _UNSET:
                 check_argument(name.upper(), value, self.label)
         durations = {
             name: getattr(self, name)
             for name in ("lease_seconds", "ttl_seconds", "max_run_seconds")
-            if getattr(self, name) is not None
+            if getattr(self, name) is not None and getattr(self, name) is not _UNSET
         }
         if durations:
             check_durations(durations, self.label)
 
     def pick(self, name: str, setting: str) -> Any:
         """The task's own value, or the setting, refused as its system check refuses it:
-        before the claim, not after the work (see ``conf.checked``)."""
-        value = getattr(self, name)
-        return conf.checked(setting) if value is None else value
+        before the claim, not after the work (see ``conf.checked``). ``None`` is "not
+        given", except for ``ttl_seconds``, where it keeps keys forever (as for a view)."""
+        value = getattr(self, name, _UNSET)
+        if value is _UNSET or (value is None and name != "ttl_seconds"):
+            return conf.checked(setting)
+        return value
 
     def policy(self, label: str) -> lifecycle.Policy:
         conf.checked("MAX_RESPONSE_BYTES")  # read after the work: refused before the claim
-        ttl = self.pick("ttl_seconds", "TTL_SECONDS")
-        return lifecycle.Policy(
-            options=engine.Options(
-                alias=engine.store_alias(),
-                lease=float(self.pick("lease_seconds", "LEASE_SECONDS")),
-                ttl=None if ttl is None else float(ttl),
-                in_flight=str(self.pick("in_flight", "IN_FLIGHT")),
-                wait_seconds=float(self.pick("wait_seconds", "WAIT_SECONDS")),
-                retry_after=int(conf.checked("RETRY_AFTER_SECONDS")),
-            ),
-            mode=str(self.pick("mode", "MODE")),
-            max_run=float(self.pick("max_run_seconds", "MAX_RUN_SECONDS")),
-            on_store_error=str(conf.checked("ON_STORE_ERROR")),
-            label=label,
-        )
+        return policy_for(self.pick, engine.store_alias(), label)
 
 
 class TaskRun:
@@ -293,7 +284,7 @@ def claim_once(
     in_flight: str | None = None,
     wait_seconds: float | None = None,
     lease_seconds: float | None = None,
-    ttl_seconds: float | None = None,
+    ttl_seconds: float | None = _UNSET,
     max_run_seconds: float | None = None,
     mode: str | None = None,
 ) -> ClaimOnce:
@@ -336,7 +327,7 @@ def idempotent_task(
     in_flight: str | None = None,
     wait_seconds: float | None = None,
     lease_seconds: float | None = None,
-    ttl_seconds: float | None = None,
+    ttl_seconds: float | None = _UNSET,
     max_run_seconds: float | None = None,
     mode: str | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
@@ -414,18 +405,15 @@ def idempotent_task(
 
 
 def task_key(value: object) -> str:
-    """A task's key as stored: a str (or int, or UUID) of 1-255 printable ASCII characters,
-    the characters an HTTP ``Idempotency-Key`` may hold."""
+    """A task's key as stored: a str (or int, or UUID) that an HTTP ``Idempotency-Key`` may
+    hold (``keys.key_error``)."""
     if isinstance(value, uuid.UUID) or (isinstance(value, int) and not isinstance(value, bool)):
         value = str(value)
     if not isinstance(value, str):
         raise TypeError(f"An idempotency key must be a str, int or UUID, not {type(value)!r}.")
-    if not value.strip(" "):
-        raise TaskKeyMalformed("The key is empty.")
-    if len(value) > KEY_MAX_LENGTH:
-        raise TaskKeyMalformed(f"The key is longer than {KEY_MAX_LENGTH} characters.")
-    if any(not 0x20 <= ord(char) <= 0x7E for char in value):
-        raise TaskKeyMalformed("The key must be printable ASCII characters.")
+    error = keys.key_error(value)
+    if error is not None:
+        raise TaskKeyMalformed(error)
     return value
 
 

@@ -181,7 +181,19 @@ def test_the_key_is_the_callers_to_make(make: Make) -> None:
     assert script.requests == []
 
 
-@pytest.mark.parametrize("key", ["", "two words", "k" * 256, "clé", "tab\there", "a,b"])
+def test_a_key_with_a_space_is_sent_as_a_quoted_string_the_server_reads_back(make: Make) -> None:
+    from idempotency_django.keys import parse_key
+
+    client, script = make(created())
+
+    client.post("/charges/", key="two words", json=BODY)
+
+    sent = script.requests[0].headers["Idempotency-Key"]
+    assert sent == '"two words"'
+    assert parse_key(sent) == "two words"
+
+
+@pytest.mark.parametrize("key", ["", "   ", "k" * 256, "clé", "tab\there", "a,b"])
 def test_a_key_the_server_would_refuse_is_refused_before_sending(make: Make, key: str) -> None:
     client, script = make(created())
 
