@@ -594,11 +594,14 @@ MUTANTS = [
     ),
     Mutant(
         "middleware-protects-twice",
-        "a view protected by its own decorator is claimed again by the middleware",
+        "a view protected by its own decorator is claimed by the middleware: its options lost",
         "middleware.py",
         'if _marked(view, "idempotent_view") or _has_protected_method(cls):',
         "if False:",
-        ("test_middleware.py::test_a_decorated_view_is_protected_once",),
+        (
+            "test_middleware.py::test_a_decorated_view_is_protected_once",
+            "test_middleware.py::test_a_decorated_view_keeps_its_own_options_under_the_middleware",
+        ),
     ),
     Mutant(
         "middleware-ignores-atomic-requests",

@@ -28,6 +28,7 @@ urlpatterns = [
     path("mw/decorated/", views.effect),
     path("mw/decorated-class/", views.EffectView.as_view()),
     path("mw/decorated-async/", views.async_effect),
+    path("mw/decorated-fields/", views.fields),
     # Nested layers of one scope: claimed by the middleware, met again inside the view.
     path("mw/wrapped/", middleware_views.wrapped),
     path("mw/calls-charge/", middleware_views.calls_charge),

@@ -261,6 +261,23 @@ def test_a_decorated_view_is_protected_once(alice: User, post: Post, path: str, 
     assert IdempotencyRecord.objects.count() == 1
 
 
+def test_a_decorated_view_keeps_its_own_options_under_the_middleware(
+    alice: User, post: Post
+) -> None:
+    """The decorator, not the middleware, claims a view it protects: its own options apply.
+    Here only ``amount`` makes the request; claimed by the middleware with the defaults, the
+    retry with another note would be a 422 instead of the replay."""
+    first = post("/mw/decorated-fields/", {"amount": 1, "note": "first"})
+    retry = post("/mw/decorated-fields/", {"amount": 1, "note": "second"})
+
+    assert first.status_code == 201
+    assert retry.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    assert effects("fields") == 1
+    assert IdempotencyRecord.objects.count() == 1
+
+
 # --- nested layers of one scope: the outer claim governs, the inner layer runs once ---------------
 
 
