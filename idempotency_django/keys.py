@@ -139,7 +139,7 @@ def key_error(key: str) -> str | None:
     if "," in key:
         return (
             "A key may not contain a comma (repeated Idempotency-Key header lines arrive "
-            "joined by commas)."
+            "joined by commas: send one)."
         )
     return None
 
@@ -163,18 +163,13 @@ def parse_key(raw: str) -> str:
     sent at once, and which one the client meant is unknowable.
     """
     value = raw.strip(" \t")
-    if "," in value:
-        raise KeyMalformed(
-            "Send one Idempotency-Key header; a key may not contain a comma (repeated "
-            "header lines arrive joined by commas)."
-        )
-    if value.startswith('"'):
-        key = _parse_sf_string(value)
-    else:
-        if not _VISIBLE_ASCII.fullmatch(value):
-            raise KeyMalformed("The key must be visible ASCII characters (or a quoted string).")
-        key = value
+    quoted = value.startswith('"')
+    key = _parse_sf_string(value) if quoted else value
+    # The one rule first (it names the comma of two joined header lines), then what only a
+    # bare token needs: no spaces or quotes inside.
     error = key_error(key)
+    if error is None and not quoted and not _VISIBLE_ASCII.fullmatch(key):
+        error = "The key must be visible ASCII characters (or a quoted string)."
     if error is not None:
         raise KeyMalformed(error)
     return key
