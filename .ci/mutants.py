@@ -23,6 +23,9 @@ shared with other work, 52 mutants took 47 minutes, 15 of them the unmutated run
     nohup python .ci/mutants.py --full --database-url postgres://root@127.0.0.1:5432/mutants \\
         > mutants-full.log 2>&1 &
 
+``--jobs 2`` checks two mutants side by side, each job in a copy of its own with databases of
+its own (the URL's name plus ``_1``, ...): on two cores that is CI's setting.
+
 Exit status: 0 every mutant killed, 1 a mutant survived (or its run errored), 2 the check
 could not run (a snippet not found exactly once, the tests failing unmutated, ...).
 """
@@ -38,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -1182,6 +1186,44 @@ def run_all(
     return outcomes
 
 
+def check_group(
+    mutants: list[Mutant], url: str, timeout: float | None, full: bool, job: int = 0
+) -> dict[str, Outcome] | None:
+    """The outcomes of these mutants, run one after another in a copy of their own."""
+    with tempfile.TemporaryDirectory(prefix="mutants-") as temporary:
+        copy = Path(temporary)
+        copy_tree(copy)
+        problems = check_mutants(copy)
+        if problems:
+            print("The mutant list no longer matches the code; update .ci/mutants.py:")
+            print("\n".join(f"  {problem}" for problem in problems))
+            return None
+        env = {
+            **os.environ,
+            "DATABASE_URL": url,
+            # .ci too under --full: this file is then the tests' ordering plugin.
+            "PYTHONPATH": os.pathsep.join([str(copy), *([str(copy / ".ci")] if full else [])]),
+            "PYTHONDONTWRITEBYTECODE": "1",  # a mutant never runs from a stale .pyc
+        }
+        if job:  # the Celery tests' broker: a Redis database of the job's own
+            env["CELERY_TEST_BROKER"] = f"redis://127.0.0.1:6379/{8 + job}"
+        where = subprocess.run(
+            [sys.executable, "-c", f"import {PACKAGE}; print({PACKAGE}.__file__)"],
+            cwd=copy,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        if not Path(where.stdout.strip() or "/").resolve().is_relative_to(copy.resolve()):
+            print(where.stderr[-2000:])
+            print(f"The tests would import {PACKAGE} from {where.stdout.strip()!r}, not {copy}.")
+            return None
+        try:
+            return run_all(mutants, copy, env, timeout, full)
+        finally:
+            drop_test_databases(url)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--database-url", required=True, help="PostgreSQL DATABASE_URL")
@@ -1191,6 +1233,12 @@ def main() -> int:
         help="seconds per mutant (default: 120; with --full, three times the unmutated run)",
     )
     parser.add_argument("--only", nargs="+", metavar="ID", help="run these mutants only")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="mutants checked side by side, each job in its own copy and databases",
+    )
     parser.add_argument(
         "--full",
         action="store_true",
@@ -1202,37 +1250,27 @@ def main() -> int:
         parser.error(f"no such mutant: {', '.join(sorted(unknown))}")
     mutants = [m for m in MUTANTS if not args.only or m.id in args.only]
     started = time.monotonic()
-
-    with tempfile.TemporaryDirectory(prefix="mutants-") as temporary:
-        copy = Path(temporary)
-        copy_tree(copy)
-        problems = check_mutants(copy)
-        if problems:
-            print("The mutant list no longer matches the code; update .ci/mutants.py:")
-            print("\n".join(f"  {problem}" for problem in problems))
-            return 2
-        env = {
-            **os.environ,
-            "DATABASE_URL": args.database_url,
-            # .ci too under --full: this file is then the tests' ordering plugin.
-            "PYTHONPATH": os.pathsep.join([str(copy), *([str(copy / ".ci")] if args.full else [])]),
-            "PYTHONDONTWRITEBYTECODE": "1",  # a mutant never runs from a stale .pyc
-        }
-        where = subprocess.run(
-            [sys.executable, "-c", f"import {PACKAGE}; print({PACKAGE}.__file__)"],
-            cwd=copy,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
-        if not Path(where.stdout.strip() or "/").resolve().is_relative_to(copy.resolve()):
-            print(where.stderr[-2000:])
-            print(f"The tests would import {PACKAGE} from {where.stdout.strip()!r}, not {copy}.")
-            return 2
-        try:
-            outcomes = run_all(mutants, copy, env, args.timeout, args.full)
-        finally:
-            drop_test_databases(args.database_url)
+    jobs = max(1, min(args.jobs, len(mutants)))
+    groups = [mutants[i::jobs] for i in range(jobs)]
+    urls = [args.database_url if i == 0 else f"{args.database_url}_{i}" for i in range(jobs)]
+    if jobs == 1:
+        outcomes = check_group(groups[0], urls[0], args.timeout, args.full)
+    else:  # each job: its own copy of the tree and its own databases
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            results = list(
+                pool.map(
+                    check_group,
+                    groups,
+                    urls,
+                    [args.timeout] * jobs,
+                    [args.full] * jobs,
+                    range(jobs),
+                )
+            )
+        outcomes = None if any(r is None for r in results) else {}
+        for result in results:
+            if outcomes is not None and result is not None:
+                outcomes.update(result)
     if outcomes is None:
         return 2
 
