@@ -112,7 +112,7 @@ CHARGE_BODY = {
     "responses": {
         201: {
             "description": "Charged; Location names the charge.",
-            "content": {"application/json": {"schema": {"type": "object"}}},
+            "content": {"application/json": {"schema": service.CHARGE_SCHEMA}},
         },
         **{
             status: {
@@ -125,7 +125,26 @@ CHARGE_BODY = {
 }
 
 
-@api.get("/charges/", summary="The account's charges")
+LIST = {
+    "responses": {
+        200: {
+            "description": "The account's charges.",
+            "content": {"application/json": {"schema": service.CHARGES_SCHEMA}},
+        },
+        401: {
+            "description": service.UNAUTHORIZED,
+            "content": {service.PROBLEM: {"schema": service.PROBLEM_SCHEMA}},
+        },
+    },
+}
+
+
+@api.get(
+    "/charges/",
+    summary="The account's charges",
+    response={200: None, 401: None},
+    openapi_extra=LIST,
+)
 def charges(request: HttpRequest) -> HttpResponse:
     return _response(service.Outcome(200, service.charges_of(_user(request))))
 
