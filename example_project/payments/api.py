@@ -13,7 +13,12 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.http import HttpResponseBase
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_serializer
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_serializer,
+)
 from rest_framework import exceptions, serializers, viewsets
 from rest_framework.authentication import BasicAuthentication
 from rest_framework.permissions import IsAuthenticated
@@ -102,6 +107,7 @@ class ChargeViewSet(IdempotentMixin, viewsets.ViewSet):
 
     @extend_schema(
         request=ChargeIn,
+        examples=[OpenApiExample("A charge", value=service.CHARGE_EXAMPLE, request_only=True)],
         responses={
             201: OpenApiResponse(ChargeOut, description="Charged; Location names the charge."),
             **{

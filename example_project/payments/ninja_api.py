@@ -105,7 +105,8 @@ CHARGE_BODY = {
                         "currency": {"type": "string", "pattern": "^[A-Za-z]{3}$"},
                         "card": {"type": "string", "enum": list(service.CARDS)},
                     },
-                }
+                },
+                "example": service.CHARGE_EXAMPLE,
             }
         },
     },

@@ -45,6 +45,8 @@ CHARGES_SCHEMA: dict[str, Any] = {
     },
     "required": ["count", "results"],
 }
+# A charge to send, as the published schemas' example (Schemathesis sends it too).
+CHARGE_EXAMPLE = {"amount": 1000, "currency": "EUR", "card": "tok_visa"}
 UNAUTHORIZED = "Authentication required (HTTP Basic)."
 # The answers of the charging endpoints that are the example's own (the idempotency app
 # documents its own), as each is sent: a declined card, a provider timeout, and the
