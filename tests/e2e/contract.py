@@ -67,7 +67,9 @@ def st_run(
 ) -> int:
     """``st run`` against ``location`` (a URL or a file), its output on ours; its exit code."""
     command = [
-        "st",
+        sys.executable,  # this interpreter's Schemathesis, whatever PATH says
+        "-m",
+        "schemathesis.cli",
         "--config-file",
         str(CONFIG),
         "--no-color",
