@@ -12,7 +12,8 @@ request. ``tests/e2e/schemathesis.toml`` holds the configuration and every exclu
 with its reason. Exit code 0 only if both runs end with zero failures.
 
 Then the check is checked: each schema, saved with one documented answer changed
-(``WRONG_SCHEMAS``: a status removed, a content type changed), must make Schemathesis fail.
+(``WRONG_SCHEMAS``: DRF's 402 as ``application/json``, ninja's 402 removed), must make
+Schemathesis fail.
 A run that passed against a wrong schema proves nothing, so that fails this script too.
 """
 
@@ -51,9 +52,10 @@ def _problem_as_json(schema: dict[str, Any], path: str) -> None:
     content["application/json"] = content.pop("application/problem+json")
 
 
-WRONG_SCHEMAS: dict[str, Callable[[dict[str, Any], str], None]] = {
-    "402 removed": _drop_402,
-    "402 as application/json": _problem_as_json,
+# One wrong copy of each schema, each wrong in its own way (a run costs 10-20 s).
+WRONG_SCHEMAS: dict[str, tuple[str, Callable[[dict[str, Any], str], None]]] = {
+    "DRF": ("402 as application/json", _problem_as_json),
+    "django-ninja": ("402 removed", _drop_402),
 }
 
 
@@ -109,28 +111,27 @@ def check(base_url: str, *, max_examples: int, seed: int) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="contract-") as directory:
         for name, path in SCHEMAS.items():
             schema = requests.get(f"{base_url}{path}", timeout=30).json()
-            for wrong, change in WRONG_SCHEMAS.items():
-                broken = json.loads(json.dumps(schema))
-                change(broken, POST[name])
-                file = Path(directory) / f"{name}-{re.sub(r'[^a-z0-9]+', '-', wrong)}.json"
-                file.write_text(json.dumps(broken))
-                # Only the POST, in the coverage phase (it sends each card of the enum,
-                # tok_declined included): quick, and deterministic.
-                code = st_run(
-                    str(file),
-                    base_url,
-                    "--include-method",
-                    "POST",
-                    "--max-failures",
-                    "1",
-                    phases="coverage",
-                    max_examples=max_examples,
-                    seed=seed,
-                )
-                caught = code == 1
-                print(f"--> {name} schema with {wrong}: exit code {code}, caught: {caught}")
-                if not caught:
-                    failed.append(f"{name} schema with {wrong} passed")
+            wrong, change = WRONG_SCHEMAS[name]
+            change(schema, POST[name])
+            file = Path(directory) / f"{name}-{re.sub(r'[^a-z0-9]+', '-', wrong)}.json"
+            file.write_text(json.dumps(schema))
+            # Only the POST, in the coverage phase (it sends each card of the enum,
+            # tok_declined included): quick, and deterministic.
+            code = st_run(
+                str(file),
+                base_url,
+                "--include-method",
+                "POST",
+                "--max-failures",
+                "1",
+                phases="coverage",
+                max_examples=max_examples,
+                seed=seed,
+            )
+            caught = code == 1
+            print(f"--> {name} schema with {wrong}: exit code {code}, caught: {caught}")
+            if not caught:
+                failed.append(f"{name} schema with {wrong} passed")
     return failed
 
 
@@ -167,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if failed:
         print(f"CONTRACT FAILED in {elapsed:.0f}s: {', '.join(failed)}")
         return 1
-    print(f"CONTRACT PASSED in {elapsed:.0f}s: both schemas match the wire; both wrong ones fail")
+    print(f"CONTRACT PASSED in {elapsed:.0f}s: both schemas match the wire; the wrong copies fail")
     return 0
 
 
