@@ -79,6 +79,9 @@ results = {
     "declined, retried": post(dict(CHARGE, card="tok_declined"), key="order-5"),
     "PUT": answer(client.put("/ninja/charges/", "{}", content_type="application/json")),
     "list": answer(client.get("/ninja/charges/", **auth("alice"))),
+    "list anonymous": answer(client.get("/ninja/charges/")),
+    "drf list": answer(client.get("/api/charges/", **auth("alice"))),
+    "drf list anonymous": answer(client.get("/api/charges/")),
     "timeout": post(dict(CHARGE, card="tok_timeout"), key="order-6"),
     "drf first": drf(),
     "drf no key": drf(key=None),
@@ -242,6 +245,31 @@ def test_every_answer_is_documented_as_it_is_sent(
         root = {**body_schema, "components": schema.get("components", {})}
         assert validator(root).is_valid(got["body"]), name
     assert sent >= {"201", "400", "401", "402", "415", "504"}
+
+
+@pytest.mark.parametrize(
+    ("document", "prefix"), [("ninja schema", ""), ("drf schema", "drf ")], ids=["ninja", "drf"]
+)
+def test_the_list_documents_its_answers_as_they_are_sent(
+    answers: dict[str, Any], document: str, prefix: str
+) -> None:
+    """``GET``: the account's charges (200, typed, an object and not an array) and the 401
+    without credentials, each with the media type it is sent with and a schema it fits."""
+    from openapi_schema_validator import OAS30Validator, OAS31Validator
+
+    schema = answers[document]["body"]
+    path = "/ninja/charges/" if document == "ninja schema" else "/api/charges/"
+    responses = schema["paths"][path]["get"]["responses"]
+    validator = OAS31Validator if schema["openapi"].startswith("3.1") else OAS30Validator
+    for name, status in (("list", "200"), ("list anonymous", "401")):
+        got = answers[prefix + name]
+        assert str(got["status"]) == status, name
+        media_type = got["type"].split(";")[0]
+        body_schema = responses[status]["content"][media_type]["schema"]
+        root = {**body_schema, "components": schema.get("components", {})}
+        assert validator(root).is_valid(got["body"]), name
+    assert answers[prefix + "list"]["body"]["count"] >= 1
+    assert set(responses) == {"200", "401"}
 
 
 @pytest.mark.parametrize("document", ["ninja schema", "drf schema"])

@@ -13,8 +13,12 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.http import HttpResponseBase
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_serializer,
+)
 from rest_framework import exceptions, serializers, viewsets
 from rest_framework.authentication import BasicAuthentication
 from rest_framework.permissions import IsAuthenticated
@@ -66,20 +70,46 @@ class ChargeIn(serializers.Serializer[Any]):
     card = serializers.ChoiceField(choices=service.CARDS)
 
 
+class ChargeOut(serializers.Serializer[Any]):
+    """A charge: its id (as in ``Location``), amount, currency and status."""
+
+    id = serializers.RegexField(r"^ch_[1-9][0-9]*$")
+    amount = serializers.IntegerField(min_value=1)
+    currency = serializers.RegexField(r"^[A-Z]{3}$")
+    status = serializers.ChoiceField(choices=["succeeded"])
+
+
+@extend_schema_serializer(many=False)  # the list's one object, not an array of them
+class ChargesOut(serializers.Serializer[Any]):
+    """The account's charges, oldest first."""
+
+    count = serializers.IntegerField(min_value=0)
+    results = ChargeOut(many=True)
+
+
 class ChargeViewSet(IdempotentMixin, viewsets.ViewSet):
     authentication_classes = [BasicAuthentication]
     permission_classes = [IsAuthenticated]
     idempotency_actions = {"create"}
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(
+        responses={
+            200: OpenApiResponse(ChargesOut, description="The account's charges."),
+            (401, service.PROBLEM): OpenApiResponse(
+                service.PROBLEM_SCHEMA, description=service.UNAUTHORIZED
+            ),
+        },
+        summary="The account's charges",
+    )
     def list(self, request: Request) -> Response:
         assert isinstance(request.user, User)
         return Response(service.charges_of(request.user))
 
     @extend_schema(
         request=ChargeIn,
+        examples=[OpenApiExample("A charge", value=service.CHARGE_EXAMPLE, request_only=True)],
         responses={
-            201: OpenApiTypes.OBJECT,
+            201: OpenApiResponse(ChargeOut, description="Charged; Location names the charge."),
             **{
                 (status, service.PROBLEM): OpenApiResponse(service.PROBLEM_SCHEMA, description=text)
                 for status, text in service.PROBLEM_ANSWERS.items()

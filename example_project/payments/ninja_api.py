@@ -105,14 +105,15 @@ CHARGE_BODY = {
                         "currency": {"type": "string", "pattern": "^[A-Za-z]{3}$"},
                         "card": {"type": "string", "enum": list(service.CARDS)},
                     },
-                }
+                },
+                "example": service.CHARGE_EXAMPLE,
             }
         },
     },
     "responses": {
         201: {
             "description": "Charged; Location names the charge.",
-            "content": {"application/json": {"schema": {"type": "object"}}},
+            "content": {"application/json": {"schema": service.CHARGE_SCHEMA}},
         },
         **{
             status: {
@@ -125,7 +126,26 @@ CHARGE_BODY = {
 }
 
 
-@api.get("/charges/", summary="The account's charges")
+LIST = {
+    "responses": {
+        200: {
+            "description": "The account's charges.",
+            "content": {"application/json": {"schema": service.CHARGES_SCHEMA}},
+        },
+        401: {
+            "description": service.UNAUTHORIZED,
+            "content": {service.PROBLEM: {"schema": service.PROBLEM_SCHEMA}},
+        },
+    },
+}
+
+
+@api.get(
+    "/charges/",
+    summary="The account's charges",
+    response={200: None, 401: None},
+    openapi_extra=LIST,
+)
 def charges(request: HttpRequest) -> HttpResponse:
     return _response(service.Outcome(200, service.charges_of(_user(request))))
 

@@ -25,11 +25,34 @@ PROBLEM_SCHEMA: dict[str, Any] = {
     },
     "required": ["type", "title", "status"],
 }
+# A charge, as ``Charge.as_json`` writes it (201, and each of the list's results), and the
+# account's charges (``GET``), for the published schemas.
+CHARGE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "pattern": "^ch_[1-9][0-9]*$"},
+        "amount": {"type": "integer", "minimum": 1},
+        "currency": {"type": "string", "pattern": "^[A-Z]{3}$"},
+        "status": {"type": "string", "enum": ["succeeded"]},
+    },
+    "required": ["id", "amount", "currency", "status"],
+}
+CHARGES_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "count": {"type": "integer", "minimum": 0},
+        "results": {"type": "array", "items": CHARGE_SCHEMA},
+    },
+    "required": ["count", "results"],
+}
+# A charge to send, as the published schemas' example (Schemathesis sends it too).
+CHARGE_EXAMPLE = {"amount": 1000, "currency": "EUR", "card": "tok_visa"}
+UNAUTHORIZED = "Authentication required (HTTP Basic)."
 # The answers of the charging endpoints that are the example's own (the idempotency app
 # documents its own), as each is sent: a declined card, a provider timeout, and the
 # refusals before the charge (no credentials, a body that is not JSON).
 PROBLEM_ANSWERS = {
-    401: "Authentication required (HTTP Basic).",
+    401: UNAUTHORIZED,
     402: "The card was declined (stored: a retry is declined too).",
     415: "The body is not application/json (stored, like any definitive answer).",
     504: "The card provider did not answer in time: not stored, retry with the same key.",
