@@ -464,7 +464,7 @@ def test_redis_restarted_mid_flight_reports_the_lost_outcome_and_serves_again(
     alice: User, settings: SettingsWrapper, scratch_redis: Callable[[], None]
 ) -> None:
     """The claim is lost with the server's memory: the work's answer is sent, the loss is
-    signalled (``outcome_not_stored``), and the next request is served by the new server."""
+    signalled (``completion_lost``), and the next request is served by the new server."""
     use_redis(settings, f"redis://127.0.0.1:{SCRATCH_PORT}/0")
     lost: list[Any] = []
 
@@ -472,6 +472,7 @@ def test_redis_restarted_mid_flight_reports_the_lost_outcome_and_serves_again(
         lost.append(kwargs)
 
     signals.outcome_not_stored.connect(receiver, weak=False)
+    signals.completion_lost.connect(receiver, weak=False)
     answers: dict[str, Any] = {}
     thread = threading.Thread(
         target=lambda: answers.update(first=send(Client(), {"amount": 1, "gate": True}))
@@ -486,8 +487,10 @@ def test_redis_restarted_mid_flight_reports_the_lost_outcome_and_serves_again(
     finally:
         gate.release.set()
         signals.outcome_not_stored.disconnect(receiver)
+        signals.completion_lost.disconnect(receiver)
 
     assert answers["first"].status_code == 201
+    assert [entry["key"] for entry in lost] == ["k1"]  # the lost outcome, told loudly
     assert later.status_code == 201
     assert effects() == 2
 
