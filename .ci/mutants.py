@@ -1042,11 +1042,11 @@ MUTANTS = [
     ),
     Mutant(
         "redis-takeover-ignores-lease",
-        "the Redis take-over trusts the client's clock: a live lease is stolen by a fast clock",
+        "the Redis take-over no longer checks the lease: a claim renewed since the read is stolen",
         "store/redis.py",
         "if in_use or not (state == 'i' or expired) then return 0 end",
         "if not (state == 'i' or expired) then return 0 end",
-        (REDIS + "test_take_over_compares_the_lease_with_redis_time_not_the_clients_clock",),
+        (REDIS + "test_a_lease_renewed_between_the_read_and_the_take_over_is_not_taken_over",),
     ),
     Mutant(
         "redis-no-hash-tag",

@@ -309,6 +309,26 @@ def test_take_over_compares_the_lease_with_redis_time_not_the_clients_clock(
     assert effects() == 0
 
 
+def test_a_lease_renewed_between_the_read_and_the_take_over_is_not_taken_over() -> None:
+    """The take-over script checks the lease itself, on Redis's clock: a record read as
+    lapsed and renewed since (its heartbeat was late, not dead) is left to its owner."""
+    redis_store = store()
+    values = claim_values("a" * 32)
+    assert redis_store.claim_or_read("default", values, values["fingerprint"]) == "claimed"
+    key = redis_store.key(values)
+    set_lease(key, server_ms() - 1)
+    lapsed = redis_store.read("default", lookup(), values["fingerprint"])
+    assert lapsed is not None
+    set_lease(key, server_ms() + 30_000)  # renewed in between
+
+    assert not redis_store.take_over("default", lapsed, claim_values("b" * 32))
+    assert test_client().get(key).split(b"|")[1] == b"a" * 32
+
+    set_lease(key, server_ms() - 1)  # now lapsed for good
+    assert redis_store.take_over("default", lapsed, claim_values("b" * 32))
+    assert test_client().get(key).split(b"|")[1] == b"b" * 32
+
+
 def test_a_lapsed_lease_by_redis_time_is_taken_over_and_runs_once(alice: User, post: Post) -> None:
     redis_store = store()
     fingerprint = _fingerprint(post)
