@@ -661,3 +661,56 @@ print(json.dumps([first.status_code, retry.status_code, retry.get("Idempotent-Re
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.splitlines()[-1]) == [201, 201, "true", 0]
     assert len(test_client().keys(f"{PREFIX}:*")) == 1
+
+
+# -- a worker killed mid-flight -----------------------------------------------------------------
+
+KILLED_WORKER = r"""
+import os, sys, time, django
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+from idempotency_django.conf import DEFAULTS
+DEFAULTS["STORE"] = "idempotency_django.store.redis.RedisStore"
+DEFAULTS["STORE_OPTIONS"] = {"URL": sys.argv[1], "KEY_PREFIX": sys.argv[2]}
+django.setup()
+from idempotency_django.tasks import claim_once
+with claim_once("receipts", "m-1", lease_seconds=1) as run:
+    print("claimed", flush=True)
+    time.sleep(120)  # SIGKILLed here: the work never finishes, nothing is completed
+"""
+
+
+def test_a_worker_killed_mid_flight_is_taken_over_once_its_lease_lapses() -> None:
+    """SIGKILL a process holding a claim: a duplicate is refused while the dead worker's
+    lease runs (Redis's clock), then takes the key over and runs once."""
+    from idempotency_django.tasks import TaskInFlight, claim_once
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WORKER, REDIS_URL, PREFIX],
+        cwd=Path(__file__).resolve().parent.parent,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == b"claimed"
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+
+        with pytest.raises(TaskInFlight), claim_once("receipts", "m-1", lease_seconds=1):
+            pytest.fail("ran while the dead worker's lease was live")
+        ran = []
+        with claim_once(
+            "receipts", "m-1", lease_seconds=1, in_flight="wait", wait_seconds=10
+        ) as run:
+            assert not run.done
+            ran.append(1)
+            run.result = "sent"
+        with claim_once("receipts", "m-1") as again:
+            assert again.done
+            assert again.result == "sent"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+
+    assert ran == [1]
