@@ -714,3 +714,44 @@ def test_a_worker_killed_mid_flight_is_taken_over_once_its_lease_lapses() -> Non
             child.wait(10)
 
     assert ran == [1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_completion_that_times_out_keeps_the_key_and_never_runs_the_view_again(
+    alice: User, settings: SettingsWrapper, scratch_redis: Callable[[], None]
+) -> None:
+    """Redis pauses while the view runs: the completion times out (it may yet run), the
+    answer is sent, the loss is signalled, and the key is kept: the retry is a replay or a
+    409, never a second run."""
+    url = f"redis://127.0.0.1:{SCRATCH_PORT}/0"
+    use_redis(settings, url, STORE_OPTIONS={"SOCKET_TIMEOUT": 0.2})
+    not_stored: list[Any] = []
+
+    def receiver(signal: Any, **kwargs: Any) -> None:
+        not_stored.append(kwargs["key"])
+
+    signals.outcome_not_stored.connect(receiver, weak=False)
+    answers: dict[str, Any] = {}
+    thread = threading.Thread(
+        target=lambda: answers.update(first=send(Client(), {"amount": 1, "gate": True}))
+    )
+    try:
+        thread.start()
+        assert gate.entered.wait(10)
+        redis.Redis.from_url(url).execute_command("CLIENT", "PAUSE", "1000", "ALL")
+        gate.release.set()
+        thread.join(20)
+        deadline = time.monotonic() + 10
+        while not _redis_up(url):  # the pause ends
+            assert time.monotonic() < deadline
+        retry = send(Client(), {"amount": 1, "gate": True})
+    finally:
+        gate.release.set()
+        signals.outcome_not_stored.disconnect(receiver)
+
+    assert answers["first"].status_code == 201
+    assert not_stored == ["k1"]
+    assert retry.status_code in (201, 409)
+    if retry.status_code == 201:
+        assert retry["Idempotent-Replayed"] == "true"  # the completion ran after the pause
+    assert effects() == 1
