@@ -69,7 +69,7 @@ def _on_redis(settings: SettingsWrapper) -> None:
     return
 
 
-def test_client() -> Any:
+def redis_client() -> Any:
     return redis.Redis.from_url(REDIS_URL)
 
 
@@ -109,13 +109,13 @@ def complete_values(status: int = 201, body: bytes | None = b"done") -> dict[str
 
 
 def server_ms() -> int:
-    seconds, micros = test_client().time()
+    seconds, micros = redis_client().time()
     return int(seconds) * 1000 + int(micros) // 1000
 
 
 def set_lease(key: str, lease_ms: int) -> None:
     """Rewrite a record's lease (Redis server ms), as a dead worker's would be."""
-    client = test_client()
+    client = redis_client()
     value = client.get(key)
     state, token, _lease, rest = value.split(b"|", 3)
     client.set(key, b"|".join([state, token, str(lease_ms).encode(), rest]), keepttl=True)
@@ -137,9 +137,9 @@ def test_a_first_request_runs_and_its_retry_is_replayed_from_redis_not_the_datab
     assert retry["Location"] == first["Location"]
     assert effects() == 1
     assert IdempotencyRecord.objects.count() == 0
-    keys = test_client().keys(f"{PREFIX}:*")
+    keys = redis_client().keys(f"{PREFIX}:*")
     assert len(keys) == 1
-    assert 0 < test_client().pttl(keys[0]) <= 24 * 3600 * 1000  # TTL_SECONDS, by Redis
+    assert 0 < redis_client().pttl(keys[0]) <= 24 * 3600 * 1000  # TTL_SECONDS, by Redis
 
 
 def test_another_body_with_the_same_key_is_422(alice: User, post: Post) -> None:
@@ -153,7 +153,7 @@ def test_another_body_with_the_same_key_is_422(alice: User, post: Post) -> None:
 
 def test_a_5xx_releases_the_key_and_the_retry_runs(alice: User, post: Post) -> None:
     assert post("/effect/", {"status": 503}).status_code == 503
-    assert test_client().keys(f"{PREFIX}:*") == []
+    assert redis_client().keys(f"{PREFIX}:*") == []
 
     assert post("/effect/", {"status": 201}).status_code == 201
     assert effects() == 2
@@ -247,8 +247,8 @@ def test_encrypted_responses_are_sealed_in_redis(
 
     assert retry["Idempotent-Replayed"] == "true"
     assert retry.content == first.content
-    (key,) = test_client().keys(f"{PREFIX}:*")
-    assert b"s3cr3t-body" not in test_client().get(key)
+    (key,) = redis_client().keys(f"{PREFIX}:*")
+    assert b"s3cr3t-body" not in redis_client().get(key)
 
 
 # -- fencing, the lease on Redis's clock, renewal, the hash tag ----------------------------------
@@ -322,11 +322,11 @@ def test_a_lease_renewed_between_the_read_and_the_take_over_is_not_taken_over() 
     set_lease(key, server_ms() + 30_000)  # renewed in between
 
     assert not redis_store.take_over("default", lapsed, claim_values("b" * 32))
-    assert test_client().get(key).split(b"|")[1] == b"a" * 32
+    assert redis_client().get(key).split(b"|")[1] == b"a" * 32
 
     set_lease(key, server_ms() - 1)  # now lapsed for good
     assert redis_store.take_over("default", lapsed, claim_values("b" * 32))
-    assert test_client().get(key).split(b"|")[1] == b"b" * 32
+    assert redis_client().get(key).split(b"|")[1] == b"b" * 32
 
 
 def test_a_lapsed_lease_by_redis_time_is_taken_over_and_runs_once(alice: User, post: Post) -> None:
@@ -361,7 +361,7 @@ def test_the_heartbeat_renews_every_claim_in_one_round_trip() -> None:
     for index in range(3):
         values = claim_values(f"{index}" * 32, key=f"k{index}", lease=2)
         assert redis_store.claim_or_read("default", values, values["fingerprint"]) == "claimed"
-    client = test_client()
+    client = redis_client()
     before = {key: int(client.get(key).split(b"|")[2]) for key in client.keys(f"{PREFIX}:*")}
     calls = _script_calls()
     beat = Heartbeat()
@@ -389,7 +389,7 @@ def test_the_heartbeat_renews_every_claim_in_one_round_trip() -> None:
 
 
 def _script_calls() -> int:
-    stats = test_client().info("commandstats")
+    stats = redis_client().info("commandstats")
     return sum(
         int(stats.get(name, {}).get("calls", 0)) for name in ("cmdstat_evalsha", "cmdstat_eval")
     )
@@ -413,7 +413,7 @@ def test_a_record_in_progress_outlives_a_ttl_shorter_than_its_leases() -> None:
     values = claim_values("a" * 32, lease=30, ttl=1)
     redis_store.claim_or_read("default", values, values["fingerprint"])
 
-    assert test_client().pttl(redis_store.key(values)) > 60_000  # three leases
+    assert redis_client().pttl(redis_store.key(values)) > 60_000  # three leases
 
 
 # -- failure: down, restarted, slow ------------------------------------------------------------
@@ -598,7 +598,7 @@ def test_a_view_can_use_the_database_store_under_a_redis_default(alice: User, po
 
     assert view(request).status_code == 201
     assert IdempotencyRecord.objects.filter(key="k9").count() == 1
-    assert test_client().keys(f"{PREFIX}:*") == []
+    assert redis_client().keys(f"{PREFIX}:*") == []
 
 
 def test_the_purge_says_the_redis_store_needs_none(capsys: pytest.CaptureFixture[str]) -> None:
@@ -660,7 +660,7 @@ print(json.dumps([first.status_code, retry.status_code, retry.get("Idempotent-Re
 
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.splitlines()[-1]) == [201, 201, "true", 0]
-    assert len(test_client().keys(f"{PREFIX}:*")) == 1
+    assert len(redis_client().keys(f"{PREFIX}:*")) == 1
 
 
 # -- a worker killed mid-flight -----------------------------------------------------------------
