@@ -57,7 +57,7 @@ class Mutant:
 
 
 DEC = "test_decorators.py::"
-ATOM = "test_atomicity.py::"
+ATOM = "test_lifecycle.py::"
 HOT = "test_store_hot_path.py::"
 PREP = "test_store_prepared.py::"
 FP = "test_fingerprints.py::"
@@ -987,7 +987,7 @@ MUTANTS = [
         "reopen = request_transactions(None) if transactions is None else transactions.to_reopen()",
         "reopen = request_transactions(None)",
         (
-            "test_request_transactions.py::"
+            "test_protect.py::"
             "test_a_protected_view_runs_in_the_request_transactions_its_author_kept",
         ),
     ),
@@ -997,7 +997,7 @@ MUTANTS = [
         "middleware.py",
         "        transaction.non_atomic_requests(using=alias)(built)",
         "        pass",
-        ("test_request_transactions.py::test_under_the_middleware_too",),
+        ("test_protect.py::test_under_the_middleware_too",),
     ),
     Mutant(
         "task-ttl-none-uses-the-setting",

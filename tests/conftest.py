@@ -12,9 +12,9 @@ from django.test import Client
 
 from idempotency_django import lifecycle
 from idempotency_django.heartbeat import heartbeat
-from tests.factories import UserFactory
 from tests.models import SideEffect
-from tests.views import gate
+from tests.project.factories import UserFactory
+from tests.project.views import gate
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -25,8 +25,8 @@ from idempotency_django import codecs, engine, purge, signals
 from idempotency_django.exceptions import InFlight
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse
-from tests.factories import IdempotencyRecordFactory, UserFactory
-from tests.logs import everything_logged
+from tests.project.factories import IdempotencyRecordFactory, UserFactory
+from tests.project.logs import everything_logged
 
 
 def __getattr__(name: str) -> Any:
@@ -47,8 +47,8 @@ def _admin_installed() -> None:
     missing = [name for name in NEEDED if not apps.is_installed(name)]
     if missing:
         pytest.fail(
-            f"tests/settings.py must install {', '.join(missing)} (with the session, auth and "
-            "messages middleware and a DjangoTemplates backend) for the admin tests."
+            f"tests/project/settings.py must install {', '.join(missing)} (with the session, auth "
+            "and messages middleware and a DjangoTemplates backend) for the admin tests."
         )
 
 
@@ -61,7 +61,7 @@ DELETE = "admin:idempotency_django_idempotencyrecord_delete"
 
 def login(user: User) -> Client:
     """A client logged in as ``user``: by session, and by the test suite's ``X-User`` header
-    (``tests.middleware``), whichever of the two the middleware order lets decide."""
+    (``tests.project.middleware``), whichever of the two the middleware order lets decide."""
     client = Client(headers={"X-User": user.username})
     client.force_login(user)
     return client

@@ -27,7 +27,7 @@ from idempotency_django.codecs import (
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.tasks import TaskResultNotStored, claim_once
 from tests.conftest import Post, effects
-from tests.factories import IdempotencyRecordFactory
+from tests.project.factories import IdempotencyRecordFactory
 
 if TYPE_CHECKING:
     from pytest_django import Settings

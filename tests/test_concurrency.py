@@ -18,7 +18,7 @@ from django.test import Client
 from idempotency_django import signals
 from idempotency_django.models import IdempotencyRecord
 from tests.conftest import effects
-from tests.views import gate
+from tests.project.views import gate
 
 pytestmark = [pytest.mark.concurrency, pytest.mark.django_db(transaction=True)]
 

@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 
 from idempotency_django.models import IdempotencyRecord
 from tests.conftest import effects
-from tests.views import gate, not_validation_failures
+from tests.project.views import gate, not_validation_failures
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -171,7 +171,7 @@ def test_errors_are_problem_json_with_the_default_exception_handler(api: APIClie
 def test_errors_go_through_a_custom_exception_handler(api: APIClient, settings: Any) -> None:
     settings.REST_FRAMEWORK = {
         **settings.REST_FRAMEWORK,
-        "EXCEPTION_HANDLER": "tests.drf_views.custom_exception_handler",
+        "EXCEPTION_HANDLER": "tests.project.drf_views.custom_exception_handler",
     }
     post(api, "/api/charges/", {"amount": 5})
     mismatch = post(api, "/api/charges/", {"amount": 6})
@@ -186,7 +186,7 @@ def test_in_flight_409_keeps_retry_after_through_a_custom_handler(
 ) -> None:
     settings.REST_FRAMEWORK = {
         **settings.REST_FRAMEWORK,
-        "EXCEPTION_HANDLER": "tests.drf_views.custom_exception_handler",
+        "EXCEPTION_HANDLER": "tests.project.drf_views.custom_exception_handler",
     }
     post(api, "/api/charges/", {"amount": 5})
     IdempotencyRecord.objects.update(state=IdempotencyRecord.State.IN_PROGRESS)

@@ -17,12 +17,12 @@ from rest_framework.authtoken.models import Token
 
 from idempotency_django.models import IdempotencyRecord
 from tests.conftest import effects
-from tests.views import gate
+from tests.project.views import gate
 
 pytestmark = [
     pytest.mark.concurrency,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.urls("tests.middleware_urls"),
+    pytest.mark.urls("tests.project.middleware_urls"),
 ]
 
 THREADS = 8

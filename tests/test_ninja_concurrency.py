@@ -14,12 +14,12 @@ from django.db import connections
 from django.test import Client
 
 from tests.conftest import effects
-from tests.views import gate
+from tests.project.views import gate
 
 pytestmark = [
     pytest.mark.concurrency,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.urls("tests.ninja_urls"),
+    pytest.mark.urls("tests.project.ninja_urls"),
 ]
 
 THREADS = 8

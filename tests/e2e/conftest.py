@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.server import (
+from tools.server import (
     SUPPORTED_VENDORS,
     Database,
     Server,

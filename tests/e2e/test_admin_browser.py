@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.server import (
+from tools.server import (
     REPO_ROOT,
     SUPPORTED_VENDORS,
     Database,

@@ -26,7 +26,7 @@ from idempotency_django.client import (
     IdempotentResult,
     RetryPolicy,
 )
-from tests.e2e.server import (
+from tools.server import (
     ALICE,
     HTTP_TIMEOUT_SECONDS,
     SUPPORTED_VENDORS,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.server import (
+from tools.server import (
     BOB,
     COMPLETED,
     REPLAYED,

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import requests
 
-from tests.e2e.server import (
+from tools.server import (
     BOB,
     COMPLETED,
     REPLAYED,

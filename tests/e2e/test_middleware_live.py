@@ -1,5 +1,5 @@
 """``IdempotencyMiddleware`` in a real deployment: the example project under gunicorn (4 sync
-workers) with the middleware installed (``tests/middleware_live_settings.py``), over HTTP,
+workers) with the middleware installed (``tests/project/middleware_live_settings.py``), over HTTP,
 on PostgreSQL or MariaDB.
 
 ``/mw/charges/`` is a plain view and ``/mw/api/charges/`` a DRF viewset, neither decorated
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.e2e.server import (
+from tools.server import (
     ALICE,
     BOB,
     REPLAYED,
@@ -59,7 +59,7 @@ def server(e2e_db: Database, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     log_path = tmp_path_factory.mktemp("gunicorn-middleware") / "gunicorn.log"
     log_file = log_path.open("wb")
     env = example_env(e2e_db.url)
-    env["DJANGO_SETTINGS_MODULE"] = "tests.middleware_live_settings"
+    env["DJANGO_SETTINGS_MODULE"] = "tests.project.middleware_live_settings"
     port = free_port()
     process = subprocess.Popen(
         [
@@ -199,7 +199,7 @@ def asgi_server(e2e_db: Database, tmp_path_factory: pytest.TempPathFactory) -> I
     log_path = tmp_path_factory.mktemp("uvicorn-middleware") / "uvicorn.log"
     log_file = log_path.open("wb")
     env = example_env(e2e_db.url)
-    env["DJANGO_SETTINGS_MODULE"] = "tests.middleware_live_settings"
+    env["DJANGO_SETTINGS_MODULE"] = "tests.project.middleware_live_settings"
     port = free_port()
     process = subprocess.Popen(
         [

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import requests
 
-from tests.e2e.fuzz import CORPUS, Case, send
-from tests.e2e.server import (
+from tools.fuzz import CORPUS, Case, send
+from tools.server import (
     BOB,
     REPLAYED,
     SUPPORTED_VENDORS,
@@ -122,7 +122,7 @@ def test_the_published_expiry_policy_is_served(server: Server, url: str, path: s
 
 @pytest.mark.parametrize("case", CORPUS, ids=[case.name for case in CORPUS])
 def test_each_fuzz_case_gets_the_plain_views_answer(case: Case, server: Server, key: str) -> None:
-    """The fuzz's corpus (``tests/e2e/fuzz.py``): ``/ninja/charges/`` reads a charge as the
+    """The fuzz's corpus (``tools/fuzz.py``): ``/ninja/charges/`` reads a charge as the
     plain view does, so each case gets the plain view's status and problem type."""
     amount = charge_body()["amount"]
     expected = case.expected("plain")

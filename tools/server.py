@@ -8,7 +8,7 @@ look at the e2e database directly, with the driver (``record_states``, ``record_
 ``lock_waits``), or hold locks in it to make the servers' statements wait
 (``charges_locked``, ``records_locked``).
 
-The one home of these helpers: ``tests/e2e/fuzz.py``, ``benchmarks/run.py`` and
+The one home of these helpers: ``tools/fuzz.py``, ``benchmarks/run.py`` and
 ``benchmarks/soak.py`` use them too (``database``, ``create_database``, ``project_env``,
 ``manage``, ``spawn_gunicorn``, ``Server``), so a database URL is parsed, a database
 created and a gunicorn started one way everywhere.
@@ -40,7 +40,7 @@ import dj_database_url
 import requests
 from requests.structures import CaseInsensitiveDict
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 SUPPORTED_VENDORS = ("postgresql", "mysql")
 READY_WITHIN_SECONDS = 30.0
 STOP_WITHIN_SECONDS = 15.0
@@ -343,12 +343,12 @@ def charges_locked(database: Database) -> HeldLock:
     return HeldLock(database, [(f"LOCK TABLES {CHARGES_TABLE} READ", [])])
 
 
-RENDER_GATE_TABLE = "e2e_render_gate"  # tests/asgi_live_urls.py reads it as it renders
+RENDER_GATE_TABLE = "e2e_render_gate"  # tests/project/asgi_live_urls.py reads it as it renders
 
 
 def render_gate_locked(database: Database) -> HeldLock:
     """Make every read of ``RENDER_GATE_TABLE`` wait until the lock is released: a receipt
-    of ``tests/asgi_live_urls.py`` waits in the database meanwhile, while it renders."""
+    of ``tests/project/asgi_live_urls.py`` waits in the database meanwhile, while it renders."""
     with _connect(database, database.name) as connection:
         connection.cursor().execute(f"CREATE TABLE IF NOT EXISTS {RENDER_GATE_TABLE} (id integer)")
     if database.vendor == "postgresql":
