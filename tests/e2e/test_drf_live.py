@@ -21,10 +21,10 @@ from tools.server import (
     assert_problem,
     assert_replay,
     charge_body,
-    concurrently,
     database_vendor,
     record_states,
 )
+from tools.threads import concurrently
 
 pytestmark = [
     pytest.mark.e2e,

@@ -6,7 +6,6 @@ Every test uses a fresh Idempotency-Key and counts charges the way a client woul
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -33,6 +32,7 @@ from tools.server import (
     record_states,
     retry_until,
 )
+from tools.threads import concurrently
 
 pytestmark = [
     pytest.mark.e2e,
@@ -80,25 +80,8 @@ def renewed_lease(database: Database, key: str, *, past: datetime, within: float
 def test_concurrent_duplicates_make_one_charge(server: Server, key: str) -> None:
     body = charge_body()
     before = server.charge_count()
-    barrier = threading.Barrier(CLIENTS, timeout=30)
-    results: list[requests.Response | BaseException | None] = [None] * CLIENTS
-
-    def client(index: int) -> None:
-        try:
-            barrier.wait()
-            results[index] = server.post_charge(body, key=key)
-        except BaseException as exc:
-            results[index] = exc
-
-    threads = [threading.Thread(target=client, args=(index,)) for index in range(CLIENTS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not any(thread.is_alive() for thread in threads)
-
-    responses = [result for result in results if isinstance(result, requests.Response)]
-    assert len(responses) == CLIENTS, results
+    responses = concurrently(CLIENTS, lambda: server.post_charge(body, key=key))
+    assert len(responses) == CLIENTS, responses
     statuses = sorted(response.status_code for response in responses)
     assert set(statuses) <= {201, 409}, statuses
     created = [response for response in responses if response.status_code == 201]

@@ -33,12 +33,12 @@ from tools.server import (
     assert_problem,
     assert_replay,
     charge_body,
-    concurrently,
     database_vendor,
     example_env,
     free_port,
     new_key,
 )
+from tools.threads import concurrently
 
 pytestmark = [
     pytest.mark.e2e,

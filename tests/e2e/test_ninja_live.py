@@ -20,9 +20,9 @@ from tools.server import (
     assert_problem,
     assert_replay,
     charge_body,
-    concurrently,
     database_vendor,
 )
+from tools.threads import concurrently
 
 pytestmark = [
     pytest.mark.e2e,

@@ -40,7 +40,6 @@ from tools.server import (
     assert_replay,
     charge_body,
     charges_locked,
-    concurrently,
     database_vendor,
     lock_waits,
     new_key,
@@ -50,6 +49,7 @@ from tools.server import (
     render_gate_locked,
     retry_until,
 )
+from tools.threads import concurrently
 
 pytestmark = [
     pytest.mark.e2e,
