@@ -9,7 +9,7 @@ class IdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from idempotency_django import checks, codecs  # noqa: F401  (codecs registers its checks)
+        from idempotency_django import checks
 
         checks.register()
         try:
