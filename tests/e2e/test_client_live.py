@@ -29,20 +29,10 @@ from idempotency_django.client import (
 from tools.server import (
     ALICE,
     HTTP_TIMEOUT_SECONDS,
-    SUPPORTED_VENDORS,
     Server,
-    database_vendor,
     new_amount,
 )
 from tools.threads import concurrently
-
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        database_vendor() not in SUPPORTED_VENDORS,
-        reason="e2e tests run on PostgreSQL or MariaDB/MySQL (set DATABASE_URL)",
-    ),
-]
 
 IN_FLIGHT = "urn:idempotency-django:problem:in-flight"
 # Short pauses: the scenarios are about which attempts happen, not about waiting.

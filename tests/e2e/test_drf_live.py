@@ -14,25 +14,15 @@ from tools.server import (
     BOB,
     COMPLETED,
     REPLAYED,
-    SUPPORTED_VENDORS,
     Database,
     Server,
     assert_one_ran,
     assert_problem,
     assert_replay,
     charge_body,
-    database_vendor,
     record_states,
 )
 from tools.threads import concurrently
-
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        database_vendor() not in SUPPORTED_VENDORS,
-        reason="e2e tests run on PostgreSQL or MariaDB/MySQL (set DATABASE_URL)",
-    ),
-]
 
 API = "/api/charges/"
 CLIENTS = 16

@@ -29,20 +29,10 @@ from tools.fuzz import (
 )
 from tools.server import (
     PROBLEM_JSON,
-    SUPPORTED_VENDORS,
     Database,
     Server,
-    database_vendor,
     new_amount,
 )
-
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        database_vendor() not in SUPPORTED_VENDORS,
-        reason="e2e tests run on PostgreSQL or MariaDB/MySQL (set DATABASE_URL)",
-    ),
-]
 
 
 @pytest.fixture

@@ -17,14 +17,12 @@ from tools.server import (
     BOB,
     COMPLETED,
     REPLAYED,
-    SUPPORTED_VENDORS,
     WORKERS,
     Database,
     Server,
     assert_in_flight,
     assert_problem,
     charge_body,
-    database_vendor,
     new_key,
     post_with_header_lines,
     race_duplicates,
@@ -33,14 +31,6 @@ from tools.server import (
     retry_until,
 )
 from tools.threads import concurrently
-
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        database_vendor() not in SUPPORTED_VENDORS,
-        reason="e2e tests run on PostgreSQL or MariaDB/MySQL (set DATABASE_URL)",
-    ),
-]
 
 CLIENTS = 16
 

@@ -23,7 +23,6 @@ from tools.server import (
     ALICE,
     BOB,
     REPLAYED,
-    SUPPORTED_VENDORS,
     WORKERS,
     Database,
     InFlightRequest,
@@ -33,20 +32,11 @@ from tools.server import (
     assert_problem,
     assert_replay,
     charge_body,
-    database_vendor,
     example_env,
     free_port,
     new_key,
 )
 from tools.threads import concurrently
-
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        database_vendor() not in SUPPORTED_VENDORS,
-        reason="e2e tests run on PostgreSQL or MariaDB/MySQL (set DATABASE_URL)",
-    ),
-]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PLAIN = "/mw/charges/"

@@ -14,23 +14,13 @@ from tools.fuzz import CORPUS, Case, send
 from tools.server import (
     BOB,
     REPLAYED,
-    SUPPORTED_VENDORS,
     Server,
     assert_in_flight,
     assert_problem,
     assert_replay,
     charge_body,
-    database_vendor,
 )
 from tools.threads import concurrently
-
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        database_vendor() not in SUPPORTED_VENDORS,
-        reason="e2e tests run on PostgreSQL or MariaDB/MySQL (set DATABASE_URL)",
-    ),
-]
 
 NINJA = "/ninja/charges/"
 CLIENTS = 16

@@ -35,7 +35,7 @@ from tools.server import (
     spawn_gunicorn,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.pgbouncer]
+pytestmark = pytest.mark.pgbouncer
 
 KEYS = 80
 CLIENTS = 8

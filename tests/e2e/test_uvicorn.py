@@ -30,7 +30,6 @@ from tools.server import (
     RECORDS_TABLE,
     RENDER_GATE_TABLE,
     REPLAYED,
-    SUPPORTED_VENDORS,
     Database,
     InFlightRequest,
     Server,
@@ -40,7 +39,6 @@ from tools.server import (
     assert_replay,
     charge_body,
     charges_locked,
-    database_vendor,
     lock_waits,
     new_key,
     post_with_header_lines,
@@ -50,14 +48,6 @@ from tools.server import (
     retry_until,
 )
 from tools.threads import concurrently
-
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        database_vendor() not in SUPPORTED_VENDORS,
-        reason="e2e tests run on PostgreSQL or MariaDB/MySQL (set DATABASE_URL)",
-    ),
-]
 
 ASYNC = "/async/charges/"
 RECEIPTS = "/receipts/charges/"  # tests/project/asgi_live_urls.py
