@@ -1,3 +1,5 @@
+"""The app: registers the system checks and, with drf-spectacular, the schema extension."""
+
 from __future__ import annotations
 
 from django.apps import AppConfig

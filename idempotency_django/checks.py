@@ -1,5 +1,7 @@
-"""System checks: a misconfigured IDEMPOTENCY setting is reported at startup, not at the
-first duplicate request in production."""
+"""System checks: a misconfigured ``IDEMPOTENCY`` setting, view, middleware or codec is
+reported at startup, not at the first duplicate request in production. Every check id, its
+meaning and its fix: docs/checks.md.
+"""
 
 from __future__ import annotations
 

@@ -1,28 +1,12 @@
-"""What happens to a response between the view and the store, and between the store and the
-replay: the ``RESPONSE_CODEC`` (encryption at rest) and the ``REDACT_RESPONSE`` hook.
+"""What happens to a response between the view and the store, and back: the
+``RESPONSE_CODEC`` (encryption at rest) and the ``REDACT_RESPONSE`` hook.
 
-``seal`` runs once per completed request, before its outcome is written; ``unseal`` once per
-replay, after the record is read. With neither setting they are identities, and the stored
-bytes are the response's bytes, as they always were.
-
-With a codec, a record holds its status in clear (the admin filters on it) and everything
-else sealed: ``SEALED`` followed by the codec's encoding of a binding, the allow-listed
-headers (a ``Location`` can carry an id) and the body. The binding is a digest of the
-record's status, account, endpoint and key, checked when the record is opened: a sealed
-body copied into another record (another account's, say) is refused as unreadable, never
-replayed to that record's client. It sits inside what the codec encodes, so any codec
-binds without knowing of it, as firmly as its ``decode`` refuses altered bytes (Fernet's
-HMAC does). A record sealed before binding existed (``SEALED_UNBOUND``) is still opened,
-without the check; ``reseal_records`` binds it. A record stored before the codec was
-configured has no ``SEALED`` prefix and replays as it was stored. A sealed record that the
-codec cannot open (a key dropped too early, the codec removed, a corrupted row) is never
-replayed as garbage and never runs the view again: its retries get
-``ResponseUnreadable``, a 409 problem, and the server logs an error.
-
-If redaction or encoding fails, the view has already run: the key must keep its outcome
-(releasing it would let a retry repeat the side effect), and the unredacted response must
-not be stored. The record then holds ``UNSTORABLE`` in place of the body, and a retry gets
-``ResponseNotStored``, as for a response over ``MAX_RESPONSE_BYTES``.
+``seal`` runs once per completed request, ``unseal`` once per replay; with neither setting
+they are identities. A sealed body is bound to its record (status, account, endpoint, key),
+so one copied into another record is refused, never replayed; one the codec cannot open is a
+409, never garbage and never a second run. A response that cannot be redacted or encoded is
+not stored (``UNSTORABLE``), and its key keeps its outcome: the view already ran.
+Details: docs/stored-responses.md; resealing: docs/operations.md.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ whitespace, a multipart boundary) does not count and anything the view could act
 ``task_fingerprint`` does the same for a task's work; ``fingerprints_match`` compares
 across versions of the form; ``custom_fingerprint`` namespaces a project's own value.
 Hostile bodies get a fingerprint, never an exception. The canonical form, rule by rule:
-docs/fingerprints.md, and ``default_fingerprint``'s docstring.
+docs/http-contract.md (The fingerprint), and ``default_fingerprint``'s docstring.
 """
 
 from __future__ import annotations

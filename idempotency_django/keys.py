@@ -5,8 +5,8 @@
 keys and the client. The scope is the account (``default_account``) and the endpoint
 (``default_endpoint``: method and concrete path). The fingerprint that tells a retry from
 a different request lives in ``fingerprint.py``; its public names are re-exported here,
-where settings and projects have always found them (``idempotency_django.keys.
-default_fingerprint``). The rules: docs/http-contract.md and docs/fingerprints.md.
+where settings and projects import them (``idempotency_django.keys.default_fingerprint``).
+The rules: docs/http-contract.md.
 """
 
 from __future__ import annotations
