@@ -10,11 +10,8 @@ counted the way a client counts them, with ``GET /charges/``.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import requests
@@ -32,13 +29,13 @@ from tools.server import (
     assert_problem,
     assert_replay,
     charge_body,
-    example_env,
-    free_port,
     new_key,
+    project_env,
+    spawn_gunicorn,
+    start_uvicorn,
 )
 from tools.threads import concurrently
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 PLAIN = "/mw/charges/"
 DRF = "/mw/api/charges/"
 
@@ -47,38 +44,15 @@ DRF = "/mw/api/charges/"
 def server(e2e_db: Database, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """gunicorn serving the example with the middleware (its own settings module)."""
     log_path = tmp_path_factory.mktemp("gunicorn-middleware") / "gunicorn.log"
-    log_file = log_path.open("wb")
-    env = example_env(e2e_db.url)
-    env["DJANGO_SETTINGS_MODULE"] = "tests.project.middleware_live_settings"
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "example_project.wsgi:application",
-            "-w",
-            str(WORKERS),
-            "-k",
-            "sync",
-            "-b",
-            f"127.0.0.1:{port}",
-            "--no-control-socket",
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    running = spawn_gunicorn(
+        project_env("tests.project.middleware_live_settings", e2e_db.url), log_path
     )
-    running = Server(process=process, port=port, log_path=log_path, _log_file=log_file)
     try:
         running.wait_ready()
         yield running
     finally:
         running.stop()
-        print(f"--- gunicorn (middleware) on port {port} ---\n{running.log()}")
+        print(f"--- gunicorn (middleware) on port {running.port} ---\n{running.log()}")
 
 
 @pytest.mark.parametrize("path", [PLAIN, DRF])
@@ -187,40 +161,14 @@ NESTED = ["/mw/async/wrapped/charges/", "/mw/async/calls/charges/"]
 def asgi_server(e2e_db: Database, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """uvicorn serving the example with the middleware (its own settings module)."""
     log_path = tmp_path_factory.mktemp("uvicorn-middleware") / "uvicorn.log"
-    log_file = log_path.open("wb")
-    env = example_env(e2e_db.url)
-    env["DJANGO_SETTINGS_MODULE"] = "tests.project.middleware_live_settings"
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "example_project.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "2",
-            "--lifespan",
-            "off",
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    running = start_uvicorn(
+        e2e_db, log_path, workers=2, settings_module="tests.project.middleware_live_settings"
     )
-    running = Server(process=process, port=port, log_path=log_path, _log_file=log_file)
     try:
-        running.wait_log("Started server process", 2)
-        running.wait_ready()
         yield running
     finally:
         running.stop()
-        print(f"--- uvicorn (middleware) on port {port} ---\n{running.log()}")
+        print(f"--- uvicorn (middleware) on port {running.port} ---\n{running.log()}")
 
 
 @pytest.mark.parametrize("path", NESTED)
