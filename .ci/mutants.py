@@ -61,7 +61,7 @@ class Mutant:
 
 
 DEC = "test_decorators.py::"
-ATOM = "test_atomicity.py::"
+ATOM = "test_lifecycle.py::"
 HOT = "test_store_hot_path.py::"
 PREP = "test_store_prepared.py::"
 REDIS = "test_redis_store.py::"
@@ -413,7 +413,7 @@ MUTANTS = [
     Mutant(
         "mismatch-undetected",
         "fingerprints always match: a key reused with another body replays the first response",
-        "keys.py",
+        "fingerprint.py",
         "    if stored == current:\n        return True\n",
         "    return True\n",
         (DEC + "test_key_reused_with_another_body_is_422_and_runs_nothing",),
@@ -429,7 +429,7 @@ MUTANTS = [
     Mutant(
         "fingerprint-ignores-body",
         "the fingerprint ignores the body",
-        "keys.py",
+        "fingerprint.py",
         "body_part = canonical_body(request, fields)",
         'body_part = b""',
         (DEC + "test_key_reused_with_another_body_is_422_and_runs_nothing",),
@@ -437,7 +437,7 @@ MUTANTS = [
     Mutant(
         "fingerprint-ignores-query",
         "the fingerprint ignores the query string",
-        "keys.py",
+        "fingerprint.py",
         '_canonical_query(request.META.get("QUERY_STRING", "")),',
         'b"",',
         (DEC + "test_key_reused_with_another_query_string_is_422",),
@@ -655,7 +655,7 @@ MUTANTS = [
     Mutant(
         "custom-fingerprint-reads-as-a-version",
         "any N: prefix counts as a library version: a stored 100:EUR matches any fingerprint",
-        "keys.py",
+        "fingerprint.py",
         '_VERSIONED = re.compile(r"([1-9][0-9]{0,8}):[0-9a-f]{64}")',
         '_VERSIONED = re.compile(r"([0-9]{1,9}):.*")',
         ("test_fingerprints.py::test_custom_fingerprints_match_only_the_same_value",),
@@ -663,7 +663,7 @@ MUTANTS = [
     Mutant(
         "custom-fingerprint-namespace-unchecked",
         "a namespaced stored value is unwrapped again: the custom value x matches custom:x",
-        "keys.py",
+        "fingerprint.py",
         "    if stored.startswith(_CUSTOM_NAMESPACES):\n        return False\n",
         "",
         ("test_properties.py::test_two_custom_fingerprints_match_exactly_when_equal",),
@@ -671,7 +671,7 @@ MUTANTS = [
     Mutant(
         "custom-fingerprint-previous-release-lost",
         "a custom fingerprint the previous release stored no longer matches: a retry is a 422",
-        "keys.py",
+        "fingerprint.py",
         "    return stored == current[len(_CUSTOM) :]",
         "    return False",
         (CUSTOM_FP + "test_a_record_the_previous_release_stored_still_matches",),
@@ -755,7 +755,7 @@ MUTANTS = [
     Mutant(
         "multipart-body-never-read-first",
         "a multipart body is parsed from its stream: a view reading request.body fails (500)",
-        "keys.py",
+        "fingerprint.py",
         "    if 0 <= length <= limit:",
         "    if length < 0:",
         (
@@ -766,7 +766,7 @@ MUTANTS = [
     Mutant(
         "multipart-body-always-read-first",
         "an upload over DATA_UPLOAD_MAX_MEMORY_SIZE is read whole first: refused, not streamed",
-        "keys.py",
+        "fingerprint.py",
         "    if 0 <= length <= limit:",
         "    if 0 <= length:",
         (
@@ -992,7 +992,7 @@ MUTANTS = [
         "reopen = request_transactions(None) if transactions is None else transactions.to_reopen()",
         "reopen = request_transactions(None)",
         (
-            "test_request_transactions.py::"
+            "test_protect.py::"
             "test_a_protected_view_runs_in_the_request_transactions_its_author_kept",
         ),
     ),
@@ -1002,7 +1002,7 @@ MUTANTS = [
         "middleware.py",
         "        transaction.non_atomic_requests(using=alias)(built)",
         "        pass",
-        ("test_request_transactions.py::test_under_the_middleware_too",),
+        ("test_protect.py::test_under_the_middleware_too",),
     ),
     Mutant(
         "task-ttl-none-uses-the-setting",

@@ -1,7 +1,7 @@
 """What the benchmark and the soak share besides the e2e helpers: the machine's description.
 
 Databases of their own, the project's environment, ``manage.py`` and gunicorn come from
-``tests/e2e/server.py``, the one home of those helpers (the e2e tests and the HTTP fuzz
+``tools/server.py``, the one home of those helpers (the e2e tests and the HTTP fuzz
 use them too): the driver (psycopg or MySQLdb) creates, queries and drops the databases,
 the project is migrated and served in subprocesses, and the clients speak HTTP.
 """
@@ -11,12 +11,9 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
 
 
 # --- the machine ----------------------------------------------------------------------------

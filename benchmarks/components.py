@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where a protected request's time goes: CPU per call of each piece, in one process.
 
-    python benchmarks/components.py [--calls 400] [--database-url URL] [--profile]
+    python -m benchmarks.components [--calls 400] [--database-url URL] [--profile]
 
 No HTTP server and no load: requests go through Django's own handler (middleware, URL
 routing, the view) and through the app's functions directly, against a fresh database of
@@ -35,8 +35,6 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
 
 SETTINGS = "benchmarks.benchproject.settings"
 BODY = json.dumps({"amount": 1000, "currency": "EUR", "card": "tok_visa"}).encode()

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Benchmark idempotency_django against a bare view and its peers: one table of ratios.
 
-    python benchmarks/run.py                        # PostgreSQL, full run (about 8 minutes)
-    python benchmarks/run.py --database mariadb     # the same on MariaDB
-    python benchmarks/run.py --quick                # a short smoke (small tables, 2 s rounds)
-    python benchmarks/run.py --write-results        # also record the table in RESULTS.md
+    python -m benchmarks.run                        # PostgreSQL, full run (about 8 minutes)
+    python -m benchmarks.run --database mariadb     # the same on MariaDB
+    python -m benchmarks.run --quick                # a short smoke (small tables, 2 s rounds)
+    python -m benchmarks.run --write-results        # also record the table in RESULTS.md
 
 Every server is the example project under gunicorn (sync workers, persistent database
 connections) on the same database, serving the same view: a charge, one ``INSERT``. Ours
@@ -39,13 +39,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from benchmarks import common  # noqa: E402
-from benchmarks.loadgen import percentile  # noqa: E402
-from tests.e2e.server import (  # noqa: E402
+from benchmarks import common
+from benchmarks.loadgen import percentile
+from tools.server import (
     Database,
     Server,
     create_database,
@@ -57,6 +53,8 @@ from tests.e2e.server import (  # noqa: E402
     server_version,
     spawn_gunicorn,
 )
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 HERE = Path(__file__).resolve().parent
 USER = "alice"

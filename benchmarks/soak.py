@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Soak the example payments API with faults, then check that no key charged twice.
 
-    python benchmarks/soak.py --database postgres --seconds 60
-    python benchmarks/soak.py --database mariadb --seconds 60
-    python benchmarks/soak.py --seconds 10          # the CI version (PostgreSQL)
+    python -m benchmarks.soak --database postgres --seconds 60
+    python -m benchmarks.soak --database mariadb --seconds 60
+    python -m benchmarks.soak --seconds 10          # the CI version (PostgreSQL)
 
 The example project (``/charges/``, ``@idempotent``, HTTP Basic) runs under gunicorn with 4
 sync workers on a database of its own. For ``--seconds``, concurrent clients send a mix of
@@ -54,11 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from tests.e2e.server import (  # noqa: E402
+from tools.server import (
     Database,
     Server,
     create_database,
@@ -71,6 +67,8 @@ from tests.e2e.server import (  # noqa: E402
     server_version,
     spawn_gunicorn,
 )
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 SETTINGS = "benchmarks.soakproject.settings"
 USERS = {"alice": "alice", "bob": "bob"}

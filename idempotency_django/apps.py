@@ -1,3 +1,5 @@
+"""The app: registers the system checks and, with drf-spectacular, the schema extension."""
+
 from __future__ import annotations
 
 from django.apps import AppConfig
@@ -9,7 +11,7 @@ class IdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from idempotency_django import checks, codecs  # noqa: F401  (codecs registers its checks)
+        from idempotency_django import checks
 
         checks.register()
         try:

@@ -1,21 +1,12 @@
 """Celery tasks that run at most once per key and never drop a message the store refused.
 
-``IdempotentTask`` is a Celery task base class over ``idempotency_django.tasks``: the task's
-body runs under ``@idempotent_task`` (keyed by the task id unless told otherwise), and the
-two refusals that mean "not now" rather than "never" are turned into ``self.retry`` with
-their ``retry_after`` as the countdown:
-
-- ``TaskInFlight``: another delivery of the key is running, or its worker died and its lease
-  has not lapsed yet; the retry replays its result or takes the work over;
-- ``TaskStoreUnavailable``: the store could not claim the key (or commit the work), so the
-  body did not run or did not commit.
-
-Raised out of a task instead, either would fail the task, and Celery acks a failed message
-even under ``acks_late``: the work would be dropped. A retry is a new message with the same
-task id, published before the delivery is acked, so the work always has a message in the
-broker. ``acks_late`` and ``reject_on_worker_lost`` are on, so that a worker killed mid-task
-gets its message redelivered, which the lease then holds back until the dead run's claim
-lapsed. The plain task API stays the one for other queues.
+``IdempotentTask`` runs a task's body under ``@idempotent_task`` (keyed by the task id
+unless told otherwise) and turns the two "not now" refusals, ``TaskInFlight`` and
+``TaskStoreUnavailable``, into ``self.retry`` with their ``retry_after``: raised instead,
+either would fail the task, and Celery acks a failed message even under ``acks_late``.
+``acks_late`` and ``reject_on_worker_lost`` are on, so a killed worker's message is
+redelivered, and the lease holds it back until the dead run's claim lapsed. Guide:
+docs/tasks.md.
 """
 
 from __future__ import annotations

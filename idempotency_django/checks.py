@@ -1,5 +1,7 @@
-"""System checks: a misconfigured IDEMPOTENCY setting is reported at startup, not at the
-first duplicate request in production."""
+"""System checks: a misconfigured ``IDEMPOTENCY`` setting, view, middleware or codec is
+reported at startup, not at the first duplicate request in production. Every check id, its
+meaning and its fix: docs/checks.md.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +15,14 @@ from django.db import connections
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils.module_loading import import_string
 
+from idempotency_django import codecs
 from idempotency_django.conf import (
     CHOICES,
     DEFAULTS,
     HTTP_METHODS,
     MINIMUMS,
     SAFE_METHODS,
+    conf,
     is_list_of_names,
     is_number,
     not_status_codes,
@@ -42,6 +46,7 @@ def register() -> None:
     checks.register(check_drf_views, checks.Tags.urls)
     checks.register(check_middleware, "idempotency_django")
     checks.register(check_drf_view_attributes, checks.Tags.urls)
+    checks.register(check_codec_settings, "idempotency_django")
 
 
 def check_settings(
@@ -478,3 +483,86 @@ def check_drf_view_attributes(
                 )
             )
     return errors
+
+
+# -- the response codec and the hooks (codecs.py) -------------------------------------------
+
+
+def check_codec_settings(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """A codec that cannot load, keys that cannot encrypt, hooks that cannot be called:
+    reported at startup, rather than as unstored responses after views have run."""
+    if not isinstance(getattr(settings, "IDEMPOTENCY", {}), dict):
+        return []  # reported as E001
+    errors: list[checks.CheckMessage] = []
+    for name in codecs.HOOKS:
+        value = conf.get(name)
+        if value is None or value == DEFAULTS[name]:
+            continue  # the admin's defaults import the admin: only where it is installed
+        try:
+            conf.optional_callable(name)
+        except ImproperlyConfigured as error:
+            errors.append(
+                checks.Error(
+                    str(error),
+                    hint="Give a callable or its dotted path, or None.",
+                    id="idempotency_django.E024",
+                )
+            )
+    errors.extend(_check_codec())
+    return errors
+
+
+def _check_codec() -> list[checks.CheckMessage]:
+    if conf.RESPONSE_CODEC is None:
+        if conf.ENCRYPTION_KEYS:
+            return [
+                checks.Warning(
+                    "IDEMPOTENCY ENCRYPTION_KEYS is set, but RESPONSE_CODEC is not: stored "
+                    "responses are not encrypted.",
+                    hint='Set RESPONSE_CODEC to "idempotency_django.codecs.FernetCodec".',
+                    id="idempotency_django.W020",
+                )
+            ]
+        return []
+    try:
+        codec = codecs.get_codec()
+        assert codec is not None
+        probe = b"idempotency-django codec check"
+        if codec.decode(codec.encode(probe)) != probe:
+            return [
+                checks.Error(
+                    "IDEMPOTENCY RESPONSE_CODEC does not decode what it encodes.",
+                    hint="decode(encode(data)) must give data back.",
+                    id="idempotency_django.E023",
+                )
+            ]
+    except codecs.CryptographyMissing as error:
+        return [
+            checks.Error(
+                str(error),
+                hint='pip install "idempotency-django[encryption]"',
+                id="idempotency_django.E021",
+            )
+        ]
+    except codecs.EncryptionKeysInvalid as error:
+        return [
+            checks.Error(
+                str(error),
+                hint="Generate a key with: python -c 'from cryptography.fernet import "
+                "Fernet; print(Fernet.generate_key().decode())' and keep it out of the "
+                "repository (an environment variable or a secrets manager).",
+                id="idempotency_django.E022",
+            )
+        ]
+    except Exception as error:
+        return [
+            checks.Error(
+                f"IDEMPOTENCY RESPONSE_CODEC cannot be used: {error}",
+                hint="A codec class or object with encode(bytes) and decode(bytes), or its "
+                "dotted path.",
+                id="idempotency_django.E020",
+            )
+        ]
+    return []

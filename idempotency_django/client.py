@@ -1,17 +1,11 @@
 """The client half of idempotency: send one operation until its outcome is known.
 
-Most double charges are made by callers, not servers: a key generated inside the retry
-loop makes every attempt a new operation. ``IdempotentClient`` takes the key from the
-caller (created once, where the intent is created: derived from an order id, or a UUID
-stored with the job), builds the request once, and sends the same key and the same body
-bytes on every attempt. It retries only what leaves the outcome unknown or is explicitly
-retryable, waits with capped exponential backoff and full jitter (or the server's
-``Retry-After``), within an attempt count and an overall deadline, and says on the result
-whether the answer was a replay and how many attempts it took.
-
-Needs ``httpx`` (``pip install "idempotency-django[client]"``); the rest of the package
-does not. ``downstream_key`` lives in ``idempotency_django.downstream`` and is re-exported
-here.
+Most double charges are made by callers: a key generated inside the retry loop makes every
+attempt a new operation. ``IdempotentClient`` takes the key from the caller, sends the same
+key and body bytes on every attempt, retries only what leaves the outcome unknown, with
+capped backoff and jitter (or ``Retry-After``) within an attempt count and a deadline.
+Needs ``httpx`` (the ``client`` extra); ``downstream_key`` is re-exported from
+``downstream``. Guide: docs/client.md.
 """
 
 from __future__ import annotations

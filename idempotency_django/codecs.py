@@ -1,28 +1,12 @@
-"""What happens to a response between the view and the store, and between the store and the
-replay: the ``RESPONSE_CODEC`` (encryption at rest) and the ``REDACT_RESPONSE`` hook.
+"""What happens to a response between the view and the store, and back: the
+``RESPONSE_CODEC`` (encryption at rest) and the ``REDACT_RESPONSE`` hook.
 
-``seal`` runs once per completed request, before its outcome is written; ``unseal`` once per
-replay, after the record is read. With neither setting they are identities, and the stored
-bytes are the response's bytes, as they always were.
-
-With a codec, a record holds its status in clear (the admin filters on it) and everything
-else sealed: ``SEALED`` followed by the codec's encoding of a binding, the allow-listed
-headers (a ``Location`` can carry an id) and the body. The binding is a digest of the
-record's status, account, endpoint and key, checked when the record is opened: a sealed
-body copied into another record (another account's, say) is refused as unreadable, never
-replayed to that record's client. It sits inside what the codec encodes, so any codec
-binds without knowing of it, as firmly as its ``decode`` refuses altered bytes (Fernet's
-HMAC does). A record sealed before binding existed (``SEALED_UNBOUND``) is still opened,
-without the check; ``reseal_records`` binds it. A record stored before the codec was
-configured has no ``SEALED`` prefix and replays as it was stored. A sealed record that the
-codec cannot open (a key dropped too early, the codec removed, a corrupted row) is never
-replayed as garbage and never runs the view again: its retries get
-``ResponseUnreadable``, a 409 problem, and the server logs an error.
-
-If redaction or encoding fails, the view has already run: the key must keep its outcome
-(releasing it would let a retry repeat the side effect), and the unredacted response must
-not be stored. The record then holds ``UNSTORABLE`` in place of the body, and a retry gets
-``ResponseNotStored``, as for a response over ``MAX_RESPONSE_BYTES``.
+``seal`` runs once per completed request, ``unseal`` once per replay; with neither setting
+they are identities. A sealed body is bound to its record (status, account, endpoint, key),
+so one copied into another record is refused, never replayed; one the codec cannot open is a
+409, never garbage and never a second run. A response that cannot be redacted or encoded is
+not stored (``UNSTORABLE``), and its key keeps its outcome: the view already ran.
+Details: docs/stored-responses.md; resealing: docs/operations.md.
 """
 
 from __future__ import annotations
@@ -36,12 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from django.conf import settings
-from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from idempotency_django.conf import DEFAULTS, conf
+from idempotency_django.conf import conf
 from idempotency_django.exceptions import ResponseNotStored
 from idempotency_django.keys import digest
 from idempotency_django.responses import StoredResponse
@@ -473,87 +455,3 @@ def _drop(document: Any, path: list[str]) -> None:
             document.pop(path[0], None)
         elif path[0] in document:
             _drop(document[path[0]], path[1:])
-
-
-# -- system checks ----------------------------------------------------------------------------
-
-
-@checks.register("idempotency_django")
-def check_codec_settings(
-    app_configs: Sequence[Any] | None = None, **kwargs: Any
-) -> list[checks.CheckMessage]:
-    """A codec that cannot load, keys that cannot encrypt, hooks that cannot be called:
-    reported at startup, rather than as unstored responses after views have run."""
-    if not isinstance(getattr(settings, "IDEMPOTENCY", {}), dict):
-        return []  # reported as E001
-    errors: list[checks.CheckMessage] = []
-    for name in HOOKS:
-        value = conf.get(name)
-        if value is None or value == DEFAULTS[name]:
-            continue  # the admin's defaults import the admin: only where it is installed
-        try:
-            conf.optional_callable(name)
-        except ImproperlyConfigured as error:
-            errors.append(
-                checks.Error(
-                    str(error),
-                    hint="Give a callable or its dotted path, or None.",
-                    id="idempotency_django.E024",
-                )
-            )
-    errors.extend(_check_codec())
-    return errors
-
-
-def _check_codec() -> list[checks.CheckMessage]:
-    if conf.RESPONSE_CODEC is None:
-        if conf.ENCRYPTION_KEYS:
-            return [
-                checks.Warning(
-                    "IDEMPOTENCY ENCRYPTION_KEYS is set, but RESPONSE_CODEC is not: stored "
-                    "responses are not encrypted.",
-                    hint='Set RESPONSE_CODEC to "idempotency_django.codecs.FernetCodec".',
-                    id="idempotency_django.W020",
-                )
-            ]
-        return []
-    try:
-        codec = get_codec()
-        assert codec is not None
-        probe = b"idempotency-django codec check"
-        if codec.decode(codec.encode(probe)) != probe:
-            return [
-                checks.Error(
-                    "IDEMPOTENCY RESPONSE_CODEC does not decode what it encodes.",
-                    hint="decode(encode(data)) must give data back.",
-                    id="idempotency_django.E023",
-                )
-            ]
-    except CryptographyMissing as error:
-        return [
-            checks.Error(
-                str(error),
-                hint='pip install "idempotency-django[encryption]"',
-                id="idempotency_django.E021",
-            )
-        ]
-    except EncryptionKeysInvalid as error:
-        return [
-            checks.Error(
-                str(error),
-                hint="Generate a key with: python -c 'from cryptography.fernet import "
-                "Fernet; print(Fernet.generate_key().decode())' and keep it out of the "
-                "repository (an environment variable or a secrets manager).",
-                id="idempotency_django.E022",
-            )
-        ]
-    except Exception as error:
-        return [
-            checks.Error(
-                f"IDEMPOTENCY RESPONSE_CODEC cannot be used: {error}",
-                hint="A codec class or object with encode(bytes) and decode(bytes), or its "
-                "dotted path.",
-                id="idempotency_django.E020",
-            )
-        ]
-    return []

@@ -1,16 +1,11 @@
 """Keys for the calls a protected view makes downstream (a card provider, another service).
 
-A view that charges a card at a provider must pass the provider an idempotency key of its
-own, and a retry of the incoming request must pass the *same* one: otherwise a retry that
-runs the view again (after a 5xx released the key, or after a lapsed lease) charges twice
-at the provider. The key is derived, not stored: a SHA-256 over the incoming key, its scope
-(account and endpoint) and a purpose naming the call, so it is stable across retries,
-processes and deploys, and two accounts that use the same incoming key never share one
-downstream. ``downstream_key`` needs no Django set-up (a worker script may use it).
-
-The derivation is part of the package's compatibility promise: changing it would give
-in-flight retries new downstream keys during a deploy, which is a double charge. A pinned
-test vector holds it.
+A retry of the incoming request must pass the provider the *same* key, or a retry that runs
+the view again charges twice there. The key is derived, not stored: a SHA-256 over the
+incoming key, its scope and a purpose naming the call, stable across retries, processes
+and deploys, never shared between accounts. The derivation is part of the compatibility
+promise (a pinned test vector holds it): changing it would double-charge in-flight retries
+during a deploy. Guide: docs/client.md.
 """
 
 from __future__ import annotations

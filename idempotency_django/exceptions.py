@@ -3,7 +3,7 @@
 Each carries what its RFC 9457 problem response needs; ``responses.problem_response``
 turns one into an ``application/problem+json`` response in one overridable place.
 Client errors subclass Django's ``BadRequest`` so that, raised anywhere else, Django's
-own handling still answers 400 rather than 500.
+own handling still answers 400 rather than 500. Every problem type: docs/problems.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The record whose unique row is the single-flight lock for one idempotency key."""
+"""The record whose unique row is the single-flight lock for one idempotency key.
+
+Purged and shown read-only in the admin: docs/operations.md."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 replay header, from the texts and schemas in ``contract.py`` (which django-ninja's schema
 shares).
 
-Loaded by the app when drf-spectacular is installed; nothing to configure.
+Loaded by the app when drf-spectacular is installed; nothing to configure. What the
+documents say: docs/http-contract.md.
 """
 
 from __future__ import annotations

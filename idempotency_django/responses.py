@@ -1,4 +1,7 @@
-"""Turning responses into stored outcomes and back, and the problem+json error bodies."""
+"""What a response becomes in the store and what a replay sends back: capture, replay,
+and the problem+json answers (RFC 9457) of every refusal. The contract: docs/http-contract.md
+and docs/problems.md; what is stored: docs/stored-responses.md.
+"""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
-"""Signals sent by the engine, for metrics and alerting, and the matching log records.
+"""Signals for metrics and alerting, and the matching log records.
 
-Every signal is sent with ``sender=IdempotencyRecord`` and the keyword arguments
-``account``, ``endpoint`` and ``key``; see the README for what each one means. Each is
-also logged on the ``idempotency_django`` logger with those three as ``extra`` fields
-(``idempotency_account``, ``idempotency_endpoint``, ``idempotency_key``; the key as a
-keyed digest when ``LOG_KEYS`` is ``"hash"``).
-
-Every log record of the package that names a key builds its fields with ``log_fields``
-(or its key with ``log_key``): that is the one place where ``LOG_KEYS`` is honoured and
-where control characters are escaped, so no call site can leak a key or forge a line.
+Every signal is sent with ``sender=IdempotencyRecord`` and ``account``, ``endpoint`` and
+``key``, and logged on the ``idempotency_django`` logger with those as ``extra`` fields.
+Every log record that names a key builds its fields here (``log_fields``, ``log_key``):
+the one place where ``LOG_KEYS`` is honoured and control characters are escaped, so no
+call site can leak a key or forge a line. Each signal: docs/signals.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """Prove that your own views are idempotent, in a few lines of test.
 
-Plain assertion functions, usable from ``django.test.TestCase`` and from pytest, and a
-pytest plugin (this module: ``pytest_plugins = ["idempotency_django.testing"]``) with the
-``idempotency_check`` and ``idempotency_key`` fixtures. Each helper sends real requests
-through a Django test ``Client`` (or DRF's ``APIClient``) with a fresh ``Idempotency-Key``,
-counts side effects with a callable you give (``Charge.objects.count``), and raises
-``AssertionError`` saying what the view did instead:
-
-- ``assert_replays``: the same request twice gives the same status and body, the second
-  marked as a replay, and one side effect;
-- ``assert_rejects_changed_body``: the key reused with a different body is a ``422``;
-- ``assert_single_flight``: N identical requests at once, on N threads with their own
-  database connections, run the view once (needs a transactional test database);
-- ``assert_releases_on_failure``: a request whose view fails (an exception or a 5xx) leaves
-  the key free, so the retry runs the view, and the retry's outcome is then replayed.
-
-Each of them fails for a view that is not protected. (The helpers raise ``AssertionError``
-themselves, so pytest need not rewrite this module: PYTEST_DONT_REWRITE.)
+Assertion functions for ``django.test.TestCase`` and pytest (``assert_replays``,
+``assert_rejects_changed_body``, ``assert_single_flight``, ``assert_releases_on_failure``)
+and a pytest plugin with the ``idempotency_check`` and ``idempotency_key`` fixtures. Each
+sends real requests through a test client, counts side effects with a callable you give,
+and fails, saying why, for a view that is not protected. Guide: docs/testing.md.
+(The helpers raise ``AssertionError`` themselves: PYTEST_DONT_REWRITE.)
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ from django.test import Client
 from idempotency_django import lifecycle
 from idempotency_django.conf import DEFAULTS
 from idempotency_django.heartbeat import heartbeat
-from tests.factories import UserFactory
 from tests.models import SideEffect
-from tests.views import gate
+from tests.project.factories import UserFactory
+from tests.project.views import gate
 
 # IDEMPOTENCY_TEST_STORE=redis runs the suite on the Redis store (IDEMPOTENCY_TEST_REDIS_URL,
 # default db 3 of the local Redis, which the tests flush): it becomes the default STORE, so

@@ -26,8 +26,8 @@ from idempotency_django.exceptions import InFlight
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse
 from idempotency_django.store import database as database_store
-from tests.factories import IdempotencyRecordFactory, UserFactory
-from tests.logs import everything_logged
+from tests.project.factories import IdempotencyRecordFactory, UserFactory
+from tests.project.logs import everything_logged
 
 
 def __getattr__(name: str) -> Any:
@@ -48,8 +48,8 @@ def _admin_installed() -> None:
     missing = [name for name in NEEDED if not apps.is_installed(name)]
     if missing:
         pytest.fail(
-            f"tests/settings.py must install {', '.join(missing)} (with the session, auth and "
-            "messages middleware and a DjangoTemplates backend) for the admin tests."
+            f"tests/project/settings.py must install {', '.join(missing)} (with the session, auth "
+            "and messages middleware and a DjangoTemplates backend) for the admin tests."
         )
 
 
@@ -62,7 +62,7 @@ DELETE = "admin:idempotency_django_idempotencyrecord_delete"
 
 def login(user: User) -> Client:
     """A client logged in as ``user``: by session, and by the test suite's ``X-User`` header
-    (``tests.middleware``), whichever of the two the middleware order lets decide."""
+    (``tests.project.middleware``), whichever of the two the middleware order lets decide."""
     client = Client(headers={"X-User": user.username})
     client.force_login(user)
     return client

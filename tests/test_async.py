@@ -18,9 +18,9 @@ from django.test.client import FakePayload
 from idempotency_django.decorators import idempotent
 from idempotency_django.heartbeat import heartbeat
 from idempotency_django.models import IdempotencyRecord
-from tests import views
 from tests.conftest import effects
 from tests.models import SideEffect
+from tests.project import views
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

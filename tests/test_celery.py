@@ -26,10 +26,10 @@ from idempotency_django import keys
 from idempotency_django.celery import IdempotentTask
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.tasks import TaskInFlight
-from tests import celery_app
-from tests.celery_app import charge, held
-from tests.factories import IdempotencyRecordFactory
 from tests.models import SideEffect
+from tests.project import celery_app
+from tests.project.celery_app import charge, held
+from tests.project.factories import IdempotencyRecordFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -149,7 +149,7 @@ class Worker:
                 "-m",
                 "celery",
                 "-A",
-                "tests.celery_app",
+                "tests.project.celery_app",
                 "worker",
                 "--pool",
                 "prefork",

@@ -266,7 +266,7 @@ def test_e011_idempotent_on_a_drf_view_method(settings: Any) -> None:
     from idempotency_django.checks import check_drf_views
 
     assert check_drf_views() == []  # the suite's own URLconf uses the mixin
-    settings.ROOT_URLCONF = "tests.misuse_urls"
+    settings.ROOT_URLCONF = "tests.project.misuse_urls"
     errors = check_drf_views()
 
     assert [error.id for error in errors] == ["idempotency_django.E011"]
@@ -348,12 +348,12 @@ def test_e010_hint_gives_an_example_of_the_setting_itself(
 
 @pytest.fixture
 def fresh_ninja_urlconf(settings: Any) -> Iterator[None]:
-    """ROOT_URLCONF = tests.ninja_check_urls, imported (and its router built) anew by the
+    """ROOT_URLCONF = tests.project.ninja_check_urls, imported (and its router built) anew by the
     check, as ``manage.py check`` imports it in a new process."""
-    sys.modules.pop("tests.ninja_check_urls", None)
-    settings.ROOT_URLCONF = "tests.ninja_check_urls"
+    sys.modules.pop("tests.project.ninja_check_urls", None)
+    settings.ROOT_URLCONF = "tests.project.ninja_check_urls"
     yield
-    sys.modules.pop("tests.ninja_check_urls", None)
+    sys.modules.pop("tests.project.ninja_check_urls", None)
     clear_url_caches()
 
 
@@ -379,7 +379,7 @@ def test_a_router_built_under_a_bad_methods_setting_protects_the_default_methods
     settings: Any, fresh_ninja_urlconf: None
 ) -> None:
     settings.IDEMPOTENCY = {"METHODS": 5}
-    import tests.ninja_check_urls as urls
+    import tests.project.ninja_check_urls as urls
 
     operation = urls.router.path_operations["/charges/"].operations[0]
     assert operation.__dict__.get("_run_decorators")  # the POST operation is wrapped
@@ -410,7 +410,7 @@ def test_check_passes_without_root_urlconf(settings: Any) -> None:
 
 def test_manage_py_check_starts_with_a_worker_settings_module() -> None:
     """In a process of its own, as ``celery worker`` or ``manage.py`` starts."""
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.worker_settings"}
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.project.worker_settings"}
     done = subprocess.run(
         [sys.executable, "-m", "django", "check"],
         env=env,
@@ -442,7 +442,7 @@ def test_misspelled_drf_idempotency_configuration_is_an_error(settings: Any) -> 
     no request failed to say so."""
     from idempotency_django.checks import check_drf_view_attributes
 
-    settings.ROOT_URLCONF = "tests.drf_typo_urls"
+    settings.ROOT_URLCONF = "tests.project.drf_typo_urls"
     errors = check_drf_view_attributes()
 
     assert {error.id for error in errors} == {"idempotency_django.E018"}
@@ -455,6 +455,6 @@ def test_misspelled_drf_idempotency_configuration_is_an_error(settings: Any) -> 
 
 
 def test_the_check_command_reports_a_misspelled_action(settings: Any) -> None:
-    settings.ROOT_URLCONF = "tests.drf_typo_urls"
+    settings.ROOT_URLCONF = "tests.project.drf_typo_urls"
     with pytest.raises(SystemCheckError, match=r"idempotency_django\.E018.*'craete'"):
         call_command("check")

@@ -34,7 +34,7 @@ from idempotency_django.client import (
 )
 from idempotency_django.downstream import downstream_key, downstream_key_for
 from idempotency_django.exceptions import KeyMalformed, KeyMissing
-from tests import kit_views
+from tests.project import kit_views
 
 KEY = "order-42-payment"
 BODY = {"amount": 1000, "currency": "eur", "card": "tok_visa"}
@@ -649,7 +649,7 @@ def provider_calls() -> Iterator[list[tuple[int, str | None]]]:
     kit_views.provider.calls.clear()
 
 
-@pytest.mark.urls("tests.kit_urls")
+@pytest.mark.urls("tests.project.kit_urls")
 def test_a_retried_request_passes_the_provider_the_same_downstream_key(
     client: Client, alice: User, bob: User, provider_calls: list[tuple[int, str | None]]
 ) -> None:

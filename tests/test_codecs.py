@@ -19,11 +19,11 @@ from django.core.management.base import SystemCheckError
 from django.http import HttpResponse
 
 from idempotency_django import codecs
+from idempotency_django.checks import check_codec_settings
 from idempotency_django.codecs import (
     SEALED,
     UNSTORABLE,
     ResponseUnreadable,
-    check_codec_settings,
     drop_json_fields,
     get_codec,
     seal,

@@ -17,17 +17,17 @@ from django.core.management import CommandError, ManagementUtility, call_command
 from rest_framework.test import APIClient
 
 from idempotency_django import codecs
+from idempotency_django.checks import check_codec_settings
 from idempotency_django.codecs import (
     SEALED,
     SEALED_UNBOUND,
     UNSTORABLE,
     FernetCodec,
-    check_codec_settings,
 )
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.tasks import TaskResultNotStored, claim_once
 from tests.conftest import Post, effects
-from tests.factories import IdempotencyRecordFactory
+from tests.project.factories import IdempotencyRecordFactory
 
 if TYPE_CHECKING:
     from pytest_django import Settings

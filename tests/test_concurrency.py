@@ -18,7 +18,8 @@ from django.test import Client
 from idempotency_django import signals
 from idempotency_django.models import IdempotencyRecord
 from tests.conftest import effects
-from tests.views import gate
+from tests.project.views import gate
+from tools.threads import start_together
 
 pytestmark = [pytest.mark.concurrency, pytest.mark.django_db(transaction=True)]
 
@@ -40,17 +41,7 @@ def send(path: str, body: dict[str, Any], key: str = "k1") -> Any:
 def run_together(
     path: str, body: dict[str, Any], count: int = THREADS
 ) -> tuple[queue.Queue[Any], list[threading.Thread]]:
-    barrier = threading.Barrier(count)
-    results: queue.Queue[Any] = queue.Queue()
-
-    def worker() -> None:
-        barrier.wait(timeout=10)
-        results.put(send(path, body))
-
-    threads = [threading.Thread(target=worker) for _ in range(count)]
-    for thread in threads:
-        thread.start()
-    return results, threads
+    return start_together(count, lambda: send(path, body))
 
 
 def collect(results: queue.Queue[Any], count: int, timeout: float = 20) -> list[Any]:

@@ -441,7 +441,7 @@ def test_a_setting_its_check_refuses_fails_the_request_before_the_view_runs(
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.urls("tests.middleware_urls")
+@pytest.mark.urls("tests.project.middleware_urls")
 def test_the_middleware_refuses_a_methods_setting_that_protects_nothing(
     settings: Settings, alice: User, post: Post
 ) -> None:

@@ -812,7 +812,7 @@ def test_an_idempotent_function_called_by_an_idempotent_view_runs_under_its_clai
     from django.test import RequestFactory
 
     from idempotency_django.decorators import idempotent
-    from tests.middleware_views import charge
+    from tests.project.middleware_views import charge
 
     @idempotent
     def view(request: Any) -> Any:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import queue
-import threading
 from typing import Any
 
 import pytest
@@ -16,7 +14,8 @@ from rest_framework.test import APIClient
 
 from idempotency_django.models import IdempotencyRecord
 from tests.conftest import effects
-from tests.views import gate, not_validation_failures
+from tests.project.views import gate, not_validation_failures
+from tools.threads import start_together
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -171,7 +170,7 @@ def test_errors_are_problem_json_with_the_default_exception_handler(api: APIClie
 def test_errors_go_through_a_custom_exception_handler(api: APIClient, settings: Any) -> None:
     settings.REST_FRAMEWORK = {
         **settings.REST_FRAMEWORK,
-        "EXCEPTION_HANDLER": "tests.drf_views.custom_exception_handler",
+        "EXCEPTION_HANDLER": "tests.project.drf_views.custom_exception_handler",
     }
     post(api, "/api/charges/", {"amount": 5})
     mismatch = post(api, "/api/charges/", {"amount": 6})
@@ -186,7 +185,7 @@ def test_in_flight_409_keeps_retry_after_through_a_custom_handler(
 ) -> None:
     settings.REST_FRAMEWORK = {
         **settings.REST_FRAMEWORK,
-        "EXCEPTION_HANDLER": "tests.drf_views.custom_exception_handler",
+        "EXCEPTION_HANDLER": "tests.project.drf_views.custom_exception_handler",
     }
     post(api, "/api/charges/", {"amount": 5})
     IdempotencyRecord.objects.update(state=IdempotencyRecord.State.IN_PROGRESS)
@@ -281,21 +280,16 @@ def test_get_is_not_protected(api: APIClient) -> None:
 @pytest.mark.concurrency
 def test_concurrent_duplicates_run_the_view_once(alice: User) -> None:
     token = Token.objects.create(user=alice).key
-    barrier = threading.Barrier(6)
-    results: queue.Queue[Any] = queue.Queue()
 
-    def worker() -> None:
+    def charge() -> Any:
         api = APIClient()
         api.credentials(HTTP_AUTHORIZATION=f"Token {token}")
-        barrier.wait(timeout=10)
         try:
-            results.put(post(api, "/api/charges/", {"amount": 5, "gate": True}))
+            return post(api, "/api/charges/", {"amount": 5, "gate": True})
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=worker) for _ in range(6)]
-    for thread in threads:
-        thread.start()
+    results, threads = start_together(6, charge)
     losers = [results.get(timeout=20) for _ in range(5)]
     gate.release.set()
     for thread in threads:

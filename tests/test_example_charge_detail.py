@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.server import REPO_ROOT, example_env
+from tools.server import REPO_ROOT, example_env
 
 # Run in the child, with the example's settings: each request's status, content type,
 # Location and body, by name, printed as JSON on the last line. Its argument: the ids of

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.server import REPO_ROOT, example_env
+from tools.server import REPO_ROOT, example_env
 
 # Run in the child, with the example's settings: each answer by name, as JSON on the last
 # line, and the number of charges alice has at the end.

@@ -35,8 +35,8 @@ from rest_framework.test import APIClient
 
 from idempotency_django import keys
 from idempotency_django.models import FINGERPRINT_MAX_LENGTH, IdempotencyRecord
-from tests import fingerprint_views
 from tests.conftest import effects
+from tests.project import fingerprint_views
 
 JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"
@@ -851,7 +851,7 @@ def api(alice: User) -> APIClient:
     return client
 
 
-@pytest.mark.urls("tests.fingerprint_urls")
+@pytest.mark.urls("tests.project.fingerprint_urls")
 @pytest.mark.django_db(transaction=True)
 class TestMultipartThroughViews:
     @pytest.fixture
@@ -922,7 +922,7 @@ class TestMultipartThroughViews:
         assert IdempotencyRecord.objects.get().fingerprint.startswith("2:")
 
 
-@pytest.mark.urls("tests.fingerprint_urls")
+@pytest.mark.urls("tests.project.fingerprint_urls")
 @pytest.mark.django_db(transaction=True)
 class TestAfterCsrfViewMiddleware:
     """``csrf_protect`` reads the token from ``request.POST``: the multipart body is parsed
@@ -971,7 +971,7 @@ class TestAfterCsrfViewMiddleware:
 SIGNED_ROUTES = ["/signed/", "/api/signed/", "/mw/signed/", "/api/mw/signed/"]
 
 
-@pytest.mark.urls("tests.fingerprint_urls")
+@pytest.mark.urls("tests.project.fingerprint_urls")
 @pytest.mark.django_db(transaction=True)
 class TestViewsThatReadTheBody:
     """A body that fits ``DATA_UPLOAD_MAX_MEMORY_SIZE`` is read (``request.body``) before

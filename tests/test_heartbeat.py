@@ -24,7 +24,7 @@ from idempotency_django import engine, signals
 from idempotency_django import heartbeat as heartbeat_module
 from idempotency_django.heartbeat import THREAD_NAME, Heartbeat, heartbeat
 from idempotency_django.models import IdempotencyRecord
-from tests.logs import everything_logged
+from tests.project.logs import everything_logged
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,6 +1,6 @@
 """``IdempotencyMiddleware``: every unsafe request protected, through Django's test client.
 
-The views in ``tests/middleware_views.py`` are not decorated: whatever protection they get
+The views in ``tests/project/middleware_views.py`` are not decorated: whatever protection they get
 is the middleware's. Each execution writes one ``SideEffect`` row, counted as a user counts
 charges. Runs on SQLite, and on PostgreSQL and MariaDB with ``DATABASE_URL``.
 """
@@ -22,12 +22,15 @@ from rest_framework.authtoken.models import Token
 
 from idempotency_django.middleware import IdempotencyMiddleware
 from idempotency_django.models import IdempotencyRecord
-from tests import middleware_views
 from tests.conftest import Post, effects
+from tests.project import middleware_views
 from tests.test_async import cancelled_at
-from tests.test_atomicity import connection_killed_before, is_completion
+from tests.test_lifecycle import connection_killed_before, is_completion
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.middleware_urls")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.urls("tests.project.middleware_urls"),
+]
 
 MIDDLEWARE = "idempotency_django.middleware.IdempotencyMiddleware"
 

@@ -101,7 +101,7 @@ def test_a_keyed_post_without_a_csrf_token_is_never_served(settings: Settings) -
     """Listed before CsrfViewMiddleware, the middleware would answer the view itself and
     the CSRF check would never run: a forged POST with a key would get 201."""
     settings.MIDDLEWARE = [SESSIONS, AUTH, IDEMPOTENCY, CSRF]
-    settings.ROOT_URLCONF = "tests.middleware_urls"
+    settings.ROOT_URLCONF = "tests.project.middleware_urls"
     client = Client(enforce_csrf_checks=True)
     with pytest.raises(ImproperlyConfigured, match="process_view"):
         client.post("/mw/plain/", {"amount": 1}, headers={"Idempotency-Key": "k1"})
@@ -125,7 +125,7 @@ def test_the_shipped_settings_start(settings: Settings) -> None:
     """The test settings and the example project with the middleware last start; so does
     the live-test project, as its own process (its URLs are the example project's)."""
     from example_project import settings as example
-    from tests import settings as test_settings
+    from tests.project import settings as test_settings
 
     for middleware in (
         [*test_settings.MIDDLEWARE, IDEMPOTENCY],
@@ -135,7 +135,7 @@ def test_the_shipped_settings_start(settings: Settings) -> None:
         WSGIHandler()
     started = subprocess.run(
         [sys.executable, "-c", "from django.core.wsgi import get_wsgi_application as g; g()"],
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.middleware_live_settings"},
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.project.middleware_live_settings"},
         capture_output=True,
         text=True,
         check=False,

@@ -5,8 +5,6 @@ request is held inside its view (``gate``) until every duplicate has been answer
 from __future__ import annotations
 
 import json
-import queue
-import threading
 from typing import Any
 
 import pytest
@@ -17,12 +15,13 @@ from rest_framework.authtoken.models import Token
 
 from idempotency_django.models import IdempotencyRecord
 from tests.conftest import effects
-from tests.views import gate
+from tests.project.views import gate
+from tools.threads import start_together
 
 pytestmark = [
     pytest.mark.concurrency,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.urls("tests.middleware_urls"),
+    pytest.mark.urls("tests.project.middleware_urls"),
 ]
 
 THREADS = 8
@@ -46,16 +45,7 @@ def send(path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
 def race(path: str, body: dict[str, Any], headers: dict[str, str]) -> list[Any]:
     """``THREADS`` identical requests at once; the one that runs is held in its view until
     the others were answered, then let go. Returns every response."""
-    barrier = threading.Barrier(THREADS)
-    results: queue.Queue[Any] = queue.Queue()
-
-    def worker() -> None:
-        barrier.wait(timeout=10)
-        results.put(send(path, body, headers))
-
-    threads = [threading.Thread(target=worker) for _ in range(THREADS)]
-    for thread in threads:
-        thread.start()
+    results, threads = start_together(THREADS, lambda: send(path, body, headers))
     try:
         losers = [results.get(timeout=30) for _ in range(THREADS - 1)]
         # The winner claimed before any loser was answered; it may reach its view after

@@ -21,13 +21,13 @@ from idempotency_django.models import IdempotencyRecord
 from idempotency_django.ninja import IdempotentRouter, auth_account, idempotent
 from tests.conftest import effects
 from tests.models import SideEffect
-from tests.ninja_views import router
+from tests.project.ninja_views import router
+from tests.project.views import not_validation_failures
 from tests.test_async import cancelled_at
-from tests.views import not_validation_failures
 
 # Transactional: the claim commits before the operation runs (commit mode, the default), as
 # it does in production; inside a test's transaction it would run in atomic mode.
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.ninja_urls")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.project.ninja_urls")]
 
 Send = Callable[..., Any]
 

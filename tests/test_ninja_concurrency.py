@@ -4,8 +4,6 @@ database connections, released together by a barrier, against PostgreSQL and Mar
 from __future__ import annotations
 
 import json
-import queue
-import threading
 from typing import Any
 
 import pytest
@@ -14,12 +12,13 @@ from django.db import connections
 from django.test import Client
 
 from tests.conftest import effects
-from tests.views import gate
+from tests.project.views import gate
+from tools.threads import start_together
 
 pytestmark = [
     pytest.mark.concurrency,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.urls("tests.ninja_urls"),
+    pytest.mark.urls("tests.project.ninja_urls"),
 ]
 
 THREADS = 8
@@ -41,17 +40,8 @@ def send(path: str, body: dict[str, Any]) -> Any:
 def test_identical_requests_at_once_run_the_operation_once(path: str, alice: User) -> None:
     """One thread wins the claim and is held inside the operation; every other one is told
     409 with Retry-After at once; after the winner finishes, a retry replays its answer."""
-    barrier = threading.Barrier(THREADS)
-    results: queue.Queue[Any] = queue.Queue()
     body = {"amount": 10, "gate": True}
-
-    def worker() -> None:
-        barrier.wait(timeout=10)
-        results.put(send(path, body))
-
-    threads = [threading.Thread(target=worker) for _ in range(THREADS)]
-    for thread in threads:
-        thread.start()
+    results, threads = start_together(THREADS, lambda: send(path, body))
     try:
         assert gate.entered.wait(timeout=20)
         refused = [results.get(timeout=20) for _ in range(THREADS - 1)]

@@ -15,13 +15,13 @@ from django.urls import path
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.openapi import AutoSchema
 
-from tests.ninja_views import api as ninja_api
+from tests.project.ninja_views import api as ninja_api
 
 Generate = Callable[[], dict[str, Any]]
 
 
 def spectacular() -> dict[str, Any]:
-    schema = SchemaGenerator(urlconf="tests.drf_urls").get_schema(request=None, public=True)
+    schema = SchemaGenerator(urlconf="tests.project.drf_urls").get_schema(request=None, public=True)
     return json.loads(json.dumps(schema))  # type: ignore[no-any-return]
 
 
@@ -395,7 +395,7 @@ def ninja_with_own_problem() -> dict[str, Any]:
     from ninja import NinjaAPI
 
     from idempotency_django.ninja import IdempotentRouter
-    from tests.ninja_views import EffectOut
+    from tests.project.ninja_views import EffectOut
 
     api = NinjaAPI(urls_namespace="tests-ninja-own-problem")
     router = IdempotentRouter()

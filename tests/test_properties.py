@@ -1,6 +1,6 @@
 """Property-based tests (Hypothesis) of what names a request: the ``Idempotency-Key``
 parser (``keys.parse_key``) and the request fingerprint (``keys.default_fingerprint``),
-held to the canonical form that ``idempotency_django/keys.py``'s docstring documents.
+held to the canonical form that ``fingerprint.default_fingerprint``'s docstring documents.
 
 Runs deterministically by default (the ``ci`` profile: derandomized, no example database,
 a few seconds in all). For a longer, randomized search::

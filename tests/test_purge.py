@@ -32,8 +32,8 @@ from idempotency_django.management.commands import purge_idempotency_keys as com
 from idempotency_django.management.commands.purge_idempotency_keys import Command
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.purge import Pacing, PurgeResult, parse_duration, purge_records
-from tests.e2e.server import REPO_ROOT, example_env
-from tests.factories import IdempotencyRecordFactory
+from tests.project.factories import IdempotencyRecordFactory
+from tools.server import REPO_ROOT, example_env
 
 State = IdempotencyRecord.State
 HOUR = timedelta(hours=1)

@@ -32,7 +32,7 @@ from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store.base import StoreError, get_store
 from idempotency_django.store.redis import RedisStore, record_key
 from tests.conftest import REDIS_URL, Post, effects
-from tests.views import gate
+from tests.project.views import gate
 
 if TYPE_CHECKING:
     from pytest_django import Settings as SettingsWrapper
@@ -625,7 +625,7 @@ def test_the_test_kit_proves_single_flight_on_redis(alice: User) -> None:
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
 def test_the_example_on_redis_writes_no_idempotency_rows(tmp_path: Path) -> None:
-    from tests.e2e.server import REPO_ROOT, example_env
+    from tools.server import REPO_ROOT, example_env
 
     child = r"""
 import base64, json, django
@@ -667,7 +667,7 @@ print(json.dumps([first.status_code, retry.status_code, retry.get("Idempotent-Re
 
 KILLED_WORKER = r"""
 import os, sys, time, django
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.project.settings")
 from idempotency_django.conf import DEFAULTS
 DEFAULTS["STORE"] = "idempotency_django.store.redis.RedisStore"
 DEFAULTS["STORE_OPTIONS"] = {"URL": sys.argv[1], "KEY_PREFIX": sys.argv[2]}
@@ -759,7 +759,7 @@ def test_a_completion_that_times_out_keeps_the_key_and_never_runs_the_view_again
 
 RACING_WORKER = r"""
 import os, sys, time, django
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.project.settings")
 from idempotency_django.conf import DEFAULTS
 DEFAULTS["STORE"] = "idempotency_django.store.redis.RedisStore"
 DEFAULTS["STORE_OPTIONS"] = {"URL": sys.argv[1], "KEY_PREFIX": sys.argv[2]}

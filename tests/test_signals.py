@@ -18,9 +18,9 @@ from django.utils.crypto import salted_hmac
 
 from idempotency_django import signals
 from idempotency_django.models import IdempotencyRecord
-from tests import views
 from tests.conftest import Post
-from tests.logs import everything_logged
+from tests.project import views
+from tests.project.logs import everything_logged
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,9 +16,9 @@ from django.test import RequestFactory
 from idempotency_django import signals
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.tasks import TaskInFlight, idempotent_task
-from tests import views
 from tests.conftest import Post, effects
 from tests.models import SideEffect
+from tests.project import views
 
 pytestmark = [pytest.mark.concurrency, pytest.mark.django_db(transaction=True)]
 

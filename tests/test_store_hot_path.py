@@ -27,8 +27,8 @@ from idempotency_django.store import (
     store,
 )
 from tests.conftest import Post, effects
+from tests.project.views import gate
 from tests.test_concurrency import finish, lock_waiters, send, wait_until
-from tests.views import gate
 
 State = IdempotencyRecord.State
 

@@ -39,7 +39,7 @@ from idempotency_django.tasks import (
 )
 from tests.conftest import effects
 from tests.models import SideEffect
-from tests.views import gate
+from tests.project.views import gate
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -986,14 +986,14 @@ RETRY_AFTER = "1"
 
 
 class Worker:
-    """A consumer process (``tests/task_worker.py``) that receives one message id."""
+    """A consumer process (``tests/project/task_worker.py``) that receives one message id."""
 
     def __init__(self, message_id: str, lease_seconds: float, log: Path) -> None:
         env = {**os.environ, "TASK_WORKER_DATABASE": str(connection.settings_dict["NAME"])}
         self.log = log
         self._log_file = log.open("w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.task_worker", message_id, str(lease_seconds)],
+            [sys.executable, "-m", "tests.project.task_worker", message_id, str(lease_seconds)],
             cwd=ROOT,
             env=env,
             stdin=subprocess.PIPE,

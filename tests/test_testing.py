@@ -27,12 +27,12 @@ from idempotency_django.testing import (
     assert_replays,
     assert_single_flight,
 )
-from tests import kit_views
-from tests.factories import UserFactory
 from tests.models import SideEffect
+from tests.project import kit_views
+from tests.project.factories import UserFactory
 
 pytest_plugins = ["idempotency_django.testing"]
-pytestmark = pytest.mark.urls("tests.kit_urls")
+pytestmark = pytest.mark.urls("tests.project.kit_urls")
 
 PLAIN = "/kit/charges/"
 DRF = "/kit/drf/mixin/"  # IdempotentMixin
@@ -375,7 +375,7 @@ def test_idempotency_key_fixture_is_fresh(idempotency_key: str) -> None:
 # --- from a TestCase ------------------------------------------------------------------------
 
 
-@override_settings(ROOT_URLCONF="tests.kit_urls")
+@override_settings(ROOT_URLCONF="tests.project.kit_urls")
 class KitInATestCase(TestCase):
     """The plain functions in a ``TestCase`` (which runs every test in a transaction)."""
 
@@ -400,7 +400,7 @@ class KitInATestCase(TestCase):
 
 
 @pytest.mark.concurrency
-@override_settings(ROOT_URLCONF="tests.kit_urls")
+@override_settings(ROOT_URLCONF="tests.project.kit_urls")
 class KitInATransactionTestCase(TransactionTestCase):
     def test_single_flight(self) -> None:
         UserFactory(username="alice")

@@ -81,7 +81,7 @@ def test_protected_views_give_the_request_transactions_back_themselves(
 ) -> None:
     """Django must not wrap the claim in ATOMIC_REQUESTS (in either mode): the lifecycle
     reopens each transaction around the view, except those the author opted out."""
-    from tests import views
+    from tests.project import views
 
     for view in (views.effect, views.atomic):
         assert "default" in view._non_atomic_requests  # type: ignore[attr-defined]

@@ -19,14 +19,14 @@ from django.utils import timezone
 from idempotency_django import signals
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.tasks import TaskInFlight, idempotent_task
-from tests import unknown_outcome_views
 from tests.conftest import Post, effects
 from tests.models import SideEffect
-from tests.test_atomicity import is_completion
+from tests.project import unknown_outcome_views
+from tests.test_lifecycle import is_completion
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.urls("tests.unknown_outcome_views"),
+    pytest.mark.urls("tests.project.unknown_outcome_views"),
 ]
 
 State = IdempotencyRecord.State

@@ -1,6 +1,9 @@
 """Fixtures for the e2e tests: a fresh e2e database and gunicorn (and uvicorn) servers of the
 example.
 
+Every test here is marked ``e2e`` and skipped unless ``DATABASE_URL`` names PostgreSQL or
+MariaDB (``pytest_collection_modifyitems`` below).
+
 These tests speak HTTP (a few also read the e2e database with the driver). They don't use
 pytest-django's ``db`` fixture: the e2e database is created, migrated and dropped here, next
 to the test database.
@@ -15,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.server import (
+from tools.server import (
     SUPPORTED_VENDORS,
     Database,
     Server,
@@ -30,6 +33,20 @@ from tests.e2e.server import (
 )
 
 _servers: list[Server] = []
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects on the marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test in this folder is an ``e2e`` test, run on PostgreSQL or MariaDB only."""
+    on_sqlite = pytest.mark.skipif(
+        database_vendor() not in SUPPORTED_VENDORS,
+        reason="e2e tests run on PostgreSQL or MariaDB/MySQL (set DATABASE_URL)",
+    )
+    for item in items:
+        if HERE in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
+            item.add_marker(on_sqlite)
 
 
 @pytest.fixture(scope="session")

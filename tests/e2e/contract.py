@@ -34,7 +34,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.e2e import server
+from tools import server
 
 CONFIG = server.REPO_ROOT / "tests" / "e2e" / "schemathesis.toml"
 SCHEMAS = {"DRF": "/api/schema/?format=json", "django-ninja": "/ninja/openapi.json"}

@@ -15,13 +15,11 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.server import (
+from tools.server import (
     REPO_ROOT,
-    SUPPORTED_VENDORS,
     Database,
     InFlightRequest,
     Server,
-    database_vendor,
     example_env,
     new_amount,
     retry_until,
@@ -32,12 +30,7 @@ CHROMEDRIVER = Path("/usr/bin/chromedriver")
 BROWSER_MISSING = not (CHROMIUM.exists() and CHROMEDRIVER.exists())
 
 pytestmark = [
-    pytest.mark.e2e,
     pytest.mark.browser,
-    pytest.mark.skipif(
-        database_vendor() not in SUPPORTED_VENDORS,
-        reason="e2e tests run on PostgreSQL or MariaDB/MySQL (set DATABASE_URL)",
-    ),
     pytest.mark.skipif(
         BROWSER_MISSING,
         reason=f"needs Debian's chromium and chromium-driver ({CHROMIUM}, {CHROMEDRIVER}): "

@@ -26,22 +26,13 @@ from idempotency_django.client import (
     IdempotentResult,
     RetryPolicy,
 )
-from tests.e2e.server import (
+from tools.server import (
     ALICE,
     HTTP_TIMEOUT_SECONDS,
-    SUPPORTED_VENDORS,
     Server,
-    database_vendor,
     new_amount,
 )
-
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        database_vendor() not in SUPPORTED_VENDORS,
-        reason="e2e tests run on PostgreSQL or MariaDB/MySQL (set DATABASE_URL)",
-    ),
-]
+from tools.threads import concurrently
 
 IN_FLIGHT = "urn:idempotency-django:problem:in-flight"
 # Short pauses: the scenarios are about which attempts happen, not about waiting.
@@ -252,23 +243,12 @@ def test_a_concurrent_duplicate_retries_the_409_until_the_replay(
     slow = start_example(EXAMPLE_PROVIDER_DELAY_MS="3000")
     body = charge_body()
     before = slow.charge_count()
-    barrier = threading.Barrier(2, timeout=HTTP_TIMEOUT_SECONDS)
-    results: list[IdempotentResult | BaseException] = []
 
-    def send() -> None:
-        try:
-            with payments(slow.base_url) as client:
-                barrier.wait()
-                results.append(client.post("/charges/", key=key, json=body))
-        except BaseException as exc:
-            results.append(exc)
+    def send() -> IdempotentResult:
+        with payments(slow.base_url) as client:
+            return client.post("/charges/", key=key, json=body)
 
-    threads = [threading.Thread(target=send) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(HTTP_TIMEOUT_SECONDS * 2)
-
+    results = concurrently(2, send, within=HTTP_TIMEOUT_SECONDS * 2)
     assert all(isinstance(result, IdempotentResult) for result in results), results
     done = [result for result in results if isinstance(result, IdempotentResult)]
     ran = [result for result in done if not result.replayed]

@@ -10,29 +10,19 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.server import (
+from tools.server import (
     BOB,
     COMPLETED,
     REPLAYED,
-    SUPPORTED_VENDORS,
     Database,
     Server,
     assert_one_ran,
     assert_problem,
     assert_replay,
     charge_body,
-    concurrently,
-    database_vendor,
     record_states,
 )
-
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        database_vendor() not in SUPPORTED_VENDORS,
-        reason="e2e tests run on PostgreSQL or MariaDB/MySQL (set DATABASE_URL)",
-    ),
-]
+from tools.threads import concurrently
 
 API = "/api/charges/"
 CLIENTS = 16

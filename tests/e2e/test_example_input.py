@@ -1,6 +1,6 @@
 """Bad input to the example API gets a clear 4xx problem, never a 5xx (issue 12).
 
-Every case of the fuzz's corpus (``tests/e2e/fuzz.py``: the inputs that were 500s, and one
+Every case of the fuzz's corpus (``tools/fuzz.py``: the inputs that were 500s, and one
 of each class of odd input) on each endpoint — ``/charges/`` and ``/api/charges/`` under
 gunicorn, ``/async/charges/`` under uvicorn — with the status and problem type it must get,
 and no charge unless it is a documented success; then a short seeded fuzz through the same
@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.e2e.fuzz import (
+from tools.fuzz import (
     ASYNC,
     CORPUS,
     DRF,
@@ -27,22 +27,12 @@ from tests.e2e.fuzz import (
     run_all,
     send,
 )
-from tests.e2e.server import (
+from tools.server import (
     PROBLEM_JSON,
-    SUPPORTED_VENDORS,
     Database,
     Server,
-    database_vendor,
     new_amount,
 )
-
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        database_vendor() not in SUPPORTED_VENDORS,
-        reason="e2e tests run on PostgreSQL or MariaDB/MySQL (set DATABASE_URL)",
-    ),
-]
 
 
 @pytest.fixture

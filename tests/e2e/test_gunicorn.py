@@ -6,7 +6,6 @@ Every test uses a fresh Idempotency-Key and counts charges the way a client woul
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -14,18 +13,16 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import requests
 
-from tests.e2e.server import (
+from tools.server import (
     BOB,
     COMPLETED,
     REPLAYED,
-    SUPPORTED_VENDORS,
     WORKERS,
     Database,
     Server,
     assert_in_flight,
     assert_problem,
     charge_body,
-    database_vendor,
     new_key,
     post_with_header_lines,
     race_duplicates,
@@ -33,14 +30,7 @@ from tests.e2e.server import (
     record_states,
     retry_until,
 )
-
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        database_vendor() not in SUPPORTED_VENDORS,
-        reason="e2e tests run on PostgreSQL or MariaDB/MySQL (set DATABASE_URL)",
-    ),
-]
+from tools.threads import concurrently
 
 CLIENTS = 16
 
@@ -80,25 +70,8 @@ def renewed_lease(database: Database, key: str, *, past: datetime, within: float
 def test_concurrent_duplicates_make_one_charge(server: Server, key: str) -> None:
     body = charge_body()
     before = server.charge_count()
-    barrier = threading.Barrier(CLIENTS, timeout=30)
-    results: list[requests.Response | BaseException | None] = [None] * CLIENTS
-
-    def client(index: int) -> None:
-        try:
-            barrier.wait()
-            results[index] = server.post_charge(body, key=key)
-        except BaseException as exc:
-            results[index] = exc
-
-    threads = [threading.Thread(target=client, args=(index,)) for index in range(CLIENTS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not any(thread.is_alive() for thread in threads)
-
-    responses = [result for result in results if isinstance(result, requests.Response)]
-    assert len(responses) == CLIENTS, results
+    responses = concurrently(CLIENTS, lambda: server.post_charge(body, key=key))
+    assert len(responses) == CLIENTS, responses
     statuses = sorted(response.status_code for response in responses)
     assert set(statuses) <= {201, 409}, statuses
     created = [response for response in responses if response.status_code == 201]

@@ -1,5 +1,5 @@
 """``IdempotencyMiddleware`` in a real deployment: the example project under gunicorn (4 sync
-workers) with the middleware installed (``tests/middleware_live_settings.py``), over HTTP,
+workers) with the middleware installed (``tests/project/middleware_live_settings.py``), over HTTP,
 on PostgreSQL or MariaDB.
 
 ``/mw/charges/`` is a plain view and ``/mw/api/charges/`` a DRF viewset, neither decorated
@@ -10,20 +10,16 @@ counted the way a client counts them, with ``GET /charges/``.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import requests
 
-from tests.e2e.server import (
+from tools.server import (
     ALICE,
     BOB,
     REPLAYED,
-    SUPPORTED_VENDORS,
     WORKERS,
     Database,
     InFlightRequest,
@@ -33,22 +29,13 @@ from tests.e2e.server import (
     assert_problem,
     assert_replay,
     charge_body,
-    concurrently,
-    database_vendor,
-    example_env,
-    free_port,
     new_key,
+    project_env,
+    spawn_gunicorn,
+    start_uvicorn,
 )
+from tools.threads import concurrently
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        database_vendor() not in SUPPORTED_VENDORS,
-        reason="e2e tests run on PostgreSQL or MariaDB/MySQL (set DATABASE_URL)",
-    ),
-]
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 PLAIN = "/mw/charges/"
 DRF = "/mw/api/charges/"
 
@@ -57,38 +44,15 @@ DRF = "/mw/api/charges/"
 def server(e2e_db: Database, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """gunicorn serving the example with the middleware (its own settings module)."""
     log_path = tmp_path_factory.mktemp("gunicorn-middleware") / "gunicorn.log"
-    log_file = log_path.open("wb")
-    env = example_env(e2e_db.url)
-    env["DJANGO_SETTINGS_MODULE"] = "tests.middleware_live_settings"
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "example_project.wsgi:application",
-            "-w",
-            str(WORKERS),
-            "-k",
-            "sync",
-            "-b",
-            f"127.0.0.1:{port}",
-            "--no-control-socket",
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    running = spawn_gunicorn(
+        project_env("tests.project.middleware_live_settings", e2e_db.url), log_path
     )
-    running = Server(process=process, port=port, log_path=log_path, _log_file=log_file)
     try:
         running.wait_ready()
         yield running
     finally:
         running.stop()
-        print(f"--- gunicorn (middleware) on port {port} ---\n{running.log()}")
+        print(f"--- gunicorn (middleware) on port {running.port} ---\n{running.log()}")
 
 
 @pytest.mark.parametrize("path", [PLAIN, DRF])
@@ -197,40 +161,14 @@ NESTED = ["/mw/async/wrapped/charges/", "/mw/async/calls/charges/"]
 def asgi_server(e2e_db: Database, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """uvicorn serving the example with the middleware (its own settings module)."""
     log_path = tmp_path_factory.mktemp("uvicorn-middleware") / "uvicorn.log"
-    log_file = log_path.open("wb")
-    env = example_env(e2e_db.url)
-    env["DJANGO_SETTINGS_MODULE"] = "tests.middleware_live_settings"
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "example_project.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "2",
-            "--lifespan",
-            "off",
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    running = start_uvicorn(
+        e2e_db, log_path, workers=2, settings_module="tests.project.middleware_live_settings"
     )
-    running = Server(process=process, port=port, log_path=log_path, _log_file=log_file)
     try:
-        running.wait_log("Started server process", 2)
-        running.wait_ready()
         yield running
     finally:
         running.stop()
-        print(f"--- uvicorn (middleware) on port {port} ---\n{running.log()}")
+        print(f"--- uvicorn (middleware) on port {running.port} ---\n{running.log()}")
 
 
 @pytest.mark.parametrize("path", NESTED)

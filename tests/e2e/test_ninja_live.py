@@ -10,27 +10,17 @@ from __future__ import annotations
 import pytest
 import requests
 
-from tests.e2e.fuzz import CORPUS, Case, send
-from tests.e2e.server import (
+from tools.fuzz import CORPUS, Case, send
+from tools.server import (
     BOB,
     REPLAYED,
-    SUPPORTED_VENDORS,
     Server,
     assert_in_flight,
     assert_problem,
     assert_replay,
     charge_body,
-    concurrently,
-    database_vendor,
 )
-
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        database_vendor() not in SUPPORTED_VENDORS,
-        reason="e2e tests run on PostgreSQL or MariaDB/MySQL (set DATABASE_URL)",
-    ),
-]
+from tools.threads import concurrently
 
 NINJA = "/ninja/charges/"
 CLIENTS = 16
@@ -122,7 +112,7 @@ def test_the_published_expiry_policy_is_served(server: Server, url: str, path: s
 
 @pytest.mark.parametrize("case", CORPUS, ids=[case.name for case in CORPUS])
 def test_each_fuzz_case_gets_the_plain_views_answer(case: Case, server: Server, key: str) -> None:
-    """The fuzz's corpus (``tests/e2e/fuzz.py``): ``/ninja/charges/`` reads a charge as the
+    """The fuzz's corpus (``tools/fuzz.py``): ``/ninja/charges/`` reads a charge as the
     plain view does, so each case gets the plain view's status and problem type."""
     amount = charge_body()["amount"]
     expected = case.expected("plain")

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.pgbouncer import PgBouncer, pgbouncer_binary, start_pgbouncer
-from tests.e2e.server import (
+from tools.pgbouncer import PgBouncer, pgbouncer_binary, start_pgbouncer
+from tools.server import (
     IN_PROGRESS,
     Database,
     Server,
@@ -35,7 +35,7 @@ from tests.e2e.server import (
     spawn_gunicorn,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.pgbouncer]
+pytestmark = pytest.mark.pgbouncer
 
 KEYS = 80
 CLIENTS = 8

@@ -6,7 +6,7 @@ handler), and a client that disconnects gets its view task cancelled by Django, 
 releases the key (safe while the view waits on the provider; not once its charge is being
 written, see ``test_a_disconnect_while_the_charge_is_being_written_makes_no_second_charge``;
 nor, under either policy, once the view has returned, see the last test, which serves
-``tests/asgi_live_urls.py``). Charges are counted as a client would, with
+``tests/project/asgi_live_urls.py``). Charges are counted as a client would, with
 ``GET /async/charges/``; where the claim itself is the point, the e2e database is read (and
 locked) directly.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.server import (
+from tools.server import (
     ALICE,
     CHARGES_TABLE,
     COMPLETED,
@@ -30,7 +30,6 @@ from tests.e2e.server import (
     RECORDS_TABLE,
     RENDER_GATE_TABLE,
     REPLAYED,
-    SUPPORTED_VENDORS,
     Database,
     InFlightRequest,
     Server,
@@ -40,8 +39,6 @@ from tests.e2e.server import (
     assert_replay,
     charge_body,
     charges_locked,
-    concurrently,
-    database_vendor,
     lock_waits,
     new_key,
     post_with_header_lines,
@@ -50,17 +47,10 @@ from tests.e2e.server import (
     render_gate_locked,
     retry_until,
 )
-
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        database_vendor() not in SUPPORTED_VENDORS,
-        reason="e2e tests run on PostgreSQL or MariaDB/MySQL (set DATABASE_URL)",
-    ),
-]
+from tools.threads import concurrently
 
 ASYNC = "/async/charges/"
-RECEIPTS = "/receipts/charges/"  # tests/asgi_live_urls.py
+RECEIPTS = "/receipts/charges/"  # tests/project/asgi_live_urls.py
 CLIENTS = 16
 PARALLEL = 8
 # Leases that outlast the tests: no key here is freed by a lapse, only by a completion or a
@@ -283,12 +273,12 @@ def test_a_disconnect_while_the_response_renders_makes_no_second_charge(
     uvicorn_example: Callable[..., Server], e2e_db: Database, key: str, on_disconnect: str
 ) -> None:
     """The view has charged and returned; its ``TemplateResponse`` renders when the outcome
-    is captured, reading a table the test holds locked (``tests/asgi_live_urls.py``). The
+    is captured, reading a table the test holds locked (``tests/project/asgi_live_urls.py``). The
     client hangs up there. Under either ON_DISCONNECT policy the work is done, so the key is
     not released: the outcome is stored, and the retry gets the replay of the one charge."""
     server = uvicorn_example(
         workers=1,
-        settings_module="tests.asgi_live_settings",
+        settings_module="tests.project.asgi_live_settings",
         EXAMPLE_ON_DISCONNECT=on_disconnect,
         **LONG_LEASE,
     )

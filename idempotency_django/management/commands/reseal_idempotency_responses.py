@@ -3,24 +3,13 @@ configured ``RESPONSE_CODEC`` (after a key rotation, or when encryption is turne
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections
 
 from idempotency_django.codecs import reseal_records
-from idempotency_django.management.commands.purge_idempotency_keys import _positive_int
-
-
-class _Parser(CommandParser):
-    """Every usage error a ``CommandError`` with exit status 2, under ``call_command`` too
-    (Django's parser gives status 1 there; argparse exits 2 on the command line)."""
-
-    def error(self, message: str) -> NoReturn:
-        if self.called_from_command_line:
-            super().error(message)
-        raise CommandError(f"Error: {message}", returncode=2)
+from idempotency_django.management import arguments
 
 
 class Command(BaseCommand):
@@ -32,7 +21,7 @@ class Command(BaseCommand):
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         parser = super().create_parser(prog_name, subcommand, **kwargs)
-        parser.__class__ = _Parser  # Django builds a CommandParser: this one's error()
+        parser.__class__ = arguments.Parser  # Django builds a CommandParser: this one's
         return parser
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -41,15 +30,13 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--batch-size",
-            type=_positive_int,
+            type=arguments.positive_int,
             default=100,
             help="Records listed per query (each is read and written on its own).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        database = options["database"]
-        if database is not None and database not in connections:
-            raise CommandError(f"Unknown database {database!r}.", returncode=2)
+        database = arguments.database(options)
         try:
             result = reseal_records(using=database, batch_size=options["batch_size"])
         except ImproperlyConfigured as error:

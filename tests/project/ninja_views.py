@@ -1,7 +1,7 @@
-"""django-ninja operations for the adapter's tests (``tests/ninja_urls.py`` mounts them).
+"""django-ninja operations for the adapter's tests (``tests/project/ninja_urls.py`` mounts them).
 
 Each execution of an operation's body writes one ``SideEffect``: what "exactly once" is
-counted in. ``gate`` holds a body until a test lets it go (see ``tests.views.gate``).
+counted in. ``gate`` holds a body until a test lets it go (see ``tests.project.views.gate``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ninja.security import HttpBearer
 from idempotency_django.decorators import idempotency_exempt
 from idempotency_django.ninja import IdempotentRouter, idempotent
 from tests.models import SideEffect
-from tests.views import async_hold, gate
+from tests.project.views import async_hold, gate
 
 
 class UserBearer(HttpBearer):

@@ -15,7 +15,7 @@ from rest_framework.views import APIView
 
 from idempotency_django.drf import IdempotentMixin
 from tests.models import SideEffect
-from tests.views import gate
+from tests.project.views import gate
 
 
 class ChargeSerializer(serializers.Serializer[Any]):

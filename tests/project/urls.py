@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.urls import include, path, re_path
 from rest_framework.routers import SimpleRouter
 
-from tests import atomicity_views, drf_views, views
+from tests.project import atomicity_views, drf_views, views
 
 # A router whose routes take a path with or without its trailing slash (the usual recipe:
 # DRF's own argument takes a bool).
@@ -34,7 +34,7 @@ urlpatterns = [
     path("loses-its-connection/", views.loses_its_connection),
     path("dies-mid-write/", views.dies_mid_write),
     path("forgets-prepared-statements/", views.forgets_prepared_statements),
-    path("", include("tests.drf_urls")),
+    path("", include("tests.project.drf_urls")),
     path("api/atomic-charge/", atomicity_views.AtomicChargeView.as_view()),
     path("api/writes-then-fails/", atomicity_views.WritesThenFailsView.as_view()),
     path("orphan/", atomicity_views.orphan),

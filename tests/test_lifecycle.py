@@ -30,7 +30,7 @@ from idempotency_django.models import IdempotencyRecord
 from idempotency_django.purge import purge_records
 from idempotency_django.store import expiry
 from tests.conftest import Post, effects
-from tests.views import gate, terminate_backend
+from tests.project.views import gate, terminate_backend
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -331,7 +331,7 @@ def test_drf_mixin_gives_its_view_the_request_transaction_back(
 ) -> None:
     """The DRF view still runs inside a transaction (the mixin opted it out only so that
     the claim could commit first)."""
-    from tests.atomicity_views import WritesThenFailsView
+    from tests.project.atomicity_views import WritesThenFailsView
 
     seen: list[bool] = []
     original = WritesThenFailsView.post

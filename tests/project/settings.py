@@ -12,7 +12,7 @@ USE_TZ = True
 # UTC: the admin's date_hierarchy needs MariaDB's time-zone tables for any other zone.
 TIME_ZONE = "UTC"
 ALLOWED_HOSTS = ["testserver", "localhost", "127.0.0.1"]
-ROOT_URLCONF = "tests.urls"
+ROOT_URLCONF = "tests.project.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 DATABASES = {
@@ -54,7 +54,7 @@ MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
-    "tests.middleware.HeaderUserMiddleware",  # last: X-User decides request.user
+    "tests.project.middleware.HeaderUserMiddleware",  # last: X-User decides request.user
 ]
 TEMPLATES = [
     {

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from tests.e2e.server import Database, free_port
+from tools.server import Database, free_port
 
 READY_WITHIN_SECONDS = 15.0
 

@@ -3,8 +3,8 @@ needs (no URLconf, no middleware, no templates, no admin), with DRF still instal
 
 from __future__ import annotations
 
-from tests.settings import *  # noqa: F403
-from tests.settings import INSTALLED_APPS
+from tests.project.settings import *  # noqa: F403
+from tests.project.settings import INSTALLED_APPS
 
 del ROOT_URLCONF, MIDDLEWARE, TEMPLATES  # noqa: F821
 

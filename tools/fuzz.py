@@ -2,11 +2,11 @@
 """Fuzz the example payments API over HTTP, then check that nothing failed and that no key
 charged twice.
 
-    python tests/e2e/fuzz.py --seed 12 --requests 300 \
+    python -m tools.fuzz --seed 12 --requests 300 \
         --database-url postgres://root@127.0.0.1:5432/fuzz_pg
-    python tests/e2e/fuzz.py --seed 12 --requests 300 \
+    python -m tools.fuzz --seed 12 --requests 300 \
         --database-url mysql://root@127.0.0.1:3306/fuzz_my
-    python tests/e2e/fuzz.py --requests 5000 \
+    python -m tools.fuzz --requests 5000 \
         --database-url postgres://root@127.0.0.1:5432/fuzz_pg
 
 The first two are what CI runs (about 300 requests per database, well under a minute). The
@@ -82,13 +82,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from requests.structures import CaseInsensitiveDict
 
-from requests.structures import CaseInsensitiveDict  # noqa: E402
-
-from tests.e2e.server import (  # noqa: E402
+from tools.server import (
     CHARGES_TABLE,
     IN_PROGRESS,
     RECORDS_TABLE,
@@ -103,6 +99,8 @@ from tests.e2e.server import (  # noqa: E402
     start_server,
     start_uvicorn,
 )
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 PROVIDER_DELAY_MS = "20"
 AMOUNT_BASE = 1_000_000  # amount = AMOUNT_BASE + key number * 10 + variant
@@ -1418,7 +1416,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
     print(
-        f"fuzz seed {seed} ({args.requests} requests): python tests/e2e/fuzz.py "
+        f"fuzz seed {seed} ({args.requests} requests): python -m tools.fuzz "
         f"--database-url {args.database_url} --seed {seed} --requests {args.requests}",
         flush=True,
     )

@@ -2,6 +2,6 @@ from __future__ import annotations
 
 from django.urls import path
 
-from tests.ninja_views import api
+from tests.project.ninja_views import api
 
 urlpatterns = [path("ninja/", api.urls)]

@@ -1,11 +1,11 @@
 """Routes for tests/test_fingerprints.py (``@pytest.mark.urls``), kept apart from the shared
-``tests/urls.py``."""
+``tests/project/urls.py``."""
 
 from __future__ import annotations
 
 from django.urls import path
 
-from tests import fingerprint_views as views
+from tests.project import fingerprint_views as views
 
 urlpatterns = [
     path("upload/", views.upload),

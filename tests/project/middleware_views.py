@@ -21,7 +21,7 @@ from rest_framework.views import APIView
 from idempotency_django.decorators import idempotency_exempt, idempotent
 from idempotency_django.drf import IdempotentMixin
 from tests.models import SideEffect
-from tests.views import _body, _effect, async_hold, gate
+from tests.project.views import _body, _effect, async_hold, gate
 
 ViewFunc = Callable[..., Any]
 

@@ -3,7 +3,7 @@
 The test process imports this module to send tasks (and to call them in-process); the
 worker is started by the test as::
 
-    python -m celery -A tests.celery_app worker --pool prefork --concurrency 2 -Q QUEUE
+    python -m celery -A tests.project.celery_app worker --pool prefork --concurrency 2 -Q QUEUE
 
 with ``CELERY_TEST_DATABASE`` naming the test database (on the server of ``DATABASE_URL``)
 and ``CELERY_TEST_BROKER`` the Redis broker (also the result backend). Side effects are
@@ -27,7 +27,7 @@ WORK_SECONDS = 0.3  # how long a charge takes, so that duplicates arrive while i
 HELD_SECONDS = 30.0  # how long ``held``'s first run waits to be killed, at most
 
 if os.environ.get("CELERY_TEST_DATABASE"):  # the worker process
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.project.settings")
     from django.conf import settings
 
     settings.DATABASES["default"]["NAME"] = os.environ["CELERY_TEST_DATABASE"]

@@ -24,7 +24,7 @@ from idempotency_django.drf import IdempotentMixin
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.urls("tests.test_request_transactions"),
+    pytest.mark.urls("tests.test_protect"),
 ]
 
 seen: list[bool] = []

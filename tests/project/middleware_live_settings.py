@@ -9,7 +9,7 @@ from example_project.settings import MIDDLEWARE as EXAMPLE_MIDDLEWARE
 
 MIDDLEWARE = [
     *EXAMPLE_MIDDLEWARE,
-    "tests.middleware_live_urls.BasicAuthMiddleware",
+    "tests.project.middleware_live_urls.BasicAuthMiddleware",
     "idempotency_django.middleware.IdempotencyMiddleware",
 ]
-ROOT_URLCONF = "tests.middleware_live_urls"
+ROOT_URLCONF = "tests.project.middleware_live_urls"

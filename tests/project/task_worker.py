@@ -1,6 +1,6 @@
 """A queue consumer in its own OS process, driven line by line by ``tests/test_tasks.py``.
 
-    python -m tests.task_worker MESSAGE_ID LEASE_SECONDS
+    python -m tests.project.task_worker MESSAGE_ID LEASE_SECONDS
 
 It sets Django up on the test database named in ``TASK_WORKER_DATABASE`` (the same server
 as ``DATABASE_URL``), connects, and prints ``ready``. Each ``deliver`` line on stdin is one
@@ -26,7 +26,7 @@ import django
 
 
 def setup() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.project.settings")
     from django.conf import settings
 
     settings.DATABASES["default"]["NAME"] = os.environ["TASK_WORKER_DATABASE"]

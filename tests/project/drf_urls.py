@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from tests import drf_views
+from tests.project import drf_views
 
 router = SimpleRouter()
 router.register("api/charges", drf_views.ChargeViewSet, basename="charges")

@@ -1,11 +1,12 @@
-"""URLs of ``tests.kit_views``, used with ``@pytest.mark.urls("tests.kit_urls")``."""
+"""URLs of ``tests.project.kit_views``, used with
+``@pytest.mark.urls("tests.project.kit_urls")``."""
 
 from __future__ import annotations
 
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
-from tests import kit_views
+from tests.project import kit_views
 
 router = SimpleRouter()
 router.register("drf/charges", kit_views.ChargeViewSet, basename="kit-drf-charge")

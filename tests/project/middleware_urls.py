@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
-from tests import middleware_views, views
+from tests.project import middleware_views, views
 
 router = SimpleRouter()
 router.register("mw/viewset", middleware_views.ChargeViewSet, basename="mw-viewset")

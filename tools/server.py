@@ -8,7 +8,7 @@ look at the e2e database directly, with the driver (``record_states``, ``record_
 ``lock_waits``), or hold locks in it to make the servers' statements wait
 (``charges_locked``, ``records_locked``).
 
-The one home of these helpers: ``tests/e2e/fuzz.py``, ``benchmarks/run.py`` and
+The one home of these helpers: ``tools/fuzz.py``, ``benchmarks/run.py`` and
 ``benchmarks/soak.py`` use them too (``database``, ``create_database``, ``project_env``,
 ``manage``, ``spawn_gunicorn``, ``Server``), so a database URL is parsed, a database
 created and a gunicorn started one way everywhere.
@@ -40,7 +40,9 @@ import dj_database_url
 import requests
 from requests.structures import CaseInsensitiveDict
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tools.threads import concurrently
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 SUPPORTED_VENDORS = ("postgresql", "mysql")
 READY_WITHIN_SECONDS = 30.0
 STOP_WITHIN_SECONDS = 15.0
@@ -343,12 +345,12 @@ def charges_locked(database: Database) -> HeldLock:
     return HeldLock(database, [(f"LOCK TABLES {CHARGES_TABLE} READ", [])])
 
 
-RENDER_GATE_TABLE = "e2e_render_gate"  # tests/asgi_live_urls.py reads it as it renders
+RENDER_GATE_TABLE = "e2e_render_gate"  # tests/project/asgi_live_urls.py reads it as it renders
 
 
 def render_gate_locked(database: Database) -> HeldLock:
     """Make every read of ``RENDER_GATE_TABLE`` wait until the lock is released: a receipt
-    of ``tests/asgi_live_urls.py`` waits in the database meanwhile, while it renders."""
+    of ``tests/project/asgi_live_urls.py`` waits in the database meanwhile, while it renders."""
     with _connect(database, database.name) as connection:
         connection.cursor().execute(f"CREATE TABLE IF NOT EXISTS {RENDER_GATE_TABLE} (id integer)")
     if database.vendor == "postgresql":
@@ -543,21 +545,11 @@ class Server:
 
     def _concurrent_timeouts(self, within: float) -> float:
         """Send ``WORKERS`` ``tok_timeout`` charges at once; how long they took in all."""
-        barrier = threading.Barrier(WORKERS + 1, timeout=within)
-        statuses: list[int] = []
-
-        def send() -> None:
-            body = {"amount": 1, "currency": "EUR", "card": "tok_timeout"}
-            barrier.wait()
-            statuses.append(self.post_charge(body, key=new_key()).status_code)
-
-        threads = [threading.Thread(target=send) for _ in range(WORKERS)]
-        for thread in threads:
-            thread.start()
-        barrier.wait()
+        body = {"amount": 1, "currency": "EUR", "card": "tok_timeout"}
         started = time.monotonic()
-        for thread in threads:
-            thread.join(within)
+        statuses = concurrently(
+            WORKERS, lambda: self.post_charge(body, key=new_key()).status_code, within=within
+        )
         elapsed = time.monotonic() - started
         assert statuses == [504] * WORKERS, statuses
         return elapsed
@@ -857,30 +849,6 @@ def retry_until(
         if time.monotonic() + every > deadline:
             raise AssertionError(f"gave up after {within}s; last result: {result!r}")
         time.sleep(every)
-
-
-def concurrently(count: int, call: Callable[[], T], *, within: float = 60.0) -> list[T]:
-    """Call ``call`` from ``count`` threads at once (released together by a barrier) and
-    return the results in thread order; an exception in any thread fails the caller."""
-    barrier = threading.Barrier(count, timeout=within)
-    results: list[T | BaseException | None] = [None] * count
-
-    def run(index: int) -> None:
-        try:
-            barrier.wait()
-            results[index] = call()
-        except BaseException as exc:
-            results[index] = exc
-
-    threads = [threading.Thread(target=run, args=(index,)) for index in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(within)
-    assert not any(thread.is_alive() for thread in threads), f"not done within {within}s"
-    errors = [result for result in results if isinstance(result, BaseException)]
-    assert not errors, errors
-    return results  # type: ignore[return-value]
 
 
 # --- what a client of the payments API checks ------------------------------------------------

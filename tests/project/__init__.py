@@ -1,0 +1,1 @@
+"""The test project: settings, URLconfs and views the tests drive (no tests here)."""
