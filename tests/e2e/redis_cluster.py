@@ -14,6 +14,7 @@ failover takes a few seconds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -364,23 +365,51 @@ def kill_master(port: int, within: float = READY_WITHIN_SECONDS) -> Node:
     master = next(node for node in topology() if node.port == port)
     if master.role != "master":
         raise ValueError(f"port {port} is not a master")
-    replicas = replicas_of(master)
-    if not replicas:
+    if not replicas_of(master):
         raise RuntimeError(f"master on port {port} has no replica to promote")
     kill_node(port)
-    survivors = [p for p in PORTS if p != port and answers(p)]
+    return wait_promoted(master, within)
+
+
+def wait_promoted(master: Node, within: float = READY_WITHIN_SECONDS) -> Node:
+    """Waits until another node serves ``master``'s slots and every live node says ``ok``."""
+    survivors = [p for p in PORTS if p != master.port]
 
     def promoted() -> bool:
-        nodes = topology(survivors)
+        live = [p for p in survivors if answers(p)]
+        nodes = topology(live)
         return any(
-            node.port in {replica.port for replica in replicas}
-            and node.role == "master"
-            and node.slots == master.slots
+            node.port != master.port and node.role == "master" and node.slots == master.slots
             for node in nodes
-        ) and all(_info(p).get("cluster_state") == "ok" for p in survivors)
+        ) and all(_info(p).get("cluster_state") == "ok" for p in live)
 
-    _wait(promoted, f"a replica of {port} promoted", within)
-    return next(node for node in topology(survivors) if node.slots == master.slots)
+    _wait(promoted, f"a replica of {master.port} promoted", within)
+    return next(
+        node
+        for node in topology([p for p in survivors if answers(p)])
+        if node.port != master.port and node.slots == master.slots
+    )
+
+
+@contextlib.contextmanager
+def replica_cut_off(master: Node) -> Iterator[Node]:
+    """Freezes ``master``'s replica (SIGSTOP) and drops its link, until the block ends.
+
+    What the master acknowledges meanwhile reaches no replica: kill the master inside the
+    block and the replica, resumed on exit, is promoted without it (the write is lost, as
+    in a failover that beat replication). Merely freezing is not enough: the replication
+    stream would wait in the frozen replica's socket and be applied on resume.
+    """
+    (replica,) = replicas_of(master)
+    with client(replica.port) as connection:
+        pid = int(connection.info("server")["process_id"])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with client(master.port) as connection:
+            connection.execute_command("CLIENT KILL TYPE replica")
+        yield replica
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 def restart_node(port: int, within: float = READY_WITHIN_SECONDS) -> None:
