@@ -514,6 +514,10 @@ class StandaloneRedis:
             _start_server(self.port, self.directory, *self._args())
         return self
 
+    def pid(self) -> int | None:
+        assert self.directory is not None
+        return _pid(self.port, self.directory)
+
     def kill(self) -> None:
         """SIGKILL, as a crash or an OOM kill would."""
         assert self.directory is not None
