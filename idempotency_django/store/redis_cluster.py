@@ -1,6 +1,7 @@
 """What the Redis store needs to run on a Redis Cluster, and the optional ``WAIT``.
 
-``connect`` builds a ``RedisCluster`` client when the options say ``CLUSTER`` (redis-py
+``connect`` builds a ``RedisCluster`` client when the options say ``CLUSTER`` or the URL
+is ``redis+cluster://`` (redis-py
 follows ``MOVED`` and ``ASK`` and finds a promoted replica itself); ``by_node`` groups keys
 by the master that holds them, so that the heartbeat renews a process's claims in one
 round trip per node (a script may only touch keys of one slot there). ``write_and_wait``
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
+from redis.commands.core import Script
 
 K = TypeVar("K", bound=Hashable)
 
@@ -25,11 +27,26 @@ REDIRECTIONS = 5
 failover) before it gives up and lets the caller's error policy answer."""
 
 
-def connect(url: str, *, cluster: bool, **options: Any) -> redis.Redis | RedisCluster:
-    """A client for ``url``: a cluster client when ``cluster``, else a plain one."""
+CLUSTER_SCHEME = "+cluster"
+"""``redis+cluster://`` and ``rediss+cluster://`` name a cluster in the URL alone, for
+settings that hold one string (an environment variable, ``EXAMPLE_REDIS_URL``)."""
+
+
+def connect(url: str, *, cluster: bool = False, **options: Any) -> redis.Redis | RedisCluster:
+    """A client for ``url``: a cluster client when ``cluster`` or when the URL's scheme
+    ends in ``+cluster``, else a plain one."""
+    url, cluster = cluster_url(url, cluster)
     if cluster:
         return RedisCluster.from_url(url, **options)
     return redis.Redis.from_url(url, **options)
+
+
+def cluster_url(url: str, cluster: bool = False) -> tuple[str, bool]:
+    """``url`` without a ``+cluster`` scheme suffix, and whether it names a cluster."""
+    scheme, separator, rest = url.partition("://")
+    if separator and scheme.endswith(CLUSTER_SCHEME):
+        return f"{scheme[: -len(CLUSTER_SCHEME)]}://{rest}", True
+    return url, cluster
 
 
 def by_node(client: RedisCluster, items: Iterable[K], key: Callable[[K], str]) -> list[list[K]]:
@@ -40,6 +57,63 @@ def by_node(client: RedisCluster, items: Iterable[K], key: Callable[[K], str]) -
         node = client.get_node_from_key(key(item))
         groups.setdefault(node.name, []).append(item)
     return list(groups.values())
+
+
+def eval_per_node(
+    client: redis.Redis | RedisCluster, script: Script, calls: Sequence[tuple[str, Sequence[Any]]]
+) -> list[Any]:
+    """Runs ``script`` once per ``(key, args)`` of ``calls``, each on its one key, in one
+    round trip per node (one in all on a single Redis); the replies in ``calls``' order.
+
+    A call its node redirects (``MOVED``/``ASK``: a migration), or that meets a node without
+    the script (``NOSCRIPT``: a promoted replica, a new node), is repeated on its own
+    through the cluster client, which follows redirections and loads the script.
+    """
+    if not calls:
+        return []
+    if not isinstance(client, RedisCluster):
+        return _eval_pipelined(client, script, calls, raise_errors=True)
+    replies: list[Any] = [None] * len(calls)
+    for group in by_node(client, range(len(calls)), lambda index: calls[index][0]):
+        node = client.get_node_from_key(calls[group[0]][0])
+        try:
+            answered = _eval_pipelined(
+                _node_client(client, node), script, [calls[index] for index in group]
+            )
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            client.nodes_manager.initialize()  # a dead master: ask the cluster again
+            answered = [redis.exceptions.ConnectionError()] * len(group)
+        for index, reply in zip(group, answered, strict=True):
+            replies[index] = reply
+    for index, reply in enumerate(replies):
+        if isinstance(reply, (redis.exceptions.ResponseError, redis.exceptions.ConnectionError)):
+            key, args = calls[index]
+            replies[index] = script(keys=[key], args=list(args), client=client)
+    return replies
+
+
+def _eval_pipelined(
+    client: redis.Redis,
+    script: Script,
+    calls: Sequence[tuple[str, Sequence[Any]]],
+    *,
+    raise_errors: bool = False,
+) -> list[Any]:
+    """``EVALSHA`` for each call on one connection (not ``Script`` in a pipeline, which asks
+    ``SCRIPT EXISTS`` first: a second round trip every time); ``NOSCRIPT`` loads it once."""
+    for attempt in range(2):
+        pipe = client.pipeline(transaction=False)
+        for key, args in calls:
+            pipe.execute_command("EVALSHA", script.sha, 1, key, *args)
+        replies = pipe.execute(raise_on_error=False)
+        missing = [reply for reply in replies if isinstance(reply, redis.exceptions.NoScriptError)]
+        if not missing or attempt:
+            break
+        client.script_load(script.script)
+    errors = [reply for reply in replies if isinstance(reply, Exception)]
+    if errors and raise_errors:
+        raise errors[0]
+    return list(replies)
 
 
 def write_and_wait(
