@@ -58,8 +58,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-import redis  # noqa: E402
-
+from tests.e2e import redis_cluster  # noqa: E402
 from tests.e2e.redis_cluster import StandaloneRedis  # noqa: E402
 from tests.e2e.server import (  # noqa: E402
     Database,
@@ -881,7 +880,7 @@ def soak(run: Run) -> int:
         redis_url = run.redis_server.url
     store = {}
     if redis_url:
-        redis.Redis.from_url(redis_url).flushdb()
+        redis_cluster.flush(redis_url)
         store = {"EXAMPLE_REDIS_URL": redis_url}
     env = project_env(
         SETTINGS,

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 HOST = "127.0.0.1"
@@ -531,6 +532,29 @@ class StandaloneRedis:
         self.kill()
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+# --- a Redis store's URL ------------------------------------------------------------------------
+
+
+def connect(url: str) -> redis.Redis | RedisCluster:
+    """A client for a Redis store's URL (``redis+cluster://``: a cluster)."""
+    scheme, _, rest = url.partition("://")
+    if scheme.endswith("+cluster"):
+        return RedisCluster.from_url(f"{scheme.removesuffix('+cluster')}://{rest}")
+    return redis.Redis.from_url(url)
+
+
+def flush(url: str) -> None:
+    """Empties the database a Redis store's URL names (on every master of a cluster)."""
+    client = connect(url)
+    try:
+        if isinstance(client, RedisCluster):
+            client.flushdb(target_nodes=RedisCluster.PRIMARIES)
+        else:
+            client.flushdb()
+    finally:
+        client.close()
 
 
 def main(argv: list[str] | None = None) -> int:
