@@ -69,7 +69,7 @@ MUTANTS = [
     Mutant(
         "purge-cursor-first-row",
         "the purge's next page starts after its first row, not its last: rows counted twice",
-        "purge.py",
+        "store/database.py",
         "    last_pk, last_order = raw_rows[-1]",
         "    last_pk, last_order = raw_rows[0]",
         ("test_purge.py::test_pages_continue_after_their_last_row_through_ties_in_the_expiry",),
@@ -77,7 +77,7 @@ MUTANTS = [
     Mutant(
         "prepared-ignores-the-connection",
         "statements prepared although OPTIONS leave prepare_threshold unset: poolers break",
-        "store.py",
+        "store/database.py",
         '"prepare_threshold", None) is None:\n        return connection.cursor()',
         '"prepare_threshold", None) is None:\n        raw.prepare_threshold = 0',
         (PREP + "test_without_a_threshold_nothing_is_prepared",),
@@ -85,7 +85,7 @@ MUTANTS = [
     Mutant(
         "prepared-never",
         "the hot path never prepared, even where the connection allows it",
-        "store.py",
+        "store/database.py",
         '"prepare_threshold", None) is None:\n        return connection.cursor()',
         '"prepare_threshold", None) is None or True:\n        return connection.cursor()',
         (PREP + "test_with_a_threshold_the_claim_and_the_completion_are_prepared",),
@@ -93,7 +93,7 @@ MUTANTS = [
     Mutant(
         "prepared-cursor-unwrapped",
         "the prepared cursor bypasses Django: psycopg errors reach the engine untranslated",
-        "store.py",
+        "store/database.py",
         "    return connection.make_cursor(cursor)",
         "    return cursor",
         (PREP + "test_errors_are_django_errors_and_statements_are_seen_by_execute_wrappers",),
@@ -101,7 +101,7 @@ MUTANTS = [
     Mutant(
         "takeover-ignores-lease",
         "take_over no longer re-checks the lease: a claim renewed since the read is stolen",
-        "store.py",
+        "store/database.py",
         ".filter(expired_q(now) | lapsed_q(now), pk=record.pk, token=record.token)",
         ".filter(pk=record.pk, token=record.token)",
         (HOT + "test_a_lease_renewed_between_the_read_and_the_take_over_is_not_taken_over",),
@@ -117,7 +117,7 @@ MUTANTS = [
     Mutant(
         "completion-unfenced",
         "completion no longer fenced by the claim's token: a lost claim overwrites the new owner",
-        "store.py",
+        "store/database.py",
         "AND {column['token']} = %s AND {column['state']} = %s\"",
         "AND %s IS NOT NULL AND {column['state']} = %s\"",
         (DEC + "test_claim_lost_completion_does_not_overwrite_the_new_owner",),
@@ -125,7 +125,7 @@ MUTANTS = [
     Mutant(
         "lost-claim-read-ignores-endpoint",
         "PostgreSQL's claim-or-read reads ignoring the endpoint: another endpoint's record answers",
-        "store.py",
+        "store/database.py",
         'f"WHERE {where_key} AND NOT EXISTS (SELECT 1 FROM ins)"',
         '"WHERE " + where_key.replace(\n'
         "            column['endpoint'] + ' = %s', '(' + column['endpoint'] + ' = %s OR TRUE)'\n"
@@ -138,7 +138,7 @@ MUTANTS = [
     Mutant(
         "lost-claim-read-ignores-account",
         "PostgreSQL's claim-or-read reads ignoring the account: one user's retry gets another's",
-        "store.py",
+        "store/database.py",
         'f"WHERE {where_key} AND NOT EXISTS (SELECT 1 FROM ins)"',
         '"WHERE " + where_key.replace(\n'
         "            column['account'] + ' = %s', '(' + column['account'] + ' = %s OR TRUE)'\n"
@@ -148,7 +148,7 @@ MUTANTS = [
     Mutant(
         "read-ignores-endpoint",
         "the read after a lost claim (MariaDB's, PostgreSQL's after a wait) ignores the endpoint",
-        "store.py",
+        "store/database.py",
         "read = f\"SELECT {', '.join(selected)} FROM {table} WHERE {where_key}\"",
         "read = f\"SELECT {', '.join(selected)} FROM {table} WHERE \" + where_key.replace(\n"
         "        column['endpoint'] + ' = %s', '(' + column['endpoint'] + ' = %s OR TRUE)'\n"
@@ -158,7 +158,7 @@ MUTANTS = [
     Mutant(
         "claim-always-succeeds",
         "the claim reports success on a conflict: every duplicate runs the view",
-        "store.py",
+        "store/database.py",
         "        if row[0]:\n            return CLAIMED",
         "        if row is not None:\n            return CLAIMED",
         (DEC + "test_retry_replays_status_body_and_allowed_headers",),
@@ -191,14 +191,14 @@ MUTANTS = [
         "store-transaction-never",
         "under ATOMIC_REQUESTS the completion is written after the commit, not inside it",
         "lifecycle.py",
-        "self._store_transaction = self.alias in self.reopen",
+        "self._store_transaction = self.store.transactional and self.alias in self.reopen",
         "self._store_transaction = False",
         (ATOM + "test_atomic_requests_completion_lost_is_a_503_and_the_retry_runs_once",),
     ),
     Mutant(
         "expired-in-use",
         "an in-progress record past its TTL counts as absent (taken over, purged) while it runs",
-        "store.py",
+        "store/base.py",
         "return Q(expires_at__lte=now if expired_by is None else expired_by) & ~in_use_q(now)",
         "return Q(expires_at__lte=now if expired_by is None else expired_by)",
         (ATOM + "test_the_purge_agrees_with_the_engine_on_a_live_lease",),
@@ -206,7 +206,7 @@ MUTANTS = [
     Mutant(
         "engine-expired-in-use",
         "the engine counts a running record past its TTL as absent",
-        "store.py",
+        "store/base.py",
         "return record.expires_at <= now and not is_in_use(record, now)",
         "return record.expires_at <= now",
         (ATOM + "test_a_live_lease_is_never_taken_over_whatever_the_ttl",),
@@ -214,7 +214,7 @@ MUTANTS = [
     Mutant(
         "contention-fails-open",
         "a lock timeout (a concurrent duplicate) counts as an unreachable store: fails open",
-        "store.py",
+        "store/database.py",
         'if sqlstate in _PG_CONTENTION:\n                return "contention"',
         'if sqlstate in _PG_CONTENTION:\n                return "unreachable"',
         (ATOM + "test_a_lock_timeout_on_a_duplicate_is_a_409_even_when_failing_open",),
@@ -301,7 +301,7 @@ MUTANTS = [
     Mutant(
         "statement-timeout-in-flight",
         "a claim that hits statement_timeout is told 409 in flight for a key nobody holds",
-        "store.py",
+        "store/database.py",
         '_PG_CONTENTION = frozenset({"40001", "40P01", "55P03"})',
         '_PG_CONTENTION = frozenset({"40001", "40P01", "55P03", "57014"})',
         (
@@ -311,7 +311,7 @@ MUTANTS = [
     Mutant(
         "prepared-refusal-not-retried",
         "a prepared statement the server refuses is not sent again unprepared: completions lost",
-        "store.py",
+        "store/database.py",
         "        if not _prepared_statement_refused(connection, error):\n            raise\n",
         "        raise\n",
         (
@@ -362,7 +362,7 @@ MUTANTS = [
     Mutant(
         "heartbeat-unfenced",
         "the heartbeat renews a record by scope, not by token: it keeps a new owner's lease alive",
-        "store.py",
+        "store/database.py",
         "renew_owned=f\"({where_key} AND {column['token']} = %s)\"",
         'renew_owned=f"({where_key} AND %s IS NOT NULL)"',
         ("test_heartbeat.py::test_a_beat_never_renews_a_claim_that_was_taken_over",),
@@ -370,7 +370,7 @@ MUTANTS = [
     Mutant(
         "release-unfenced",
         "a release no longer fenced by the claim's token: a lost claim deletes the new owner's",
-        "store.py",
+        "store/database.py",
         "release=f\"DELETE FROM {table} WHERE {where_key} AND {column['token']} = %s\"",
         'release=f"DELETE FROM {table} WHERE {where_key} AND %s IS NOT NULL"',
         (DEC + "test_claim_lost_completion_does_not_overwrite_the_new_owner",),

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -37,9 +36,7 @@ from django.contrib.admin import helpers
 from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.auth import get_permission_codename, get_user_model
-from django.core.exceptions import EmptyResultSet, ValidationError
-from django.db import connections, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
+from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -52,7 +49,8 @@ from idempotency_django.conf import DEFAULTS, conf
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.purge import purge_records
 from idempotency_django.responses import StoredResponse
-from idempotency_django.store import lapsed_q
+from idempotency_django.store.base import lapsed_q
+from idempotency_django.store.database import delete_returning as _delete_returning
 from idempotency_django.tasks import ENDPOINT_PREFIX as TASK_ENDPOINT_PREFIX
 
 logger = logging.getLogger("idempotency_django")
@@ -530,56 +528,3 @@ def _in_progress() -> Q:
 
 def _has_lapsed(lease_expires_at: datetime | None, now: datetime) -> bool:
     return lease_expires_at is None or lease_expires_at <= now
-
-
-def _delete_returning(queryset: QuerySet[IdempotencyRecord]) -> list[IdempotencyRecord]:
-    """Delete ``queryset``'s records in one conditional ``DELETE``; return what it deleted.
-
-    The statement is the queryset's own ``WHERE``, so every condition in it is checked by
-    the database on the row as it is when deleted, never on a copy read earlier. The
-    deleted rows come back through ``RETURNING`` (PostgreSQL, SQLite 3.35+, MariaDB
-    10.5+), as unsaved records holding the primary key and the scope: what the admin
-    history, the log and the ``released`` signal need. MySQL has no ``DELETE …
-    RETURNING``: there the rows are locked (``SELECT … FOR UPDATE``) and deleted in one
-    transaction, so nothing can change them in between.
-    """
-    alias = queryset.db
-    connection = connections[alias]
-    opts = IdempotencyRecord._meta
-    query = queryset.query
-    try:
-        where, params = query.get_compiler(alias).compile(query.where)
-    except EmptyResultSet:  # e.g. pk__in=[]: nothing can match
-        return []
-    quote = connection.ops.quote_name
-    column = {field.name: str(field.column) for field in opts.concrete_fields}
-    names = ("id", "account", "endpoint", "key")
-    columns = ", ".join(quote(column[name]) for name in names)
-    delete = f"DELETE FROM {quote(opts.db_table)} WHERE {where}"
-    if _deletes_returning(connection):
-        with connection.cursor() as cursor:
-            cursor.execute(f"{delete} RETURNING {columns}", params)
-            rows = list(cursor.fetchall())
-    else:
-        with transaction.atomic(using=alias):
-            rows = list(queryset.select_for_update().order_by("pk").values_list(*names))
-            if rows:
-                pk = quote(column["id"])
-                marks = ", ".join(["%s"] * len(rows))
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        f"{delete} AND {pk} IN ({marks})", [*params, *(row[0] for row in rows)]
-                    )
-    return [
-        IdempotencyRecord(pk=pk, account=account, endpoint=endpoint, key=key)
-        for pk, account, endpoint, key in rows
-    ]
-
-
-def _deletes_returning(connection: BaseDatabaseWrapper) -> bool:
-    """Whether the database can answer a ``DELETE`` with the rows it deleted."""
-    if connection.vendor == "mysql":
-        return bool(connection.mysql_is_mariadb)  # type: ignore[attr-defined]
-    if connection.vendor == "sqlite":
-        return sqlite3.sqlite_version_info >= (3, 35)
-    return connection.vendor == "postgresql"

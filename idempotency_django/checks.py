@@ -120,6 +120,47 @@ def check_settings(
                 id="idempotency_django.E008",
             )
         )
+    errors.extend(_check_store(values))
+    return errors
+
+
+def _check_store(values: dict[str, Any]) -> list[checks.CheckMessage]:
+    """E019: a ``STORE`` that cannot be loaded; E020: ``MODE`` atomic with a store outside
+    the database; then the store's own checks of ``STORE_OPTIONS`` (``check_options``)."""
+    from idempotency_django.store.base import get_store
+
+    try:
+        store = get_store(values["STORE"]) if isinstance(values["STORE"], str) else None
+    except Exception as exc:  # an import error, or a store that refuses its options
+        store, problem_text = None, str(exc)
+    else:
+        problem_text = "" if store is not None else "not a dotted path"
+    if store is None:
+        return [
+            checks.Error(
+                f"IDEMPOTENCY['STORE'] is {values['STORE']!r}: {problem_text}.",
+                hint=(
+                    "Give the dotted path of a store class: "
+                    "'idempotency_django.store.database.DatabaseStore' (the default) or "
+                    "'idempotency_django.store.redis.RedisStore' (pip install "
+                    "'idempotency-django[redis]')."
+                ),
+                id="idempotency_django.E019",
+            )
+        ]
+    errors: list[checks.CheckMessage] = []
+    if values["MODE"] == "atomic" and not store.transactional:
+        errors.append(
+            checks.Error(
+                f"IDEMPOTENCY['MODE'] is 'atomic' with {type(store).__name__}: no transaction "
+                "spans that store and the database.",
+                hint="Use MODE 'commit' with this store, or the database store for atomic mode.",
+                id="idempotency_django.E020",
+            )
+        )
+    check_options = getattr(store, "check_options", None)
+    if check_options is not None:
+        errors.extend(check_options(values["STORE_OPTIONS"]))
     return errors
 
 

@@ -380,13 +380,13 @@ def reseal_records(*, using: str | None = None, batch_size: int = 100) -> Reseal
     write is fenced by the record's claim token and state: a record taken over since it
     was read belongs to its new claim and is left alone. Safe while traffic flows.
     """
-    from idempotency_django import engine
     from idempotency_django.models import IdempotencyRecord
+    from idempotency_django.store.base import store_alias
 
     codec = get_codec()
     if codec is None:
         raise ImproperlyConfigured("IDEMPOTENCY RESPONSE_CODEC is not set: nothing to seal with.")
-    alias = using or engine.store_alias()
+    alias = using or store_alias()
     records = IdempotencyRecord.objects.using(alias).filter(
         state=IdempotencyRecord.State.COMPLETED, response_body__isnull=False
     )

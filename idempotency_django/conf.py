@@ -58,6 +58,10 @@ DEFAULTS: dict[str, Any] = {
     "ACCOUNT_DISPLAY": "idempotency_django.admin.username_display",
     "ACCOUNT_SEARCH": "idempotency_django.admin.accounts_by_username",
     "DATABASE": None,
+    # The record store (store/): a dotted path to a store class, and that store's options
+    # (the Redis store's URL, KEY_PREFIX and timeouts: store/redis.py).
+    "STORE": "idempotency_django.store.database.DatabaseStore",
+    "STORE_OPTIONS": {},
     "ON_STORE_ERROR": "closed",
     "ON_DISCONNECT": "finish",
     "REPLAY_HEADER": "Idempotent-Replayed",
@@ -331,6 +335,10 @@ class Settings:
     def DATABASE(self) -> str | None:
         value = self.get("DATABASE")
         return None if value is None else str(value)
+
+    @property
+    def STORE(self) -> str:
+        return str(self.get("STORE"))
 
     @property
     def LOG_KEYS(self) -> str:

@@ -20,6 +20,7 @@ from idempotency_django.protect import (
     protect,
     refuse_async_atomic,
 )
+from idempotency_django.store.base import Store
 
 View = TypeVar("View", bound=Callable[..., Any])
 
@@ -47,6 +48,7 @@ def idempotent(
     on_store_error: str = ...,
     on_disconnect: str = ...,
     max_run_seconds: float = ...,
+    store: str | Store = ...,
 ) -> Callable[[View], View]: ...
 
 

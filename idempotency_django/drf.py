@@ -29,6 +29,7 @@ from idempotency_django.protect import (
     request_transactions,
 )
 from idempotency_django.responses import problem_response
+from idempotency_django.store.base import Store
 
 
 class IdempotencyAPIException(exceptions.APIException):
@@ -55,6 +56,7 @@ _OPTION_ATTRIBUTES = {
     "idempotency_fingerprint_fields": "fingerprint_fields",
     "idempotency_store_statuses": "store_statuses",
     "idempotency_on_store_error": "on_store_error",
+    "idempotency_store": "store",
 }
 
 # Every other ``idempotency_*`` or ``get_idempotency_*`` name on a view is a misspelling, which
@@ -121,6 +123,7 @@ class IdempotentMixin:
     idempotency_fingerprint_fields: Iterable[str] | None = None
     idempotency_store_statuses: Callable[[int], bool] | Iterable[int] | str | None = None
     idempotency_on_store_error: str | None = None
+    idempotency_store: str | Store | None = None  # a dotted path to a store class, or a store
     # Set by as_view (an initkwarg): the view's own _non_atomic_requests, author's opt-outs in.
     _idempotency_transactions: RequestTransactions | None = None
 

@@ -1,7 +1,8 @@
 """The decision table (DESIGN.md §2): claim a key, or tell why not, over the store interface.
 
 This module knows nothing of HTTP or of transactions: ``lifecycle.py`` decides how a
-claim is run, completed or released; the store (``store.py``) keeps the records.
+claim is run, completed or released; the store (``store/``) keeps the records, and tells
+what kind of failure its errors are.
 
 The claim is one insert-if-absent: whoever inserts the row owns the key, and the unique
 index decides between concurrent inserts in any number of processes. Only a loser reads
@@ -11,35 +12,36 @@ replay, conflict or mismatch costs two.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, connections, router
 from django.utils import timezone
 
 from idempotency_django import codecs, signals
-from idempotency_django.conf import conf
 from idempotency_django.exceptions import InFlight, KeyMismatch, ResponseNotStored
 from idempotency_django.keys import fingerprints_match
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse
 from idempotency_django.signals import emit
-from idempotency_django.store import (
+from idempotency_django.store.base import (
     CLAIMED,
     Snapshot,
+    Store,
     Stored,
     expiry,
+    get_store,
     is_expired,
     is_in_use,
     is_lapsed,
-    store,
+    store_alias,
 )
+
+__all__ = ["store_alias"]  # re-exported: it lived here before the store package
 
 logger = logging.getLogger("idempotency_django")
 
@@ -69,6 +71,7 @@ class Options:
     in_flight: str
     wait_seconds: float
     retry_after: int
+    store: Store = field(default_factory=get_store)  # IDEMPOTENCY["STORE"] unless given
 
 
 @dataclass(frozen=True)
@@ -77,12 +80,13 @@ class Claim:
     token: str
     alias: str
     ttl: float | None = None  # counted from completion: see ``complete``
+    store: Store = field(default_factory=get_store, compare=False)
 
 
 T = TypeVar("T")
 
 
-def reconnecting(alias: str, operation: Callable[[], T]) -> T:
+def reconnecting(alias: str, operation: Callable[[], T], store: Store | None = None) -> T:
     """Run a store operation, and once more on a fresh connection if the store could not
     be reached.
 
@@ -92,20 +96,15 @@ def reconnecting(alias: str, operation: Callable[[], T]) -> T:
     claim's token. Inside a transaction nothing can be retried: the error propagates. Nor is
     contention (a deadlock, a lock timeout): a new connection would not change it.
     """
+    store = store or get_store()
     try:
         return operation()
-    except DatabaseError as error:
-        connection = connections[alias]
-        if connection.in_atomic_block or store.failure_kind(alias, error) != "unreachable":
+    except store.errors as error:
+        if store.in_transaction(alias) or store.failure_kind(alias, error) != "unreachable":
             raise
         logger.warning("Idempotency store connection failed; retrying once on a new one.")
-        with contextlib.suppress(DatabaseError):
-            connection.close()
+        store.reset(alias)
         return operation()
-
-
-def store_alias() -> str:
-    return conf.DATABASE or router.db_for_write(IdempotencyRecord)
 
 
 def new_token() -> str:
@@ -127,6 +126,7 @@ def begin(
     this request's own, not reported as a duplicate in flight.
     """
     token = token or new_token()
+    store = options.store
     deadline = time.monotonic() + (options.wait_seconds if options.in_flight == "wait" else 0)
     delay = 0.05
     races = 0
@@ -135,14 +135,14 @@ def begin(
         now = timezone.now()
         try:
             claimed = _claim_or_read(scope, fingerprint, token, now, options)
-        except DatabaseError as error:
+        except store.errors as error:
             if store.failure_kind(options.alias, error) != "contention":
                 raise
             # A concurrent duplicate's transaction holds the key (atomic mode), or the
             # database gave up on a lock for it: that is a request in flight, never a
             # reason to run unprotected.
             emit(signals.in_flight, logging.INFO, "Idempotency key contended.", **scope.lookup())
-            if connections[options.alias].in_atomic_block or time.monotonic() >= deadline:
+            if store.in_transaction(options.alias) or time.monotonic() >= deadline:
                 raise InFlight(
                     "A request with this Idempotency-Key is still being processed.",
                     retry_after=options.retry_after,
@@ -157,7 +157,7 @@ def begin(
             races = _count_race(races, options)
             continue
         if record.token == token and is_in_use(record, now):
-            return Claim(scope, token, options.alias, options.ttl)  # ours, unacknowledged
+            return _claim(scope, token, options)  # ours, unacknowledged
         # Ours too, but its lease lapsed while the acknowledgement was lost: taken over
         # below, which renews the lease, rather than run under a lease anyone may take.
         expired = is_expired(record, now)
@@ -174,7 +174,7 @@ def begin(
                         "Idempotency lease lapsed; the key was taken over by a retry.",
                         **scope.lookup(),
                     )
-                return Claim(scope, token, options.alias, options.ttl)
+                return _claim(scope, token, options)
             races = _count_race(races, options)
             continue
         if not same:
@@ -186,7 +186,7 @@ def begin(
             )
             raise KeyMismatch("This Idempotency-Key was already used with a different request.")
         if record.state == State.COMPLETED:
-            stored = record.stored or store.read_stored(options.alias, record.pk)
+            stored = record.stored or options.store.read_stored(options.alias, record.pk)
             if stored is None:
                 races = _count_race(races, options)
                 continue
@@ -238,16 +238,16 @@ def _claim_or_read(
         "expires_at": expiry(now, options.ttl),
     }
     if not read:
-        return (
-            Claim(scope, token, options.alias, options.ttl)
-            if store.claim(options.alias, values)
-            else None
-        )
-    claimed = store.claim_or_read(options.alias, values, fingerprint)
+        return _claim(scope, token, options) if options.store.claim(options.alias, values) else None
+    claimed = options.store.claim_or_read(options.alias, values, fingerprint)
     if claimed == CLAIMED:
         emit(signals.claimed, logging.DEBUG, "Idempotency key claimed.", **scope.lookup())
-        return Claim(scope, token, options.alias, options.ttl)
+        return _claim(scope, token, options)
     return claimed
+
+
+def _claim(scope: Scope, token: str, options: Options) -> Claim:
+    return Claim(scope, token, options.alias, options.ttl, options.store)
 
 
 def _count_race(races: int, options: Options) -> int:
@@ -262,7 +262,7 @@ def _count_race(races: int, options: Options) -> int:
 def _take_over(
     record: Snapshot, scope: Scope, fingerprint: str, token: str, now: Any, options: Options
 ) -> bool:
-    return store.take_over(
+    return options.store.take_over(
         options.alias,
         record,
         {
@@ -298,9 +298,9 @@ def complete(claim: Claim, outcome: StoredResponse, *, body_stored: bool = True)
         "completed_at": now,
         "expires_at": expiry(now, claim.ttl),
     }
-    if store.complete(claim.alias, lookup, claim.token, values):
+    if claim.store.complete(claim.alias, lookup, claim.token, values):
         return True
-    if store.is_completed(claim.alias, lookup, claim.token):
+    if claim.store.is_completed(claim.alias, lookup, claim.token):
         return True  # a retried completion whose first attempt committed unacknowledged
     emit(
         signals.completion_lost,
@@ -315,7 +315,7 @@ def complete(claim: Claim, outcome: StoredResponse, *, body_stored: bool = True)
 
 def release(claim: Claim) -> None:
     """Delete the claim's record so that the next retry runs the view."""
-    store.release(claim.alias, claim.scope.lookup(), claim.token)
+    claim.store.release(claim.alias, claim.scope.lookup(), claim.token)
     emit(signals.released, logging.INFO, "Idempotency key released.", **claim.scope.lookup())
 
 

@@ -8,10 +8,10 @@ one ``UPDATE`` for all claims of the process. A claim that has run past
 The thread must keep beating whatever happens to one renewal, because every claim of the
 process depends on it:
 
-- a renewal is bounded by a statement timeout of one beat (PostgreSQL, MariaDB), so a row
-  lock held elsewhere cannot hold every other lease past its expiry; when a statement for
-  several claims fails, each claim is renewed on its own, so one locked row costs only its
-  own renewal;
+- a renewal is bounded by one beat (the store's statement timeout on PostgreSQL and
+  MariaDB, its socket timeout on Redis), so a row lock held elsewhere cannot hold every
+  other lease past its expiry; when a renewal for several claims fails, each claim is
+  renewed on its own, so one locked row costs only its own renewal;
 - any exception is logged and the next beat runs;
 - ``stop()`` ends exactly the thread it found (each thread has its own stop event), so a
   ``register()`` racing it starts one new thread and never leaves zero or two;
@@ -22,23 +22,17 @@ process depends on it:
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any
 
-from django.db import connections, transaction
-from django.utils import timezone
+from django.db import connections
 
 from idempotency_django import signals
 from idempotency_django.engine import Claim
-from idempotency_django.store import store
+from idempotency_django.store.base import Store
 
 logger = logging.getLogger("idempotency_django")
 
@@ -130,11 +124,12 @@ class Heartbeat:
             return 0
         # No statement may take longer than a beat: the next beat is due by then.
         timeout = min(entry.lease for entry in entries) / 3
-        groups: dict[tuple[str, float], list[Claim]] = {}
+        groups: dict[tuple[int, str, float], list[Claim]] = {}
         for entry in entries:
-            groups.setdefault((entry.claim.alias, entry.lease), []).append(entry.claim)
+            claim = entry.claim
+            groups.setdefault((id(claim.store), claim.alias, entry.lease), []).append(claim)
         renewed = 0
-        for (alias, lease), claims in groups.items():
+        for (_, alias, lease), claims in groups.items():
             renewed += self._renew_group(alias, lease, claims, timeout)
         return renewed
 
@@ -149,7 +144,7 @@ class Heartbeat:
         try:
             return _renew(alias, lease, claims, timeout)
         except Exception:
-            if len(claims) == 1 or not _usable(alias):
+            if len(claims) == 1 or not claims[0].store.usable(alias):
                 logger.exception(
                     "Idempotency heartbeat could not renew %d lease(s); will retry.",
                     len(claims),
@@ -235,54 +230,9 @@ class Heartbeat:
 
 
 def _renew(alias: str, lease: float, claims: list[Claim], timeout: float) -> int:
-    owned = [(c.scope.lookup(), c.token) for c in claims]
-    with _statement_timeout(alias, timeout):
-        # Taken after any wait for the connection or the transaction: the lease counts
-        # from the moment the statement runs.
-        now = timezone.now()
-        return store.renew(alias, owned, now + timedelta(seconds=lease))
-
-
-@contextmanager
-def _statement_timeout(alias: str, seconds: float) -> Iterator[None]:
-    """Bound the statements run inside to ``seconds``, lock waits included.
-
-    PostgreSQL: ``statement_timeout`` set for one short transaction (``set_config(…, true)``
-    is ``SET LOCAL`` with a parameter). MariaDB: ``SET STATEMENT max_statement_time=… FOR``
-    in front of each statement, which also ends a wait for a row lock. MySQL and SQLite
-    have no such bound for an ``UPDATE``; SQLite has no row locks to wait for, only its own
-    ``timeout`` for the database lock.
-    """
-    connection = connections[alias]
-    if connection.vendor == "postgresql":
-        with transaction.atomic(using=alias), connection.cursor() as cursor:
-            milliseconds = max(1, math.ceil(seconds * 1000))
-            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(milliseconds)])
-            yield
-    elif connection.vendor == "mysql" and connection.mysql_is_mariadb:  # type: ignore[attr-defined]
-        prefix = f"SET STATEMENT max_statement_time={max(seconds, 0.001):.3f} FOR "
-
-        def bounded(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-            # Only the renewal: not what Django runs to set up a new connection.
-            if sql.lstrip()[:6].upper() == "UPDATE":
-                sql = prefix + sql
-            return execute(sql, params, many, context)
-
-        with connection.execute_wrapper(bounded):
-            yield
-    else:
-        yield
-
-
-def _usable(alias: str) -> bool:
-    """Whether ``alias``'s connection still works; closes it when it does not."""
-    connection = connections[alias]
-    with suppress(Exception):
-        if connection.connection is not None and connection.is_usable():
-            return True
-    with suppress(Exception):
-        connection.close()
-    return False
+    """Renew ``claims`` (all of one store) for ``lease`` seconds, bounded by ``timeout``."""
+    store: Store = claims[0].store
+    return store.renew(alias, [(c.scope.lookup(), c.token) for c in claims], lease, timeout)
 
 
 # Every Heartbeat of the process, reset in a forked child (weakly held: tests make many).

@@ -26,7 +26,9 @@ policies that decide an outcome all live here:
   it (``Outcome.unknown``): its writes may have committed. Any other failure releases it.
 - **Store errors.** Only a store that cannot be reached (refused or lost connection, after
   one reconnect) may fail open; contention (a lock timeout, a deadlock) is a duplicate in
-  flight and answers 409; anything else fails closed (503).
+  flight and answers 409; anything else fails closed (503). Each store says which of its
+  errors are failures and of what kind (``store/base.py``); and whether a claim can live
+  in a database transaction at all (``transactional``: the database store only).
 - **Disconnects** (async): by default the work runs to its end and its outcome is stored;
   ``ON_DISCONNECT`` "release" abandons it. That choice is only for a disconnect while the
   work runs: a claim made for a request that is gone before the work began is released,
@@ -57,7 +59,7 @@ from idempotency_django.exceptions import (
 from idempotency_django.heartbeat import heartbeat
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse
-from idempotency_django.store import store
+from idempotency_django.store.base import Store
 
 logger = logging.getLogger("idempotency_django")
 
@@ -79,6 +81,10 @@ class Policy:
     @property
     def alias(self) -> str:
         return self.options.alias
+
+    @property
+    def store(self) -> Store:
+        return self.options.store
 
 
 @dataclass(frozen=True)
@@ -121,7 +127,7 @@ Result = Replayed | Refused | Ran[V]
 class _StoreError(Exception):
     """The store failed inside an open transaction: carried out of it before it is handled."""
 
-    def __init__(self, error: DatabaseError, *, claiming: bool) -> None:
+    def __init__(self, error: BaseException, *, claiming: bool) -> None:
         super().__init__(str(error))
         self.error = error
         self.claiming = claiming
@@ -242,6 +248,7 @@ class Protected:
         self.fingerprint = fingerprint
         self.policy = policy
         self.alias = policy.alias
+        self.store = policy.store
         self.reopen = [
             alias for alias in request_transactions if not connections[alias].in_atomic_block
         ]
@@ -257,7 +264,11 @@ class Protected:
         return self.claim is not None
 
     def _mode(self) -> str:
-        if self.policy.mode == "commit" and connections[self.alias].in_atomic_block:
+        if (
+            self.policy.mode == "commit"
+            and self.store.transactional
+            and self.store.in_transaction(self.alias)
+        ):
             # The claim cannot commit on its own inside somebody else's transaction. The
             # unique index still serialises duplicates (they wait for that transaction), so
             # single flight holds, with the semantics of atomic mode.
@@ -274,7 +285,7 @@ class Protected:
             return self._start_atomic()
         try:
             began = self._begin(reconnect=True)
-        except DatabaseError as error:
+        except self.store.errors as error:
             return self._store_failed(error)
         if not isinstance(began, engine.Claim):
             return began
@@ -286,15 +297,15 @@ class Protected:
         except BaseException as error:
             self.fail(error)
             raise
-        self._store_transaction = self.alias in self.reopen
+        self._store_transaction = self.store.transactional and self.alias in self.reopen
         return None
 
     def _start_atomic(self) -> Replayed | Refused | None:
         try:
             # Connect first, so that a store that is down is told apart from a failure
             # inside the transaction.
-            engine.reconnecting(self.alias, connections[self.alias].ensure_connection)
-        except DatabaseError as error:
+            engine.reconnecting(self.alias, connections[self.alias].ensure_connection, self.store)
+        except self.store.errors as error:
             return self._store_failed(error)
         self._open([self.alias])
         try:
@@ -302,7 +313,7 @@ class Protected:
         except IdempotencyError as error:
             self._discard()
             return Refused(error)
-        except DatabaseError as error:
+        except self.store.errors as error:
             self._discard()
             return self._store_failed(error)
         except BaseException:
@@ -327,17 +338,17 @@ class Protected:
             return engine.begin(self.scope, self.fingerprint, self.policy.options, token)
 
         try:
-            began = engine.reconnecting(self.alias, begin) if reconnect else begin()
+            began = engine.reconnecting(self.alias, begin, self.store) if reconnect else begin()
         except IdempotencyError as error:
             return Refused(error)
         if isinstance(began, StoredResponse):
             return Replayed(began)
         return began
 
-    def _store_failed(self, error: DatabaseError) -> Refused | None:
+    def _store_failed(self, error: BaseException) -> Refused | None:
         """Fail open only when the store cannot be reached; otherwise 503. (Contention never
         gets here: the engine answers it as a request in flight.)"""
-        kind = store.failure_kind(self.alias, error)
+        kind = self.store.failure_kind(self.alias, error)
         policy = self.policy.on_store_error if kind == "unreachable" else "closed"
         logger.error(
             "Idempotency store failed while claiming a key (%s; fail %s).",
@@ -429,7 +440,7 @@ class Protected:
         assert outcome.response is not None
         try:
             return engine.complete(claim, outcome.response, body_stored=outcome.body_stored)
-        except DatabaseError as error:
+        except self.store.errors as error:
             raise _StoreError(error, claiming=False) from error
 
     def _complete_after(self, claim: engine.Claim, outcome: Outcome) -> None:
@@ -445,6 +456,7 @@ class Protected:
                 again = engine.reconnecting(
                     claim.alias,
                     lambda: engine.claim_again(self.scope, self.fingerprint, self.policy.options),
+                    self.store,
                 )
                 if again is None:
                     return
@@ -452,8 +464,9 @@ class Protected:
             engine.reconnecting(
                 claim.alias,
                 lambda: engine.complete(claim, response, body_stored=outcome.body_stored),
+                claim.store,
             )
-        except DatabaseError as error:
+        except self.store.errors as error:
             logger.error(
                 "Idempotency store failed while completing a key.",
                 exc_info=error,
@@ -584,8 +597,8 @@ def _outcome_not_stored(claim: engine.Claim, message: str, status: int | None) -
 
 def _release_quietly(claim: engine.Claim) -> None:
     try:
-        engine.reconnecting(claim.alias, lambda: engine.release(claim))
-    except DatabaseError:
+        engine.reconnecting(claim.alias, lambda: engine.release(claim), claim.store)
+    except claim.store.errors:
         logger.exception(
             "Idempotency store unavailable while releasing a key; it frees itself when its "
             "lease lapses.",

@@ -38,6 +38,7 @@ from idempotency_django.exceptions import (
 )
 from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH
 from idempotency_django.responses import StoredResponse, capture, problem_response, replay
+from idempotency_django.store.base import Store, check_store, get_store
 
 logger = logging.getLogger("idempotency_django")
 
@@ -85,6 +86,7 @@ class ViewOptions:
     on_store_error: str = _UNSET
     key: Callable[[Any], str | None] | None = None
     on_disconnect: str = _UNSET
+    store: str | Store = _UNSET  # a dotted path to a store class, or a store
     label: str = "@idempotent"
     # The 403's detail: where the account comes from differs per adapter (set by each).
     anonymous_detail: str = (
@@ -109,6 +111,8 @@ class ViewOptions:
                 status_predicate(self.store_statuses, "store_statuses")
             except (ImproperlyConfigured, TypeError, ValueError) as error:
                 raise ImproperlyConfigured(f"{self.label}: {error}") from error
+        if self.store is not _UNSET:
+            check_store(self.store, self.mode, self.label)
         if self.fingerprint_fields is not None and self.fingerprint is not None:
             raise ImproperlyConfigured(
                 f"{self.label}: give fingerprint_fields or fingerprint, not both"
@@ -215,6 +219,13 @@ def policy_for(pick: Callable[[str, str], Any], alias: str, label: str) -> lifec
     view's or task's own value, or the setting refused as its system check refuses it.
     An own ``ttl_seconds=None`` keeps keys forever, as ``TTL_SECONDS = None`` does."""
     ttl = pick("ttl_seconds", "TTL_SECONDS")
+    store = get_store(pick("store", "STORE"))
+    mode = str(pick("mode", "MODE"))
+    if mode == "atomic" and not store.transactional:
+        raise ImproperlyConfigured(
+            f"{label}: mode 'atomic' needs a store in the database (no transaction spans "
+            f"{type(store).__name__} and the database): use MODE 'commit' with this store."
+        )
     return lifecycle.Policy(
         options=engine.Options(
             alias=alias,
@@ -223,8 +234,9 @@ def policy_for(pick: Callable[[str, str], Any], alias: str, label: str) -> lifec
             in_flight=str(pick("in_flight", "IN_FLIGHT")),
             wait_seconds=float(pick("wait_seconds", "WAIT_SECONDS")),
             retry_after=int(conf.checked("RETRY_AFTER_SECONDS")),
+            store=store,
         ),
-        mode=str(pick("mode", "MODE")),
+        mode=mode,
         max_run=float(pick("max_run_seconds", "MAX_RUN_SECONDS")),
         on_store_error=str(pick("on_store_error", "ON_STORE_ERROR")),
         on_disconnect=str(pick("on_disconnect", "ON_DISCONNECT")),

@@ -27,7 +27,6 @@ How it stays out of the way of claims:
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 import time
@@ -45,7 +44,9 @@ from django.utils import timezone
 from idempotency_django import engine
 from idempotency_django.conf import conf, problem
 from idempotency_django.models import IdempotencyRecord
-from idempotency_django.store import TIMESTAMPTZ_OID, expired_q
+from idempotency_django.store.base import expired_q
+from idempotency_django.store.database import delete_page as _delete
+from idempotency_django.store.database import read_page as _read_page
 
 logger = logging.getLogger("idempotency_django")
 
@@ -310,85 +311,6 @@ class _Pass:
                 | Q(**{self.order_field: after, "pk__gt": pk}),
             )
         return rows.order_by(self.order_field, "pk").values_list("pk", self.order_field)
-
-
-def _read_page(alias: str, page: QuerySet[Any]) -> tuple[list[int], tuple[datetime, int] | None]:
-    """A page's primary keys, and the keyset cursor after it (None for an empty page): the
-    last row's ``(order value, pk)``, read in the same statement (the same snapshot) as the
-    page.
-
-    PostgreSQL: the order column arrives unparsed and only the last row's value is loaded,
-    by the loader the ORM would have used. Parsing every row's timestamp was most of the
-    purge's own CPU (a third of it, profiled), taken from the claims it shares the machine
-    with."""
-    connection = connections[alias]
-    if connection.vendor != "postgresql" or not hasattr(connection.connection, "adapters"):
-        rows: list[tuple[int, datetime]] = list(page)
-        return [pk for pk, _ in rows], (rows[-1][1], rows[-1][0]) if rows else None
-    from psycopg.pq import Format
-
-    sql, params = page.query.get_compiler(alias).as_sql()
-    with connection.cursor() as cursor:
-        cursor.cursor.adapters.register_loader(TIMESTAMPTZ_OID, _unparsed())
-        cursor.execute(sql, params)
-        raw_rows = cursor.fetchall()
-    if not raw_rows:
-        return [], None
-    adapters = connection.connection.adapters
-    loader = adapters.get_loader(TIMESTAMPTZ_OID, Format.TEXT)(TIMESTAMPTZ_OID, adapters)
-    last_pk, last_order = raw_rows[-1]
-    return [pk for pk, _ in raw_rows], (loader.load(last_order), last_pk)
-
-
-@functools.cache
-def _unparsed() -> type:
-    """A psycopg loader that keeps a column's text as PostgreSQL sent it (built on first use:
-    psycopg is imported only where PostgreSQL is used)."""
-    from psycopg.adapt import Loader
-
-    class Unparsed(Loader):
-        def load(self, data: Any) -> bytes:
-            return bytes(data)
-
-    return Unparsed
-
-
-def _delete(alias: str, pks: list[int], condition: Q) -> int:
-    """One short ``DELETE`` by primary key that re-checks ``condition`` on every row."""
-    connection = connections[alias]
-    if connection.vendor == "postgresql":
-        # The batch's keys as one array parameter: building and parsing ``IN (%s, …)`` with
-        # hundreds of placeholders was most of the purge's time (3-4x slower, measured).
-        matching = IdempotencyRecord.objects.using(alias).filter(condition).query
-        where, params = matching.get_compiler(alias).compile(matching.where)
-        table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
-        pk = connection.ops.quote_name("id")
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"DELETE FROM {table} WHERE {table}.{pk} = ANY(%s::bigint[]) AND ({where})",
-                # An array literal built here: psycopg's quoting of a list of ints, item by
-                # item, cost as much as the rest of the batch.
-                ["{" + ",".join(map(str, map(int, pks))) + "}", *params],
-            )
-            return int(cursor.rowcount)
-    records: QuerySet[IdempotencyRecord] = IdempotencyRecord.objects.using(alias).filter(
-        condition, pk__in=pks
-    )
-    if connection.vendor != "mysql":
-        # ``_raw_delete``: one statement, whatever receivers of Django's delete signals exist.
-        # ``QuerySet.delete()`` would turn into a read and an unconditional delete by pk when
-        # someone listens to pre_delete/post_delete, losing the re-check.
-        return records._raw_delete(alias)
-    # MySQL/MariaDB plan ``id IN (…)`` on a table they think small as a full scan, and in
-    # InnoDB a scanning DELETE waits for every row another transaction holds (a claim's
-    # uncommitted insert) while it holds the rows it already deleted: claims of those keys
-    # then wait for it, or deadlock with it. Pin the primary key.
-    query = records.query
-    where, params = query.get_compiler(alias).compile(query.where)
-    table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(f"DELETE {table} FROM {table} FORCE INDEX (PRIMARY) WHERE {where}", params)
-        return int(cursor.rowcount)
 
 
 def _sleep(seconds: float) -> None:

@@ -44,6 +44,7 @@ from idempotency_django.exceptions import (
 from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH
 from idempotency_django.protect import _UNSET, policy_for
 from idempotency_django.responses import StoredResponse
+from idempotency_django.store.base import Store, check_store
 
 logger = logging.getLogger("idempotency_django")
 
@@ -103,6 +104,7 @@ class TaskOptions:
     ttl_seconds: float | None = _UNSET  # None keeps keys forever, as TTL_SECONDS = None
     max_run_seconds: float | None = None
     mode: str | None = None
+    store: str | Store | None = None  # a dotted path to a store class, or a store
     label: str = "idempotent task"
 
     def __post_init__(self) -> None:
@@ -124,6 +126,8 @@ class TaskOptions:
         }
         if durations:
             check_durations(durations, self.label)
+        if self.store is not None:
+            check_store(self.store, self.mode, self.label)
 
     def pick(self, name: str, setting: str) -> Any:
         """The task's own value, or the setting, refused as its system check refuses it:
@@ -287,6 +291,7 @@ def claim_once(
     ttl_seconds: float | None = _UNSET,
     max_run_seconds: float | None = None,
     mode: str | None = None,
+    store: str | Store | None = None,
 ) -> ClaimOnce:
     """Run a block at most once per ``(scope, name, key)``::
 
@@ -309,6 +314,7 @@ def claim_once(
         ttl_seconds=ttl_seconds,
         max_run_seconds=max_run_seconds,
         mode=mode,
+        store=store,
         label=label,
     )
     endpoint = _endpoint(name)
@@ -330,6 +336,7 @@ def idempotent_task(
     ttl_seconds: float | None = _UNSET,
     max_run_seconds: float | None = None,
     mode: str | None = None,
+    store: str | Store | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Run the decorated function at most once per ``(scope, key)``; a repeat returns the
     stored result without running it.
@@ -350,6 +357,7 @@ def idempotent_task(
         ttl_seconds=ttl_seconds,
         max_run_seconds=max_run_seconds,
         mode=mode,
+        store=store,
     )
     if name is not None:
         task_options(label=f"Task {name!r}")  # validate now, not at the first call

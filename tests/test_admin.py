@@ -25,6 +25,7 @@ from idempotency_django import codecs, engine, purge, signals
 from idempotency_django.exceptions import InFlight
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse
+from idempotency_django.store import database as database_store
 from tests.factories import IdempotencyRecordFactory, UserFactory
 from tests.logs import everything_logged
 
@@ -630,9 +631,9 @@ def test_delete_returning_returns_exactly_what_it_deleted(
     returning: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Both paths: ``DELETE … RETURNING``, and MySQL's lock-then-delete in a transaction."""
-    if returning and not idempotency_admin._deletes_returning(connections["default"]):
+    if returning and not database_store.deletes_returning(connections["default"]):
         pytest.skip("this database cannot DELETE … RETURNING")
-    monkeypatch.setattr(idempotency_admin, "_deletes_returning", lambda connection: returning)
+    monkeypatch.setattr(database_store, "deletes_returning", lambda connection: returning)
     gone = [abandoned(key="a", account="1"), abandoned(key="b", account="2")]
     kept = stuck(key="c")
     records = IdempotencyRecord.objects.filter(pk__in=[r.pk for r in [*gone, kept]])

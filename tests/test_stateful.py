@@ -56,6 +56,7 @@ from idempotency_django.exceptions import InFlight, KeyMismatch, ResponseNotStor
 from idempotency_django.heartbeat import Heartbeat
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse
+from idempotency_django.store import database as database_store
 from idempotency_django.store import never
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -457,8 +458,8 @@ def other_fingerprint(fingerprint: str) -> str:
 
 @pytest.fixture
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    # The engine, the purge and the heartbeat all call django.utils.timezone.now().
-    for module in (engine, purge, heartbeat_module):
+    # The engine, the purge and the store's renewal all call django.utils.timezone.now().
+    for module in (engine, purge, database_store):
         assert module.timezone is timezone
     monkeypatch.setattr(timezone, "now", CLOCK)
     monkeypatch.setattr(heartbeat_module, "time", SimpleNamespace(monotonic=CLOCK.monotonic))

@@ -20,7 +20,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from idempotency_django.models import IdempotencyRecord
-from idempotency_django.store import _cursor, store
+from idempotency_django.store.database import _cursor, store
 from tests.conftest import Post, effects
 from tests.test_query_budget import round_trips
 from tests.test_store_hot_path import LOOKUP, _record

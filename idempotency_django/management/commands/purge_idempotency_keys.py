@@ -23,6 +23,7 @@ from idempotency_django.purge import (
     rate_setting,
     stale_after_setting,
 )
+from idempotency_django.store.base import get_store
 
 
 def _positive_int(text: str) -> int:
@@ -201,6 +202,19 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         database = options["database"]
+        try:
+            store = get_store()
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from exc
+        if not store.needs_purge and database is None:
+            # Its records expire by themselves. A view that keeps its records in the
+            # database (its own store=) is purged by naming the database: --database.
+            self.stdout.write(
+                f"The configured store ({type(store).__name__}) expires its records itself: "
+                "nothing to purge. (Records of views that use the database store are purged "
+                "with --database.)"
+            )
+            return
         if database is not None and database not in connections:
             raise _bad_option(f"Unknown database {database!r}.")
         older_than = _checked_duration(options, "older_than") or timedelta(0)

@@ -1,15 +1,9 @@
-"""The record store: the only module that knows how records are kept.
+"""The database store: records as rows of ``IdempotencyRecord``, and every query on them.
 
-The lifecycle (``lifecycle.py``) and the engine's decision table (``engine.py``) talk to a
-store through the small interface below (claim, read, take over, complete, release,
-insert a completed record, and tell what kind of failure an error is), so that a second
-store (Redis) can sit behind the same calls. ``DatabaseStore`` keeps records as rows of
-``IdempotencyRecord``; the unique index on ``(account, endpoint, key)`` is the lock.
-
-It also holds the one definition of which records are *in use* and which count as
-*absent* (expired), shared by the engine's take-over and by the purge: an in-progress
-record with a live lease is in use whatever its TTL says, and is never taken over or
-deleted.
+The unique index on ``(account, endpoint, key)`` is the lock. Besides the interface of
+``base.Store`` this module holds the admin's conditional ``DELETE … RETURNING``
+(``delete_returning``) and the purge's reads and deletes (``read_page``, ``delete_page``):
+no other module sends SQL.
 
 The hot path (claim, read, complete, release, renew) is raw SQL built once per database
 alias and cached (``_Statements``): the ORM costs several times the statement itself there
@@ -19,20 +13,23 @@ against 0.1 ms for the same ``SELECT``). Parameters go through each field's
 (``USE_TZ`` on or off, MariaDB's naive columns) and JSON (text on MariaDB) come and go
 exactly as they would through a queryset. Rare paths (take-over, a replay across
 fingerprint versions, a completion retried after a lost answer) stay on the ORM, with the
-``Q`` definitions below.
+``Q`` definitions of ``base``.
 """
 
 from __future__ import annotations
 
-import json
+import functools
 import logging
-from collections.abc import Callable, Sequence
+import math
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
-from typing import Any, Final, Literal, Protocol, TypeAlias, TypeVar
+from typing import Any, ClassVar, Final, TypeVar
 
 from django.conf import settings
+from django.core.exceptions import EmptyResultSet
 from django.db import (
     DatabaseError,
     IntegrityError,
@@ -41,136 +38,26 @@ from django.db import (
     connections,
     transaction,
 )
-from django.db.models import CharField, Field, Q
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import CharField, Field, Q, QuerySet
+from django.utils import timezone
 
 from idempotency_django.models import IdempotencyRecord
+from idempotency_django.store.base import (
+    CLAIMED,
+    ClaimOrRead,
+    FailureKind,
+    Snapshot,
+    Stored,
+    expired_q,
+    lapsed_q,
+    shared,
+    stored,
+)
 
 logger = logging.getLogger("idempotency_django")
 
 State = IdempotencyRecord.State
-
-FailureKind = Literal["unreachable", "contention", "other"]
-
-
-def never() -> datetime:
-    """The expiry of records kept forever (``TTL_SECONDS = None``): a date every backend can
-    store, naive when the project runs with ``USE_TZ = False`` (MariaDB and SQLite reject
-    an aware datetime there)."""
-    value = datetime(9999, 12, 31, tzinfo=dt_timezone.utc)
-    return value if settings.USE_TZ else value.replace(tzinfo=None)
-
-
-def expiry(now: datetime, ttl: float | None) -> datetime:
-    return never() if ttl is None else now + timedelta(seconds=ttl)
-
-
-# -- the one definition of "in use" and "absent" ----------------------------------------------
-
-
-def in_use_q(now: datetime) -> Q:
-    """In progress under a live lease: its view may be running right now."""
-    return Q(state=State.IN_PROGRESS, lease_expires_at__gt=now)
-
-
-def expired_q(now: datetime, expired_by: datetime | None = None) -> Q:
-    """Past its TTL and not in use: the key counts as absent, and the purge may delete it.
-
-    ``expired_by``: only records that expired by then (the purge's ``--older-than``).
-    """
-    return Q(expires_at__lte=now if expired_by is None else expired_by) & ~in_use_q(now)
-
-
-def lapsed_q(now: datetime) -> Q:
-    """In progress with a lease that nobody renews any more: its worker died or lost the
-    store. The same request may take it over; a different one is told 422."""
-    return Q(state=State.IN_PROGRESS) & (
-        Q(lease_expires_at__lte=now) | Q(lease_expires_at__isnull=True)
-    )
-
-
-def is_in_use(record: Snapshot, now: datetime) -> bool:
-    return record.state == State.IN_PROGRESS and (
-        record.lease_expires_at is not None and record.lease_expires_at > now
-    )
-
-
-def is_expired(record: Snapshot, now: datetime) -> bool:
-    return record.expires_at <= now and not is_in_use(record, now)
-
-
-def is_lapsed(record: Snapshot, now: datetime) -> bool:
-    return record.state == State.IN_PROGRESS and not is_in_use(record, now)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What a loser reads of the record it lost to: never the body unless it replays."""
-
-    pk: int
-    state: str
-    token: str
-    fingerprint: str
-    lease_expires_at: datetime | None
-    expires_at: datetime
-    response_status: int | None
-    stored: Stored | None = None  # loaded only when it will be replayed
-
-
-_SNAPSHOT_FIELDS = (
-    "pk",
-    "state",
-    "token",
-    "fingerprint",
-    "lease_expires_at",
-    "expires_at",
-    "response_status",
-)
-
-
-@dataclass(frozen=True)
-class Stored:
-    status: int
-    headers: list[tuple[str, str]]
-    body: bytes | None  # None: completed without a storable body (streamed or too large)
-
-
-def _stored(status: Any, headers: Any, body: Any) -> Stored:
-    if isinstance(headers, str):  # a JSON column that a CASE turned into text (MariaDB)
-        headers = json.loads(headers)
-    return Stored(
-        status=int(status),
-        headers=[(str(name), str(value)) for name, value in headers],
-        body=None if body is None else bytes(body),
-    )
-
-
-CLAIMED: Final = "claimed"
-"""What ``claim_or_read`` answers when this call inserted the record: the key is ours."""
-
-ClaimOrRead: TypeAlias = Literal["claimed"] | Snapshot | None
-"""``CLAIMED``; or the record the claim lost to; or ``None``: it lost to a record that was
-gone again when read (released or taken over in between), a race to try again."""
-
-
-class Store(Protocol):
-    """What the engine and the lifecycle need of a store."""
-
-    def claim_or_read(
-        self, alias: str, values: dict[str, Any], fingerprint: str
-    ) -> ClaimOrRead: ...
-    def claim(self, alias: str, values: dict[str, Any]) -> bool: ...
-    def read_stored(self, alias: str, pk: int) -> Stored | None: ...
-    def take_over(self, alias: str, record: Snapshot, values: dict[str, Any]) -> bool: ...
-    def complete(
-        self, alias: str, lookup: dict[str, str], token: str, values: dict[str, Any]
-    ) -> bool: ...
-    def is_completed(self, alias: str, lookup: dict[str, str], token: str) -> bool: ...
-    def release(self, alias: str, lookup: dict[str, str], token: str) -> int: ...
-    def renew(
-        self, alias: str, claims: Sequence[tuple[dict[str, str], str]], until: datetime
-    ) -> int: ...
-    def failure_kind(self, alias: str, error: BaseException) -> FailureKind: ...
-
 
 # Error codes that mean "a concurrent transaction is in the way", not "the store is gone".
 # PostgreSQL SQLSTATEs: serialization_failure, deadlock_detected, lock_not_available
@@ -191,6 +78,10 @@ _MYSQL_UNREACHABLE = frozenset({1040, 1053, 1927, 2002, 2003, 2005, 2006, 2013, 
 
 class DatabaseStore:
     """Records as rows of ``IdempotencyRecord`` in a Django database."""
+
+    errors: ClassVar[tuple[type[BaseException], ...]] = (DatabaseError,)
+    transactional: ClassVar[bool] = True
+    needs_purge: ClassVar[bool] = True
 
     def _records(self, alias: str) -> Any:
         return IdempotencyRecord.objects.using(alias)
@@ -297,7 +188,7 @@ class DatabaseStore:
             .values_list("response_status", "response_headers", "response_body")
             .first()
         )
-        return None if row is None else _stored(*row)
+        return None if row is None else stored(*row)
 
     def take_over(self, alias: str, record: Snapshot, values: dict[str, Any]) -> bool:
         """Claim a record that counts as absent, or whose lease lapsed, unless it changed.
@@ -346,6 +237,17 @@ class DatabaseStore:
             )
 
     def renew(
+        self, alias: str, claims: Sequence[tuple[dict[str, str], str]], lease: float, timeout: float
+    ) -> int:
+        """Push the lease of each in-progress ``(lookup, token)`` to ``lease`` seconds from
+        now, in one statement bounded by ``timeout`` (``_statement_timeout``)."""
+        with _statement_timeout(alias, timeout):
+            # Taken after any wait for the connection or the transaction: the lease counts
+            # from the moment the statement runs.
+            now = timezone.now()
+            return self.renew_until(alias, claims, now + timedelta(seconds=lease))
+
+    def renew_until(
         self, alias: str, claims: Sequence[tuple[dict[str, str], str]], until: datetime
     ) -> int:
         """Push the lease of each in-progress ``(lookup, token)`` to ``until``, in one
@@ -358,6 +260,24 @@ class DatabaseStore:
         for lookup, token in claims:
             params += [*_key(lookup), token]
         return _execute(connection, statements.renew_many(len(claims)), params, _rowcount)
+
+    def in_transaction(self, alias: str) -> bool:
+        return connections[alias].in_atomic_block
+
+    def reset(self, alias: str) -> None:
+        """Drop ``alias``'s connection, so that the next call opens a new one."""
+        with suppress(DatabaseError):
+            connections[alias].close()
+
+    def usable(self, alias: str) -> bool:
+        """Whether ``alias``'s connection still works; closes it when it does not."""
+        connection = connections[alias]
+        with suppress(Exception):
+            if connection.connection is not None and connection.is_usable():
+                return True
+        with suppress(Exception):
+            connection.close()
+        return False
 
     def failure_kind(self, alias: str, error: BaseException) -> FailureKind:
         """Tell "the store cannot be reached" from "a concurrent transaction is in the way".
@@ -631,7 +551,7 @@ class _Statements:
             lease_expires_at=lease_expires_at,
             expires_at=expires_at,
             response_status=status,
-            stored=None if headers is None else _stored(status, headers, body),
+            stored=None if headers is None else stored(status, headers, body),
         )
 
     def renew_many(self, count: int) -> str:
@@ -715,4 +635,172 @@ def _build(connection: Any) -> _Statements:
     )
 
 
-store: Store = DatabaseStore()
+@contextmanager
+def _statement_timeout(alias: str, seconds: float) -> Iterator[None]:
+    """Bound the statements run inside to ``seconds``, lock waits included (the heartbeat's
+    renewal: one locked row must not hold every other lease past its expiry).
+
+    PostgreSQL: ``statement_timeout`` set for one short transaction (``set_config(…, true)``
+    is ``SET LOCAL`` with a parameter). MariaDB: ``SET STATEMENT max_statement_time=… FOR``
+    in front of each statement, which also ends a wait for a row lock. MySQL and SQLite
+    have no such bound for an ``UPDATE``; SQLite has no row locks to wait for, only its own
+    ``timeout`` for the database lock.
+    """
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        with transaction.atomic(using=alias), connection.cursor() as cursor:
+            milliseconds = max(1, math.ceil(seconds * 1000))
+            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(milliseconds)])
+            yield
+    elif connection.vendor == "mysql" and connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+        prefix = f"SET STATEMENT max_statement_time={max(seconds, 0.001):.3f} FOR "
+
+        def bounded(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            # Only the renewal: not what Django runs to set up a new connection.
+            if sql.lstrip()[:6].upper() == "UPDATE":
+                sql = prefix + sql
+            return execute(sql, params, many, context)
+
+        with connection.execute_wrapper(bounded):
+            yield
+    else:
+        yield
+
+
+# -- the admin's and the purge's statements -------------------------------------------------
+
+
+def delete_returning(queryset: QuerySet[IdempotencyRecord]) -> list[IdempotencyRecord]:
+    """Delete ``queryset``'s records in one conditional ``DELETE``; return what it deleted.
+
+    The statement is the queryset's own ``WHERE``, so every condition in it is checked by
+    the database on the row as it is when deleted, never on a copy read earlier. The
+    deleted rows come back through ``RETURNING`` (PostgreSQL, SQLite 3.35+, MariaDB
+    10.5+), as unsaved records holding the primary key and the scope: what the admin
+    history, the log and the ``released`` signal need. MySQL has no ``DELETE …
+    RETURNING``: there the rows are locked (``SELECT … FOR UPDATE``) and deleted in one
+    transaction, so nothing can change them in between.
+    """
+    alias = queryset.db
+    connection = connections[alias]
+    opts = IdempotencyRecord._meta
+    query = queryset.query
+    try:
+        where, params = query.get_compiler(alias).compile(query.where)
+    except EmptyResultSet:  # e.g. pk__in=[]: nothing can match
+        return []
+    quote = connection.ops.quote_name
+    column = {field.name: str(field.column) for field in opts.concrete_fields}
+    names = ("id", "account", "endpoint", "key")
+    columns = ", ".join(quote(column[name]) for name in names)
+    delete = f"DELETE FROM {quote(opts.db_table)} WHERE {where}"
+    if deletes_returning(connection):
+        with connection.cursor() as cursor:
+            cursor.execute(f"{delete} RETURNING {columns}", params)
+            rows = list(cursor.fetchall())
+    else:
+        with transaction.atomic(using=alias):
+            rows = list(queryset.select_for_update().order_by("pk").values_list(*names))
+            if rows:
+                pk = quote(column["id"])
+                marks = ", ".join(["%s"] * len(rows))
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        f"{delete} AND {pk} IN ({marks})", [*params, *(row[0] for row in rows)]
+                    )
+    return [
+        IdempotencyRecord(pk=pk, account=account, endpoint=endpoint, key=key)
+        for pk, account, endpoint, key in rows
+    ]
+
+
+def deletes_returning(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the database can answer a ``DELETE`` with the rows it deleted."""
+    if connection.vendor == "mysql":
+        return bool(connection.mysql_is_mariadb)  # type: ignore[attr-defined]
+    if connection.vendor == "sqlite":
+        return sqlite3.sqlite_version_info >= (3, 35)
+    return connection.vendor == "postgresql"
+
+
+def read_page(alias: str, page: QuerySet[Any]) -> tuple[list[int], tuple[datetime, int] | None]:
+    """A page's primary keys, and the keyset cursor after it (None for an empty page): the
+    last row's ``(order value, pk)``, read in the same statement (the same snapshot) as the
+    page.
+
+    PostgreSQL: the order column arrives unparsed and only the last row's value is loaded,
+    by the loader the ORM would have used. Parsing every row's timestamp was most of the
+    purge's own CPU (a third of it, profiled), taken from the claims it shares the machine
+    with."""
+    connection = connections[alias]
+    if connection.vendor != "postgresql" or not hasattr(connection.connection, "adapters"):
+        rows: list[tuple[int, datetime]] = list(page)
+        return [pk for pk, _ in rows], (rows[-1][1], rows[-1][0]) if rows else None
+    from psycopg.pq import Format
+
+    sql, params = page.query.get_compiler(alias).as_sql()
+    with connection.cursor() as cursor:
+        cursor.cursor.adapters.register_loader(TIMESTAMPTZ_OID, _unparsed())
+        cursor.execute(sql, params)
+        raw_rows = cursor.fetchall()
+    if not raw_rows:
+        return [], None
+    adapters = connection.connection.adapters
+    loader = adapters.get_loader(TIMESTAMPTZ_OID, Format.TEXT)(TIMESTAMPTZ_OID, adapters)
+    last_pk, last_order = raw_rows[-1]
+    return [pk for pk, _ in raw_rows], (loader.load(last_order), last_pk)
+
+
+@functools.cache
+def _unparsed() -> type:
+    """A psycopg loader that keeps a column's text as PostgreSQL sent it (built on first use:
+    psycopg is imported only where PostgreSQL is used)."""
+    from psycopg.adapt import Loader
+
+    class Unparsed(Loader):
+        def load(self, data: Any) -> bytes:
+            return bytes(data)
+
+    return Unparsed
+
+
+def delete_page(alias: str, pks: list[int], condition: Q) -> int:
+    """One short ``DELETE`` by primary key that re-checks ``condition`` on every row."""
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        # The batch's keys as one array parameter: building and parsing ``IN (%s, …)`` with
+        # hundreds of placeholders was most of the purge's time (3-4x slower, measured).
+        matching = IdempotencyRecord.objects.using(alias).filter(condition).query
+        where, params = matching.get_compiler(alias).compile(matching.where)
+        table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
+        pk = connection.ops.quote_name("id")
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"DELETE FROM {table} WHERE {table}.{pk} = ANY(%s::bigint[]) AND ({where})",
+                # An array literal built here: psycopg's quoting of a list of ints, item by
+                # item, cost as much as the rest of the batch.
+                ["{" + ",".join(map(str, map(int, pks))) + "}", *params],
+            )
+            return int(cursor.rowcount)
+    records: QuerySet[IdempotencyRecord] = IdempotencyRecord.objects.using(alias).filter(
+        condition, pk__in=pks
+    )
+    if connection.vendor != "mysql":
+        # ``_raw_delete``: one statement, whatever receivers of Django's delete signals exist.
+        # ``QuerySet.delete()`` would turn into a read and an unconditional delete by pk when
+        # someone listens to pre_delete/post_delete, losing the re-check.
+        return records._raw_delete(alias)
+    # MySQL/MariaDB plan ``id IN (…)`` on a table they think small as a full scan, and in
+    # InnoDB a scanning DELETE waits for every row another transaction holds (a claim's
+    # uncommitted insert) while it holds the rows it already deleted: claims of those keys
+    # then wait for it, or deadlock with it. Pin the primary key.
+    query = records.query
+    where, params = query.get_compiler(alias).compile(query.where)
+    table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE {table} FROM {table} FORCE INDEX (PRIMARY) WHERE {where}", params)
+        return int(cursor.rowcount)
+
+
+store = DatabaseStore()
+shared(store)  # the one instance get_store() answers for this class

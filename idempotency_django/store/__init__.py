@@ -1,0 +1,55 @@
+"""The record stores: every query on records and every definition of record state.
+
+``base`` holds the interface (``Store``), the record's states and the failure kinds;
+``database`` the default store (rows of ``IdempotencyRecord``); ``redis`` the Redis/Valkey
+store. ``IDEMPOTENCY["STORE"]`` (or a view's ``store=``) selects one by dotted path. The
+names below stay importable from ``idempotency_django.store`` as before the package.
+"""
+
+from __future__ import annotations
+
+from idempotency_django.store.base import (
+    CLAIMED,
+    DEFAULT_STORE,
+    ClaimOrRead,
+    FailureKind,
+    Snapshot,
+    Store,
+    Stored,
+    StoreError,
+    expired_q,
+    expiry,
+    get_store,
+    in_use_q,
+    is_expired,
+    is_in_use,
+    is_lapsed,
+    lapsed_q,
+    never,
+    store_alias,
+)
+from idempotency_django.store.database import TIMESTAMPTZ_OID, DatabaseStore, store
+
+__all__ = [
+    "CLAIMED",
+    "DEFAULT_STORE",
+    "TIMESTAMPTZ_OID",
+    "ClaimOrRead",
+    "DatabaseStore",
+    "FailureKind",
+    "Snapshot",
+    "Store",
+    "StoreError",
+    "Stored",
+    "expired_q",
+    "expiry",
+    "get_store",
+    "in_use_q",
+    "is_expired",
+    "is_in_use",
+    "is_lapsed",
+    "lapsed_q",
+    "never",
+    "store",
+    "store_alias",
+]

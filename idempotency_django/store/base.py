@@ -1,0 +1,224 @@
+"""What every store shares: the interface, the record's states, and the failure kinds.
+
+The lifecycle (``lifecycle.py``) and the engine's decision table (``engine.py``) talk to a
+store only through ``Store``; each store keeps records its own way (``database.py``: rows
+of ``IdempotencyRecord``; ``redis.py``: one Redis key per record) and translates its own
+errors into the failure kinds below, so that the one failure policy (fail open only when
+the store cannot be reached, contention is a duplicate in flight) applies to every store.
+
+The one definition of which records are *in use*, *expired* (absent) and *lapsed* lives
+here, as Python predicates over a ``Snapshot`` and as the ``Q`` the database store, the
+admin and the purge filter with: an in-progress record with a live lease is in use
+whatever its TTL says, and is never taken over or deleted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+from typing import Any, ClassVar, Final, Literal, Protocol, TypeAlias
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import router
+from django.db.models import Q
+from django.utils.module_loading import import_string
+
+from idempotency_django.conf import conf
+from idempotency_django.models import IdempotencyRecord
+
+State = IdempotencyRecord.State
+
+FailureKind = Literal["unreachable", "contention", "other"]
+"""``unreachable``: refused or lost connection (the only kind that may fail open);
+``contention``: a concurrent duplicate is in the way (409); ``other``: 503."""
+
+
+class StoreError(Exception):
+    """A store's failure in store-neutral terms, for stores whose client's errors mean
+    nothing to Django (the Redis store raises it; the database store raises Django's
+    ``DatabaseError``, which its ``failure_kind`` classifies). ``kind`` is what the
+    lifecycle's policy goes by."""
+
+    def __init__(self, message: str, kind: FailureKind) -> None:
+        super().__init__(message)
+        self.kind: FailureKind = kind
+
+
+def never() -> datetime:
+    """The expiry of records kept forever (``TTL_SECONDS = None``): a date every backend can
+    store, naive when the project runs with ``USE_TZ = False`` (MariaDB and SQLite reject
+    an aware datetime there)."""
+    value = datetime(9999, 12, 31, tzinfo=dt_timezone.utc)
+    return value if settings.USE_TZ else value.replace(tzinfo=None)
+
+
+def expiry(now: datetime, ttl: float | None) -> datetime:
+    return never() if ttl is None else now + timedelta(seconds=ttl)
+
+
+def store_alias() -> str:
+    """The database alias of the store's records (and, for a store outside the database,
+    the alias whose transactions the work runs in)."""
+    return conf.DATABASE or router.db_for_write(IdempotencyRecord)
+
+
+# -- the one definition of "in use", "absent" and "lapsed" ------------------------------------
+
+
+def in_use_q(now: datetime) -> Q:
+    """In progress under a live lease: its view may be running right now."""
+    return Q(state=State.IN_PROGRESS, lease_expires_at__gt=now)
+
+
+def expired_q(now: datetime, expired_by: datetime | None = None) -> Q:
+    """Past its TTL and not in use: the key counts as absent, and the purge may delete it.
+
+    ``expired_by``: only records that expired by then (the purge's ``--older-than``).
+    """
+    return Q(expires_at__lte=now if expired_by is None else expired_by) & ~in_use_q(now)
+
+
+def lapsed_q(now: datetime) -> Q:
+    """In progress with a lease that nobody renews any more: its worker died or lost the
+    store. The same request may take it over; a different one is told 422."""
+    return Q(state=State.IN_PROGRESS) & (
+        Q(lease_expires_at__lte=now) | Q(lease_expires_at__isnull=True)
+    )
+
+
+def is_in_use(record: Snapshot, now: datetime) -> bool:
+    return record.state == State.IN_PROGRESS and (
+        record.lease_expires_at is not None and record.lease_expires_at > now
+    )
+
+
+def is_expired(record: Snapshot, now: datetime) -> bool:
+    return record.expires_at <= now and not is_in_use(record, now)
+
+
+def is_lapsed(record: Snapshot, now: datetime) -> bool:
+    return record.state == State.IN_PROGRESS and not is_in_use(record, now)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a loser reads of the record it lost to: never the body unless it replays."""
+
+    pk: Any  # the database's primary key; the Redis store's record key
+    state: str
+    token: str
+    fingerprint: str
+    lease_expires_at: datetime | None
+    expires_at: datetime
+    response_status: int | None
+    stored: Stored | None = None  # loaded only when it will be replayed
+
+
+@dataclass(frozen=True)
+class Stored:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes | None  # None: completed without a storable body (streamed or too large)
+
+
+def stored(status: Any, headers: Any, body: Any) -> Stored:
+    if isinstance(headers, str):  # a JSON column that a CASE turned into text (MariaDB)
+        headers = json.loads(headers)
+    return Stored(
+        status=int(status),
+        headers=[(str(name), str(value)) for name, value in headers],
+        body=None if body is None else bytes(body),
+    )
+
+
+CLAIMED: Final = "claimed"
+"""What ``claim_or_read`` answers when this call inserted the record: the key is ours."""
+
+ClaimOrRead: TypeAlias = Literal["claimed"] | Snapshot | None
+"""``CLAIMED``; or the record the claim lost to; or ``None``: it lost to a record that was
+gone again when read (released or taken over in between), a race to try again."""
+
+
+class Store(Protocol):
+    """What the engine, the lifecycle and the heartbeat need of a store.
+
+    ``alias`` is the database alias the request's work runs on (``store_alias``); the
+    database store keeps its records there, a store outside the database ignores it.
+    """
+
+    #: The exceptions a store call raises when the store fails (classified by
+    #: ``failure_kind``); anything else is a bug and propagates.
+    errors: ClassVar[tuple[type[BaseException], ...]]
+    #: Whether a claim can live in the work's database transaction (atomic mode, and
+    #: "commit inside an open transaction becomes atomic"): the database store only.
+    transactional: ClassVar[bool]
+    #: Whether expired records must be deleted by ``purge_idempotency_keys``.
+    needs_purge: ClassVar[bool]
+
+    def claim_or_read(
+        self, alias: str, values: dict[str, Any], fingerprint: str
+    ) -> ClaimOrRead: ...
+    def claim(self, alias: str, values: dict[str, Any]) -> bool: ...
+    def read_stored(self, alias: str, pk: Any) -> Stored | None: ...
+    def take_over(self, alias: str, record: Snapshot, values: dict[str, Any]) -> bool: ...
+    def complete(
+        self, alias: str, lookup: dict[str, str], token: str, values: dict[str, Any]
+    ) -> bool: ...
+    def is_completed(self, alias: str, lookup: dict[str, str], token: str) -> bool: ...
+    def release(self, alias: str, lookup: dict[str, str], token: str) -> int: ...
+    def renew(
+        self, alias: str, claims: Sequence[tuple[dict[str, str], str]], lease: float, timeout: float
+    ) -> int: ...
+    def failure_kind(self, alias: str, error: BaseException) -> FailureKind: ...
+    def in_transaction(self, alias: str) -> bool: ...
+    def reset(self, alias: str) -> None: ...
+    def usable(self, alias: str) -> bool: ...
+
+
+DEFAULT_STORE: Final = "idempotency_django.store.database.DatabaseStore"
+
+_instances: dict[type, Store] = {}
+
+
+def shared(store: Store) -> None:
+    """Make ``store`` the instance ``get_store`` answers for its class (the module-level
+    instance of a store module, which tests may patch)."""
+    _instances[type(store)] = store
+
+
+def get_store(spec: str | Store | None = None) -> Store:
+    """The store named by ``spec`` (a dotted path to a store class, or a store), or the
+    ``IDEMPOTENCY["STORE"]`` setting's: one instance per class, shared by every view."""
+    if spec is None:
+        spec = conf.STORE
+    if not isinstance(spec, str):
+        return spec
+    try:
+        cls = import_string(spec)
+    except ImportError as error:
+        raise ImproperlyConfigured(f"IDEMPOTENCY STORE: cannot import {spec!r}: {error}") from error
+    if not isinstance(cls, type):
+        raise ImproperlyConfigured(f"IDEMPOTENCY STORE: {spec!r} is not a class")
+    instance = _instances.get(cls)
+    if instance is None:
+        instance = _instances[cls] = cls()
+    return instance
+
+
+def check_store(spec: str | Store, mode: Any, where: str) -> Store:
+    """A view's or task's own ``store=``, refused where it is declared when it cannot be
+    loaded, or when it cannot run the view's ``mode`` (atomic needs the database store)."""
+    try:
+        store = get_store(spec)
+    except ImproperlyConfigured as error:
+        raise ImproperlyConfigured(f"{where}: store={spec!r}: {error}") from error
+    if mode == "atomic" and not store.transactional:
+        raise ImproperlyConfigured(
+            f"{where}: mode='atomic' needs a store in the database, not "
+            f"{type(store).__name__}: no transaction spans it and the database."
+        )
+    return store
