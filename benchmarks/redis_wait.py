@@ -14,6 +14,7 @@ round's microseconds per claim and the median ratio; no assertion (benchmarks/RE
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -24,7 +25,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+import django  # noqa: E402
 from redis.cluster import RedisCluster  # noqa: E402
+
+# The store package imports the models: any settings will do for this module.
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
+django.setup()
 
 from idempotency_django.store.redis_cluster import connect, write_and_wait  # noqa: E402
 from tests.e2e import redis_cluster  # noqa: E402

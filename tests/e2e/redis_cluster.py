@@ -538,7 +538,8 @@ class StandaloneRedis:
 
 
 def connect(url: str) -> redis.Redis | RedisCluster:
-    """A client for a Redis store's URL (``redis+cluster://``: a cluster)."""
+    """A client for a Redis store's URL (``redis+cluster://``: a cluster), as the store
+    makes it (``store/redis_cluster.connect``, which needs Django's settings to import)."""
     scheme, _, rest = url.partition("://")
     if scheme.endswith("+cluster"):
         return RedisCluster.from_url(f"{scheme.removesuffix('+cluster')}://{rest}")
