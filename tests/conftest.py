@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -11,14 +12,33 @@ from django.db import connection
 from django.test import Client
 
 from idempotency_django import lifecycle
+from idempotency_django.conf import DEFAULTS
 from idempotency_django.heartbeat import heartbeat
 from tests.factories import UserFactory
 from tests.models import SideEffect
 from tests.views import gate
 
+# IDEMPOTENCY_TEST_STORE=redis runs the suite on the Redis store (IDEMPOTENCY_TEST_REDIS_URL,
+# default db 3 of the local Redis, which the tests flush): it becomes the default STORE, so
+# tests that replace the whole IDEMPOTENCY setting keep it. Tests of what only the database
+# store has (atomic mode, SQL, admin rows, the purge) are marked ``database_store`` and
+# skipped there, each with its reason.
+ON_REDIS = os.environ.get("IDEMPOTENCY_TEST_STORE") == "redis"
+REDIS_URL = os.environ.get("IDEMPOTENCY_TEST_REDIS_URL", "redis://127.0.0.1:6379/3")
+if ON_REDIS:
+    DEFAULTS["STORE"] = "idempotency_django.store.redis.RedisStore"
+    DEFAULTS["STORE_OPTIONS"] = {"URL": REDIS_URL, "KEY_PREFIX": "idemtest"}
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Concurrency and end-to-end tests need a real database; SQLite runs the rest."""
+    """Concurrency and end-to-end tests need a real database; SQLite runs the rest. On the
+    Redis store, the database store's own tests are skipped (``database_store``)."""
+    if ON_REDIS:
+        for item in items:
+            marker = item.get_closest_marker("database_store")
+            if marker is not None:
+                reason = marker.args[0] if marker.args else "the database store's own behaviour"
+                item.add_marker(pytest.mark.skip(reason=f"database store only: {reason}"))
     if connection.vendor in ("postgresql", "mysql"):
         return
     skip = pytest.mark.skip(reason="needs PostgreSQL or MariaDB (set DATABASE_URL)")
@@ -32,6 +52,16 @@ def _stop_heartbeat() -> Iterator[None]:
     """Close the heartbeat thread's connection before the test databases are dropped."""
     yield
     heartbeat.stop()
+
+
+@pytest.fixture(autouse=True)
+def _empty_redis_store() -> None:
+    """On the Redis store, each test starts with no records, as the database rolls back
+    its rows: the test Redis database is flushed (it holds nothing else)."""
+    if ON_REDIS:
+        import redis
+
+        redis.Redis.from_url(REDIS_URL).flushdb()
 
 
 @pytest.fixture(autouse=True)
