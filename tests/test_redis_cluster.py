@@ -13,7 +13,6 @@ import json
 import queue
 import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -49,27 +48,15 @@ def store_settings(url: str, prefix: str, **options: Any) -> dict[str, Any]:
     }
 
 
-def _forget_stores() -> None:
-    from idempotency_django.store import base
-
-    for store in list(base._instances.values()):
-        close = getattr(store, "close", None)
-        if close is not None:
-            close()
-    base._instances.clear()
-
-
 @pytest.fixture
-def prefix(cluster: str, settings: Any) -> Iterator[str]:
+def prefix(cluster: str, settings: Any) -> str:
     """The store on the cluster, under a key prefix of this test's own."""
-    prefix = f"t{uuid.uuid4().hex[:8]}:"
+    prefix = f"t{uuid.uuid4().hex[:8]}"
     settings.IDEMPOTENCY = {
         **getattr(settings, "IDEMPOTENCY", {}),
         **store_settings(cluster, prefix),
     }
-    _forget_stores()
-    yield prefix
-    _forget_stores()
+    return prefix
 
 
 def record_keys(prefix: str) -> list[bytes]:
@@ -316,7 +303,6 @@ def test_wait_replicas_refuses_a_claim_that_was_not_replicated(
         **settings.IDEMPOTENCY,
         **store_settings(redis_cluster.cluster_url(), prefix, WAIT_REPLICAS=1, WAIT_TIMEOUT_MS=300),
     }
-    _forget_stores()
     key = f"k-{uuid.uuid4()}"
     assert send("/effect/", {}, key).status_code == 201
     master = redis_cluster.owner(_in_flight_slot(prefix))

@@ -32,6 +32,9 @@ CLUSTER_SCHEME = "+cluster"
 settings that hold one string (an environment variable, ``EXAMPLE_REDIS_URL``)."""
 
 
+CLUSTER_URLS = ("redis+cluster://", "rediss+cluster://")
+
+
 def connect(url: str, *, cluster: bool = False, **options: Any) -> redis.Redis | RedisCluster:
     """A client for ``url``: a cluster client when ``cluster`` or when the URL's scheme
     ends in ``+cluster``, else a plain one."""
@@ -47,6 +50,32 @@ def cluster_url(url: str, cluster: bool = False) -> tuple[str, bool]:
     if separator and scheme.endswith(CLUSTER_SCHEME):
         return f"{scheme[: -len(CLUSTER_SCHEME)]}://{rest}", True
     return url, cluster
+
+
+def option_problems(options: dict[str, Any]) -> list[str]:
+    """What is wrong with the Redis store's ``CLUSTER``, ``WAIT_REPLICAS`` and
+    ``WAIT_TIMEOUT_MS`` options (its check E021 reports them)."""
+    problems = []
+    if not isinstance(options["CLUSTER"], bool):
+        problems.append(f"CLUSTER {options['CLUSTER']!r} is not True or False")
+    for name, least in (("WAIT_REPLICAS", 0), ("WAIT_TIMEOUT_MS", 1)):
+        value = options[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            problems.append(f"{name} {value!r} is not a whole number >= {least}")
+    return problems
+
+
+def is_cluster(client: object) -> bool:
+    return isinstance(client, RedisCluster)
+
+
+def disconnect(client: redis.Redis | RedisCluster) -> None:
+    """Closes the client's connections (every node's, on a cluster): after a fork, or a
+    connection the store gave up on."""
+    if isinstance(client, RedisCluster):
+        client.disconnect_connection_pools()
+    else:
+        client.connection_pool.disconnect()
 
 
 def by_node(client: RedisCluster, items: Iterable[K], key: Callable[[K], str]) -> list[list[K]]:
