@@ -60,6 +60,7 @@ DEC = "test_decorators.py::"
 ATOM = "test_atomicity.py::"
 HOT = "test_store_hot_path.py::"
 PREP = "test_store_prepared.py::"
+REDIS = "test_redis_store.py::"
 FP = "test_fingerprints.py::"
 CUSTOM_FP = FP + "TestCustomFingerprintSetting::"
 CELERY = "test_celery.py::"
@@ -1050,6 +1051,46 @@ MUTANTS = [
         "    return reply, int(acknowledged)",
         "    return reply, replicas",
         (RCLUSTER + "test_write_and_wait_reports_no_replica_when_it_is_cut_off",),
+    ),
+    Mutant(
+        "redis-complete-unfenced",
+        "the Redis completion is not fenced by the token: a lost claim overwrites the new owner",
+        "store/redis.py",
+        "if state ~= 'i' or token ~= ARGV[1] then return 0 end",
+        "if state ~= 'i' then return 0 end",
+        (REDIS + "test_completion_release_and_renewal_are_fenced_by_the_token",),
+    ),
+    Mutant(
+        "redis-release-unfenced",
+        "the Redis release deletes whatever record holds the key, not only its own claim's",
+        "store/redis.py",
+        "if token ~= ARGV[1] then return 0 end\nreturn redis.call('DEL', KEYS[1])",
+        "return redis.call('DEL', KEYS[1])",
+        (REDIS + "test_completion_release_and_renewal_are_fenced_by_the_token",),
+    ),
+    Mutant(
+        "redis-renew-unfenced",
+        "the Redis renewal keeps any in-progress record alive, a new owner's included",
+        "store/redis.py",
+        "if state == 'i' and token == ARGV[i + 1] then",
+        "if state == 'i' then",
+        (REDIS + "test_completion_release_and_renewal_are_fenced_by_the_token",),
+    ),
+    Mutant(
+        "redis-takeover-ignores-lease",
+        "the Redis take-over no longer checks the lease: a claim renewed since the read is stolen",
+        "store/redis.py",
+        "if in_use or not (state == 'i' or expired) then return 0 end",
+        "if not (state == 'i' or expired) then return 0 end",
+        (REDIS + "test_a_lease_renewed_between_the_read_and_the_take_over_is_not_taken_over",),
+    ),
+    Mutant(
+        "redis-no-hash-tag",
+        "a record's key has no hash tag: its keys may land in different cluster slots",
+        "store/redis.py",
+        'return f"{prefix}:{{{digest}}}"',
+        'return f"{prefix}:{digest}"',
+        (REDIS + "test_every_key_of_a_record_is_in_one_slot_through_a_hash_tag",),
     ),
 ]
 

@@ -110,6 +110,14 @@ IDEMPOTENCY = {
     "MAX_RUN_SECONDS": float(os.environ.get("EXAMPLE_MAX_RUN_SECONDS", "300")),
     "ON_DISCONNECT": os.environ.get("EXAMPLE_ON_DISCONNECT", "finish"),
 }
+# EXAMPLE_REDIS_URL (e.g. redis://127.0.0.1:6379/0): the Redis store keeps the keys, and the
+# database holds no IdempotencyRecord rows.
+if os.environ.get("EXAMPLE_REDIS_URL"):
+    IDEMPOTENCY["STORE"] = "idempotency_django.store.redis.RedisStore"
+    IDEMPOTENCY["STORE_OPTIONS"] = {
+        "URL": os.environ["EXAMPLE_REDIS_URL"],
+        "KEY_PREFIX": os.environ.get("EXAMPLE_REDIS_KEY_PREFIX", "idem"),
+    }
 
 LOGGING = {
     "version": 1,

@@ -1,0 +1,663 @@
+"""The Redis store (``store/redis.py``) on a real Redis: the same answers as the database
+store, its fencing, its lease on Redis's clock, renewal in one round trip, the hash tag,
+and its failures (Redis down, restarted, paused) against a throwaway ``redis-server`` on
+port 6390. Uses Redis db 3 (``IDEMPOTENCY_TEST_REDIS_URL``), flushed before each test."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client
+from django.utils import timezone
+
+from idempotency_django import engine, signals
+from idempotency_django.checks import check_settings
+from idempotency_django.heartbeat import Heartbeat
+from idempotency_django.models import IdempotencyRecord
+from idempotency_django.store.base import StoreError, get_store
+from idempotency_django.store.redis import RedisStore, record_key
+from tests.conftest import REDIS_URL, Post, effects
+from tests.views import gate
+
+if TYPE_CHECKING:
+    from pytest_django import Settings as SettingsWrapper
+
+redis = pytest.importorskip("redis")
+
+REDIS_STORE = "idempotency_django.store.redis.RedisStore"
+PREFIX = "idemtest"
+SCRATCH_PORT = 6390
+
+
+def _redis_up(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
+    except redis.RedisError:
+        return False
+
+
+pytestmark = [
+    pytest.mark.redis,
+    pytest.mark.skipif(not _redis_up(REDIS_URL), reason=f"no Redis at {REDIS_URL}"),
+]
+
+
+def use_redis(settings: SettingsWrapper, url: str = REDIS_URL, **more: Any) -> None:
+    options = {"URL": url, "KEY_PREFIX": PREFIX, **more.pop("STORE_OPTIONS", {})}
+    settings.IDEMPOTENCY = {"STORE": REDIS_STORE, "STORE_OPTIONS": options, **more}
+
+
+@pytest.fixture(autouse=True)
+def _on_redis(settings: SettingsWrapper) -> None:
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    use_redis(settings)
+    return
+
+
+def test_client() -> Any:
+    return redis.Redis.from_url(REDIS_URL)
+
+
+def store() -> RedisStore:
+    found = get_store(REDIS_STORE)
+    assert isinstance(found, RedisStore)
+    return found
+
+
+def lookup(key: str = "k1", account: str = "1") -> dict[str, str]:
+    return {"account": account, "endpoint": "POST /effect/", "key": key}
+
+
+def claim_values(token: str, *, key: str = "k1", lease: float = 30, ttl: float = 3600) -> Any:
+    now = timezone.now()
+    return {
+        **lookup(key),
+        "fingerprint": "2:" + "a" * 64,
+        "state": IdempotencyRecord.State.IN_PROGRESS,
+        "token": token,
+        "lease_expires_at": now + timedelta(seconds=lease),
+        "response_headers": [],
+        "created_at": now,
+        "expires_at": now + timedelta(seconds=ttl),
+    }
+
+
+def complete_values(status: int = 201, body: bytes | None = b"done") -> dict[str, Any]:
+    now = timezone.now()
+    return {
+        "response_status": status,
+        "response_headers": [["Location", "/x/1"]],
+        "response_body": body,
+        "completed_at": now,
+        "expires_at": now + timedelta(hours=1),
+    }
+
+
+def server_ms() -> int:
+    seconds, micros = test_client().time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def set_lease(key: str, lease_ms: int) -> None:
+    """Rewrite a record's lease (Redis server ms), as a dead worker's would be."""
+    client = test_client()
+    value = client.get(key)
+    state, token, _lease, rest = value.split(b"|", 3)
+    client.set(key, b"|".join([state, token, str(lease_ms).encode(), rest]), keepttl=True)
+
+
+# -- the same answers as the database store -----------------------------------------------------
+
+
+def test_a_first_request_runs_and_its_retry_is_replayed_from_redis_not_the_database(
+    alice: User, post: Post
+) -> None:
+    first = post("/effect/", {"amount": 1})
+    retry = post("/effect/", {"amount": 1})
+
+    assert first.status_code == 201
+    assert retry.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    assert retry["Location"] == first["Location"]
+    assert effects() == 1
+    assert IdempotencyRecord.objects.count() == 0
+    keys = test_client().keys(f"{PREFIX}:*")
+    assert len(keys) == 1
+    assert 0 < test_client().pttl(keys[0]) <= 24 * 3600 * 1000  # TTL_SECONDS, by Redis
+
+
+def test_another_body_with_the_same_key_is_422(alice: User, post: Post) -> None:
+    assert post("/effect/", {"amount": 1}).status_code == 201
+    response = post("/effect/", {"amount": 2})
+
+    assert response.status_code == 422
+    assert response["Content-Type"] == "application/problem+json"
+    assert effects() == 1
+
+
+def test_a_5xx_releases_the_key_and_the_retry_runs(alice: User, post: Post) -> None:
+    assert post("/effect/", {"status": 503}).status_code == 503
+    assert test_client().keys(f"{PREFIX}:*") == []
+
+    assert post("/effect/", {"status": 201}).status_code == 201
+    assert effects() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_duplicate_in_flight_gets_409_with_retry_after(alice: User) -> None:
+    answers: dict[str, Any] = {}
+
+    def first() -> None:
+        answers["first"] = send(Client(), {"amount": 1, "gate": True})
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert gate.entered.wait(10)
+        duplicate = send(Client(), {"amount": 1, "gate": True})
+    finally:
+        gate.release.set()
+        thread.join(10)
+
+    assert duplicate.status_code == 409
+    assert duplicate["Retry-After"] == "1"
+    assert answers["first"].status_code == 201
+    assert effects() == 1
+
+
+def send(client: Client, body: Any, key: str = "k1", path: str = "/effect/") -> Any:
+    return client.post(
+        path,
+        data=json.dumps(body),
+        content_type="application/json",
+        headers={"Idempotency-Key": key, "X-User": "alice"},
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_wait_policy_replays_once_the_first_completes(alice: User) -> None:
+    answers: dict[str, Any] = {}
+
+    def first() -> None:
+        answers["first"] = send(Client(), {"gate": True}, path="/waiting/")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert gate.entered.wait(10)
+    waiter = threading.Thread(
+        target=lambda: answers.update(second=send(Client(), {"gate": True}, path="/waiting/"))
+    )
+    waiter.start()
+    gate.release.set()
+    thread.join(20)
+    waiter.join(20)
+
+    assert answers["first"].status_code == 201
+    assert answers["second"].status_code == 201
+    assert answers["second"]["Idempotent-Replayed"] == "true"
+    assert effects("waiting") == 1
+
+
+def test_signals_are_sent_as_with_the_database_store(alice: User, post: Post) -> None:
+    seen: list[str] = []
+
+    def receiver(signal: Any, **kwargs: Any) -> None:
+        seen.append(kwargs["key"])
+
+    signals.claimed.connect(receiver, weak=False)
+    signals.replayed.connect(receiver, weak=False)
+    try:
+        post("/effect/", {})
+        post("/effect/", {})
+    finally:
+        signals.claimed.disconnect(receiver)
+        signals.replayed.disconnect(receiver)
+
+    assert seen == ["k1", "k1"]
+
+
+def test_encrypted_responses_are_sealed_in_redis(
+    alice: User, post: Post, settings: SettingsWrapper
+) -> None:
+    from cryptography.fernet import Fernet
+
+    use_redis(
+        settings,
+        RESPONSE_CODEC="idempotency_django.codecs.FernetCodec",
+        ENCRYPTION_KEYS=[Fernet.generate_key().decode()],
+    )
+    first = post("/effect/", {"secret": "s3cr3t-body"})
+    retry = post("/effect/", {"secret": "s3cr3t-body"})
+
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    (key,) = test_client().keys(f"{PREFIX}:*")
+    assert b"s3cr3t-body" not in test_client().get(key)
+
+
+# -- fencing, the lease on Redis's clock, renewal, the hash tag ----------------------------------
+
+
+def test_completion_release_and_renewal_are_fenced_by_the_token() -> None:
+    redis_store = store()
+    assert redis_store.claim_or_read("default", claim_values("a" * 32), "2:" + "a" * 64) == (
+        "claimed"
+    )
+
+    assert not redis_store.complete("default", lookup(), "b" * 32, complete_values())
+    assert redis_store.release("default", lookup(), "b" * 32) == 0
+    assert redis_store.renew("default", [(lookup(), "b" * 32)], 30, 1) == 0
+    snapshot = redis_store.read("default", lookup(), "")
+    assert snapshot is not None
+    assert snapshot.state == "in_progress"
+
+    assert redis_store.complete("default", lookup(), "a" * 32, complete_values())
+    assert not redis_store.complete("default", lookup(), "a" * 32, complete_values())  # once
+    assert redis_store.renew("default", [(lookup(), "a" * 32)], 30, 1) == 0  # completed
+    assert redis_store.is_completed("default", lookup(), "a" * 32)
+    assert redis_store.release("default", lookup(), "a" * 32) == 1
+    assert redis_store.read("default", lookup(), "") is None
+
+
+def test_a_completed_record_keeps_the_claims_fingerprint_and_its_response() -> None:
+    redis_store = store()
+    fingerprint = "custom:has|pipes\nand a newline"
+    values = {**claim_values("a" * 32), "fingerprint": fingerprint}
+    assert redis_store.claim_or_read("default", values, fingerprint) == "claimed"
+    assert redis_store.complete("default", lookup(), "a" * 32, complete_values(body=b"\n|x\n"))
+
+    snapshot = redis_store.read("default", lookup(), fingerprint)
+
+    assert snapshot is not None
+    assert snapshot.fingerprint == fingerprint
+    assert snapshot.stored is not None
+    assert (snapshot.stored.status, snapshot.stored.body) == (201, b"\n|x\n")
+    assert snapshot.stored.headers == [("Location", "/x/1")]
+
+
+def test_take_over_compares_the_lease_with_redis_time_not_the_clients_clock(
+    alice: User, post: Post, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client whose clock runs two minutes ahead reads a live lease as lapsed; the
+    take-over script, on Redis's clock, refuses: the view never runs a second time."""
+    redis_store = store()
+    fingerprint = _fingerprint(post)
+    values = {**claim_values("a" * 32), "account": str(alice.pk), "fingerprint": fingerprint}
+    assert redis_store.claim_or_read("default", values, fingerprint) == "claimed"
+    real_now = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(minutes=2))
+
+    response = post("/effect/", {"amount": 1})
+
+    assert response.status_code == 409
+    assert effects() == 0
+
+
+def test_a_lease_renewed_between_the_read_and_the_take_over_is_not_taken_over() -> None:
+    """The take-over script checks the lease itself, on Redis's clock: a record read as
+    lapsed and renewed since (its heartbeat was late, not dead) is left to its owner."""
+    redis_store = store()
+    values = claim_values("a" * 32)
+    assert redis_store.claim_or_read("default", values, values["fingerprint"]) == "claimed"
+    key = redis_store.key(values)
+    set_lease(key, server_ms() - 1)
+    lapsed = redis_store.read("default", lookup(), values["fingerprint"])
+    assert lapsed is not None
+    set_lease(key, server_ms() + 30_000)  # renewed in between
+
+    assert not redis_store.take_over("default", lapsed, claim_values("b" * 32))
+    assert test_client().get(key).split(b"|")[1] == b"a" * 32
+
+    set_lease(key, server_ms() - 1)  # now lapsed for good
+    assert redis_store.take_over("default", lapsed, claim_values("b" * 32))
+    assert test_client().get(key).split(b"|")[1] == b"b" * 32
+
+
+def test_a_lapsed_lease_by_redis_time_is_taken_over_and_runs_once(alice: User, post: Post) -> None:
+    redis_store = store()
+    fingerprint = _fingerprint(post)
+    values = {**claim_values("a" * 32), "account": str(alice.pk), "fingerprint": fingerprint}
+    assert redis_store.claim_or_read("default", values, fingerprint) == "claimed"
+    set_lease(redis_store.key(values), server_ms() - 1)  # its worker died
+
+    retry = post("/effect/", {"amount": 1})
+    again = post("/effect/", {"amount": 1})
+
+    assert retry.status_code == 201
+    assert again["Idempotent-Replayed"] == "true"
+    assert effects() == 1  # the dead worker's never wrote; the take-over ran once
+
+
+def _fingerprint(post: Post) -> str:
+    """The fingerprint ``post("/effect/", {"amount": 1})`` gets."""
+    from django.test import RequestFactory
+
+    from idempotency_django.keys import default_fingerprint
+
+    request = RequestFactory().post(
+        "/effect/", data=json.dumps({"amount": 1}), content_type="application/json"
+    )
+    return default_fingerprint(request, "POST /effect/")
+
+
+def test_the_heartbeat_renews_every_claim_in_one_round_trip() -> None:
+    redis_store = store()
+    for index in range(3):
+        values = claim_values(f"{index}" * 32, key=f"k{index}", lease=2)
+        assert redis_store.claim_or_read("default", values, values["fingerprint"]) == "claimed"
+    client = test_client()
+    before = {key: int(client.get(key).split(b"|")[2]) for key in client.keys(f"{PREFIX}:*")}
+    calls = _script_calls()
+    beat = Heartbeat()
+    for index in range(3):
+        beat.register(
+            engine.Claim(
+                engine.Scope("1", "POST /effect/", f"k{index}"),
+                f"{index}" * 32,
+                "default",
+                3600,
+                redis_store,
+            ),
+            lease=30,
+            max_run=60,
+        )
+    try:
+        assert beat.renew_once() == 3
+    finally:
+        beat.stop()
+
+    assert _script_calls() - calls == 1
+    for key, lease in before.items():
+        renewed = int(client.get(key).split(b"|")[2])
+        assert renewed >= lease + 25_000  # pushed to 30 s from now, on Redis's clock
+
+
+def _script_calls() -> int:
+    stats = test_client().info("commandstats")
+    return sum(
+        int(stats.get(name, {}).get("calls", 0)) for name in ("cmdstat_evalsha", "cmdstat_eval")
+    )
+
+
+def test_every_key_of_a_record_is_in_one_slot_through_a_hash_tag() -> None:
+    from redis.crc import key_slot
+
+    key = record_key("idem", lookup("k{1}"))
+    tag = key[key.index("{") + 1 : key.index("}")]
+
+    assert key.startswith("idem:{")
+    assert key.endswith("}")
+    assert len(tag) == 64  # the scope's SHA-256: no brace of the key itself can split it
+    assert key_slot(key.encode()) == key_slot(f"other:{{{tag}}}:wait".encode())
+    assert record_key("idem", lookup("k1")) != record_key("idem", lookup("k1", account="2"))
+
+
+def test_a_record_in_progress_outlives_a_ttl_shorter_than_its_leases() -> None:
+    redis_store = store()
+    values = claim_values("a" * 32, lease=30, ttl=1)
+    redis_store.claim_or_read("default", values, values["fingerprint"])
+
+    assert test_client().pttl(redis_store.key(values)) > 60_000  # three leases
+
+
+# -- failure: down, restarted, slow ------------------------------------------------------------
+
+
+def test_redis_down_fails_closed_with_a_503(
+    alice: User, post: Post, settings: SettingsWrapper
+) -> None:
+    use_redis(settings, f"redis://127.0.0.1:{_free_port()}/0")
+    response = post("/effect/", {})
+
+    assert response.status_code == 503
+    assert response["Retry-After"] == "1"
+    assert response["Content-Type"] == "application/problem+json"
+    assert effects() == 0
+
+
+def test_redis_down_fails_open_when_asked(
+    alice: User, post: Post, settings: SettingsWrapper
+) -> None:
+    use_redis(settings, f"redis://127.0.0.1:{_free_port()}/0", ON_STORE_ERROR="open")
+
+    assert post("/effect/", {}).status_code == 201
+    assert effects() == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def scratch_redis(tmp_path: Path) -> Iterator[Callable[[], None]]:
+    """A throwaway redis-server on port 6390 (no persistence); the fixture's value restarts
+    it (SIGKILL, then a new one on the same port)."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def start() -> None:
+        process = subprocess.Popen(
+            ["redis-server", "--port", str(SCRATCH_PORT), "--save", "", "--appendonly", "no"],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+        )
+        processes.append(process)
+        deadline = time.monotonic() + 10
+        while not _redis_up(f"redis://127.0.0.1:{SCRATCH_PORT}/0"):
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.02)
+
+    def restart() -> None:
+        processes[-1].send_signal(signal.SIGKILL)
+        processes[-1].wait(10)
+        start()
+
+    start()
+    yield restart
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+            process.wait(10)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_redis_restarted_mid_flight_reports_the_lost_outcome_and_serves_again(
+    alice: User, settings: SettingsWrapper, scratch_redis: Callable[[], None]
+) -> None:
+    """The claim is lost with the server's memory: the work's answer is sent, the loss is
+    signalled (``completion_lost``), and the next request is served by the new server."""
+    use_redis(settings, f"redis://127.0.0.1:{SCRATCH_PORT}/0")
+    lost: list[Any] = []
+
+    def receiver(signal: Any, **kwargs: Any) -> None:
+        lost.append(kwargs)
+
+    signals.outcome_not_stored.connect(receiver, weak=False)
+    signals.completion_lost.connect(receiver, weak=False)
+    answers: dict[str, Any] = {}
+    thread = threading.Thread(
+        target=lambda: answers.update(first=send(Client(), {"amount": 1, "gate": True}))
+    )
+    try:
+        thread.start()
+        assert gate.entered.wait(10)
+        scratch_redis()
+        gate.release.set()
+        thread.join(20)
+        later = send(Client(), {"amount": 1}, key="k2")
+    finally:
+        gate.release.set()
+        signals.outcome_not_stored.disconnect(receiver)
+        signals.completion_lost.disconnect(receiver)
+
+    assert answers["first"].status_code == 201
+    assert [entry["key"] for entry in lost] == ["k1"]  # the lost outcome, told loudly
+    assert later.status_code == 201
+    assert effects() == 2
+
+
+def test_a_paused_redis_is_an_unknown_outcome_never_a_fail_open(
+    alice: User, post: Post, settings: SettingsWrapper, scratch_redis: Callable[[], None]
+) -> None:
+    """A claim that times out may have been written: a 503, even with ON_STORE_ERROR
+    'open' (which only a refused or lost connection may take), and the view never runs."""
+    url = f"redis://127.0.0.1:{SCRATCH_PORT}/0"
+    use_redis(settings, url, ON_STORE_ERROR="open", STORE_OPTIONS={"SOCKET_TIMEOUT": 0.2})
+    redis.Redis.from_url(url).execute_command("CLIENT", "PAUSE", "1500", "ALL")
+
+    response = post("/effect/", {})
+
+    assert response.status_code == 503
+    assert effects() == 0
+
+
+def test_a_timeout_is_other_and_a_refused_connection_unreachable() -> None:
+    redis_store = store()
+
+    assert redis_store.failure_kind("default", redis.TimeoutError("slow")) == "other"
+    assert redis_store.failure_kind("default", redis.ConnectionError("refused")) == "unreachable"
+    assert redis_store.failure_kind("default", StoreError("x", "unreachable")) == "unreachable"
+
+
+# -- settings, checks, the purge, the example --------------------------------------------------
+
+
+def test_atomic_mode_with_the_redis_store_is_refused_by_a_check(settings: SettingsWrapper) -> None:
+    use_redis(settings, MODE="atomic")
+
+    assert [m.id for m in check_settings()] == ["idempotency_django.E020"]
+
+
+def test_an_unloadable_store_is_refused_by_a_check(settings: SettingsWrapper) -> None:
+    settings.IDEMPOTENCY = {"STORE": "no.such.Store"}
+
+    assert [m.id for m in check_settings()] == ["idempotency_django.E019"]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"URL": "http://x"},
+        {"KEY_PREFIX": ""},
+        {"KEY_PREFIX": "a{b}"},
+        {"SOCKET_TIMEOUT": 0},
+        {"CONNECT_TIMEOUT": "1"},
+        {"PORT": 1},
+    ],
+)
+def test_bad_store_options_are_refused_by_a_check(
+    settings: SettingsWrapper, options: dict[str, Any]
+) -> None:
+    settings.IDEMPOTENCY = {"STORE": REDIS_STORE, "STORE_OPTIONS": options}
+
+    assert [m.id for m in check_settings()] == ["idempotency_django.E021"]
+
+
+def test_a_view_that_asks_for_atomic_mode_on_redis_is_refused_where_declared() -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from idempotency_django.decorators import idempotent
+
+    with pytest.raises(ImproperlyConfigured, match="atomic"):
+        idempotent(store=REDIS_STORE, mode="atomic")(lambda request: None)
+
+
+def test_a_view_can_use_the_database_store_under_a_redis_default(alice: User, post: Post) -> None:
+    from django.http import JsonResponse
+    from django.test import RequestFactory
+
+    from idempotency_django.decorators import idempotent
+
+    @idempotent(store="idempotency_django.store.database.DatabaseStore")
+    def view(request: Any) -> Any:
+        return JsonResponse({}, status=201)
+
+    request = RequestFactory().post(
+        "/own/", data="{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="k9"
+    )
+    request.user = alice
+
+    assert view(request).status_code == 201
+    assert IdempotencyRecord.objects.filter(key="k9").count() == 1
+    assert test_client().keys(f"{PREFIX}:*") == []
+
+
+def test_the_purge_says_the_redis_store_needs_none(capsys: pytest.CaptureFixture[str]) -> None:
+    call_command("purge_idempotency_keys")
+
+    assert "nothing to purge" in capsys.readouterr().out
+
+
+@pytest.mark.concurrency
+@pytest.mark.django_db(transaction=True)
+def test_the_test_kit_proves_single_flight_on_redis(alice: User) -> None:
+    from idempotency_django.testing import assert_single_flight
+
+    assert_single_flight(
+        Client,
+        "/effect/",
+        {"amount": 1},
+        side_effects=lambda: effects(),
+        headers={"X-User": "alice"},
+        requests=8,
+    )
+    assert IdempotencyRecord.objects.count() == 0
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+def test_the_example_on_redis_writes_no_idempotency_rows(tmp_path: Path) -> None:
+    from tests.e2e.server import REPO_ROOT, example_env
+
+    child = r"""
+import base64, json, django
+django.setup()
+from django.core.management import call_command
+from django.test import Client
+from idempotency_django.models import IdempotencyRecord
+call_command("migrate", verbosity=0)
+auth = {"HTTP_AUTHORIZATION": "Basic " + base64.b64encode(b"alice:alice").decode()}
+def charge():
+    return Client().post("/charges/", {"amount": 1000, "currency": "eur", "card": "tok_visa"},
+        content_type="application/json", HTTP_IDEMPOTENCY_KEY="order-1", **auth)
+first, retry = charge(), charge()
+print(json.dumps([first.status_code, retry.status_code, retry.get("Idempotent-Replayed"),
+    IdempotencyRecord.objects.count()]))
+"""
+    env = example_env(
+        f"sqlite:///{tmp_path / 'example.sqlite3'}",
+        EXAMPLE_PROVIDER_DELAY_MS="0",
+        EXAMPLE_REDIS_URL=REDIS_URL,
+        EXAMPLE_REDIS_KEY_PREFIX=PREFIX,
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", child],
+        cwd=REPO_ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == [201, 201, "true", 0]
+    assert len(test_client().keys(f"{PREFIX}:*")) == 1
