@@ -32,12 +32,14 @@ from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store.base import StoreError, get_store
 from idempotency_django.store.redis import RedisStore, record_key
 from tests.conftest import REDIS_URL, Post, effects
+from tests.e2e import redis_cluster
 from tests.views import gate
 
 if TYPE_CHECKING:
     from pytest_django import Settings as SettingsWrapper
 
 redis = pytest.importorskip("redis")
+RedisCluster = redis.cluster.RedisCluster
 
 REDIS_STORE = "idempotency_django.store.redis.RedisStore"
 PREFIX = "idemtest"
@@ -46,8 +48,8 @@ SCRATCH_PORT = 6390
 
 def _redis_up(url: str) -> bool:
     try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
-    except redis.RedisError:
+        return bool(redis_cluster.connect(url).ping())
+    except (redis.RedisError, IndexError):
         return False
 
 
@@ -64,13 +66,21 @@ def use_redis(settings: SettingsWrapper, url: str = REDIS_URL, **more: Any) -> N
 
 @pytest.fixture(autouse=True)
 def _on_redis(settings: SettingsWrapper) -> None:
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    redis_cluster.flush(REDIS_URL)  # a redis+cluster:// URL: every master
     use_redis(settings)
     return
 
 
 def test_client() -> Any:
-    return redis.Redis.from_url(REDIS_URL)
+    return redis_cluster.connect(REDIS_URL)
+
+
+def record_keys() -> list[bytes]:
+    """The store's keys (on every master, on a cluster)."""
+    client = test_client()
+    if isinstance(client, RedisCluster):
+        return list(client.keys(f"{PREFIX}:*", target_nodes=RedisCluster.PRIMARIES))
+    return list(client.keys(f"{PREFIX}:*"))
 
 
 def store() -> RedisStore:
@@ -137,7 +147,7 @@ def test_a_first_request_runs_and_its_retry_is_replayed_from_redis_not_the_datab
     assert retry["Location"] == first["Location"]
     assert effects() == 1
     assert IdempotencyRecord.objects.count() == 0
-    keys = test_client().keys(f"{PREFIX}:*")
+    keys = record_keys()
     assert len(keys) == 1
     assert 0 < test_client().pttl(keys[0]) <= 24 * 3600 * 1000  # TTL_SECONDS, by Redis
 
@@ -153,7 +163,7 @@ def test_another_body_with_the_same_key_is_422(alice: User, post: Post) -> None:
 
 def test_a_5xx_releases_the_key_and_the_retry_runs(alice: User, post: Post) -> None:
     assert post("/effect/", {"status": 503}).status_code == 503
-    assert test_client().keys(f"{PREFIX}:*") == []
+    assert record_keys() == []
 
     assert post("/effect/", {"status": 201}).status_code == 201
     assert effects() == 2
@@ -247,7 +257,7 @@ def test_encrypted_responses_are_sealed_in_redis(
 
     assert retry["Idempotent-Replayed"] == "true"
     assert retry.content == first.content
-    (key,) = test_client().keys(f"{PREFIX}:*")
+    (key,) = record_keys()
     assert b"s3cr3t-body" not in test_client().get(key)
 
 
@@ -598,7 +608,7 @@ def test_a_view_can_use_the_database_store_under_a_redis_default(alice: User, po
 
     assert view(request).status_code == 201
     assert IdempotencyRecord.objects.filter(key="k9").count() == 1
-    assert test_client().keys(f"{PREFIX}:*") == []
+    assert record_keys() == []
 
 
 def test_the_purge_says_the_redis_store_needs_none(capsys: pytest.CaptureFixture[str]) -> None:
@@ -660,4 +670,4 @@ print(json.dumps([first.status_code, retry.status_code, retry.get("Idempotent-Re
 
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.splitlines()[-1]) == [201, 201, "true", 0]
-    assert len(test_client().keys(f"{PREFIX}:*")) == 1
+    assert len(record_keys()) == 1

@@ -331,15 +331,12 @@ class RedisStore:
         """The record (``TIME`` and ``GET`` in one round trip), for tests and tools."""
         key = self.key(lookup)
         try:
-            pipe = self.client().pipeline(transaction=False)
-            pipe.time()
-            pipe.get(key)
-            (seconds, micros), value = pipe.execute()
+            server_ms, value = redis_cluster.time_and_get(self.client(), key)
         except redis.RedisError as error:
             raise self._translated(error) from error
         if value is None:
             return None
-        return _snapshot(key, bytes(value), seconds * 1000 + micros // 1000, fingerprint)
+        return _snapshot(key, bytes(value), server_ms, fingerprint)
 
     def read_stored(self, alias: str, pk: Any) -> Stored | None:
         """The stored response of a completed record: one ``GET``."""

@@ -78,6 +78,28 @@ def disconnect(client: redis.Redis | RedisCluster) -> None:
         client.connection_pool.disconnect()
 
 
+def time_and_get(client: redis.Redis | RedisCluster, key: str) -> tuple[int, Any]:
+    """The server's clock (ms) and ``key``'s value, in one round trip to the node that
+    holds it (a cluster's pipeline may not send ``TIME``, which names no key)."""
+    if isinstance(client, RedisCluster):
+        try:
+            node_client = _node_client(client, client.get_node_from_key(key))
+            return _time_and_get(node_client, key)
+        except (redis.exceptions.MovedError, redis.exceptions.AskError):
+            value = client.get(key)  # follows the redirection
+            seconds, micros = client.time()
+            return int(seconds) * 1000 + int(micros) // 1000, value
+    return _time_and_get(client, key)
+
+
+def _time_and_get(client: redis.Redis, key: str) -> tuple[int, Any]:
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    pipe.get(key)
+    (seconds, micros), value = pipe.execute()
+    return int(seconds) * 1000 + int(micros) // 1000, value
+
+
 def by_node(client: RedisCluster, items: Iterable[K], key: Callable[[K], str]) -> list[list[K]]:
     """``items`` grouped by the master that holds ``key(item)``, per the client's slot map
     (a stale map costs a ``MOVED``, which the client follows)."""
