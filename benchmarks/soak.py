@@ -302,8 +302,13 @@ class Fault:
 
     def cut(self, execution: Execution) -> bool:
         """Whether this fault hit ``execution`` mid-run: sent before it ended, and its target
-        gone after it began."""
-        return self.hits(execution) and self.sent < execution.end and execution.start < self.t
+        gone after it began. A terminated session may be gone before the execution began:
+        its worker still held it (the recorded ``backend`` is read from the driver, without a
+        query) and finds it dead at its first query, when the claim did not use it (the
+        Redis store); a claim that did use it would have reconnected, on another session."""
+        if not (self.hits(execution) and self.sent < execution.end):
+            return False
+        return self.kind == "termination" or execution.start < self.t
 
     def describe(self, t0: float) -> str:
         what = {
@@ -864,9 +869,29 @@ def database_records(db: Database) -> tuple[list[Any], list[Any]]:
 
 
 def redis_records(url: str) -> tuple[list[Any], list[Any]]:
-    """The same, from the Redis store: an in-progress record's key lives as long as its
-    lease (``SET NX PX``), so a lapsed one is already gone."""
-    return [], []
+    """The same, from the Redis store (``store/redis.py``: a record is one key whose value
+    starts ``state|token|lease_ms|expires_ms|``, the lease on Redis's clock). The scope is
+    hashed into the key, so a record is named by its key."""
+    client = redis_cluster.connect(url)
+    live, lapsed = [], []
+    try:
+        seconds, micros = client.time()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        if isinstance(client, redis_cluster.RedisCluster):
+            keys = client.keys("*", target_nodes=redis_cluster.RedisCluster.PRIMARIES)
+        else:
+            keys = client.keys("*")
+        for key in keys:
+            value = client.get(key)
+            if value is None or not value.startswith(b"i|"):
+                continue
+            lease = int(value.split(b"|", 3)[2])
+            (live if lease > now_ms else lapsed).append(
+                (key.decode(), "", datetime.datetime.fromtimestamp(lease / 1000))
+            )
+    finally:
+        client.close()
+    return live, [(name, key) for name, key, _ in lapsed]
 
 
 def soak(run: Run) -> int:
