@@ -156,6 +156,7 @@ def wait_until(condition: Callable[[], bool], timeout: float = 20) -> bool:
     return False
 
 
+@pytest.mark.database_store("atomic mode: the claim in the work's transaction")
 def test_atomic_mode_duplicates_block_on_the_unique_index_then_replay(alice: User) -> None:
     results, threads = run_together("/atomic/", {"gate": True})
     assert gate.entered.wait(20)
@@ -168,6 +169,7 @@ def test_atomic_mode_duplicates_block_on_the_unique_index_then_replay(alice: Use
     assert len({r.content for r in responses}) == 1
 
 
+@pytest.mark.database_store("atomic mode: the claim in the work's transaction")
 def test_atomic_mode_rollback_lets_a_waiting_duplicate_run(alice: User) -> None:
     """The first attempt fails after its side effect: both roll back, and a waiter runs."""
     first: queue.Queue[Any] = queue.Queue()
@@ -227,6 +229,7 @@ def test_heartbeat_keeps_a_view_longer_than_its_lease(alice: User, settings: Any
     assert effects() == 1
 
 
+@pytest.mark.database_store("atomic mode: the claim in the work's transaction")
 def test_atomic_requests_view_that_lost_its_claim_rolls_back(
     alice: User, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -71,13 +71,13 @@ def _on_redis(settings: SettingsWrapper) -> None:
     return
 
 
-def test_client() -> Any:
-    return redis_cluster.connect(REDIS_URL)
+def redis_client() -> Any:
+    return redis_cluster.connect(REDIS_URL)  # redis+cluster://: the cluster
 
 
 def record_keys() -> list[bytes]:
     """The store's keys (on every master, on a cluster)."""
-    client = test_client()
+    client = redis_client()
     if isinstance(client, RedisCluster):
         return list(client.keys(f"{PREFIX}:*", target_nodes=RedisCluster.PRIMARIES))
     return list(client.keys(f"{PREFIX}:*"))
@@ -119,13 +119,13 @@ def complete_values(status: int = 201, body: bytes | None = b"done") -> dict[str
 
 
 def server_ms() -> int:
-    seconds, micros = test_client().time()
+    seconds, micros = redis_client().time()
     return int(seconds) * 1000 + int(micros) // 1000
 
 
 def set_lease(key: str, lease_ms: int) -> None:
     """Rewrite a record's lease (Redis server ms), as a dead worker's would be."""
-    client = test_client()
+    client = redis_client()
     value = client.get(key)
     state, token, _lease, rest = value.split(b"|", 3)
     client.set(key, b"|".join([state, token, str(lease_ms).encode(), rest]), keepttl=True)
@@ -149,7 +149,7 @@ def test_a_first_request_runs_and_its_retry_is_replayed_from_redis_not_the_datab
     assert IdempotencyRecord.objects.count() == 0
     keys = record_keys()
     assert len(keys) == 1
-    assert 0 < test_client().pttl(keys[0]) <= 24 * 3600 * 1000  # TTL_SECONDS, by Redis
+    assert 0 < redis_client().pttl(keys[0]) <= 24 * 3600 * 1000  # TTL_SECONDS, by Redis
 
 
 def test_another_body_with_the_same_key_is_422(alice: User, post: Post) -> None:
@@ -258,7 +258,7 @@ def test_encrypted_responses_are_sealed_in_redis(
     assert retry["Idempotent-Replayed"] == "true"
     assert retry.content == first.content
     (key,) = record_keys()
-    assert b"s3cr3t-body" not in test_client().get(key)
+    assert b"s3cr3t-body" not in redis_client().get(key)
 
 
 # -- fencing, the lease on Redis's clock, renewal, the hash tag ----------------------------------
@@ -332,11 +332,11 @@ def test_a_lease_renewed_between_the_read_and_the_take_over_is_not_taken_over() 
     set_lease(key, server_ms() + 30_000)  # renewed in between
 
     assert not redis_store.take_over("default", lapsed, claim_values("b" * 32))
-    assert test_client().get(key).split(b"|")[1] == b"a" * 32
+    assert redis_client().get(key).split(b"|")[1] == b"a" * 32
 
     set_lease(key, server_ms() - 1)  # now lapsed for good
     assert redis_store.take_over("default", lapsed, claim_values("b" * 32))
-    assert test_client().get(key).split(b"|")[1] == b"b" * 32
+    assert redis_client().get(key).split(b"|")[1] == b"b" * 32
 
 
 def test_a_lapsed_lease_by_redis_time_is_taken_over_and_runs_once(alice: User, post: Post) -> None:
@@ -371,7 +371,7 @@ def test_the_heartbeat_renews_every_claim_in_one_round_trip() -> None:
     for index in range(3):
         values = claim_values(f"{index}" * 32, key=f"k{index}", lease=2)
         assert redis_store.claim_or_read("default", values, values["fingerprint"]) == "claimed"
-    client = test_client()
+    client = redis_client()
     before = {key: int(client.get(key).split(b"|")[2]) for key in client.keys(f"{PREFIX}:*")}
     calls = _script_calls()
     beat = Heartbeat()
@@ -399,7 +399,7 @@ def test_the_heartbeat_renews_every_claim_in_one_round_trip() -> None:
 
 
 def _script_calls() -> int:
-    stats = test_client().info("commandstats")
+    stats = redis_client().info("commandstats")
     return sum(
         int(stats.get(name, {}).get("calls", 0)) for name in ("cmdstat_evalsha", "cmdstat_eval")
     )
@@ -423,7 +423,7 @@ def test_a_record_in_progress_outlives_a_ttl_shorter_than_its_leases() -> None:
     values = claim_values("a" * 32, lease=30, ttl=1)
     redis_store.claim_or_read("default", values, values["fingerprint"])
 
-    assert test_client().pttl(redis_store.key(values)) > 60_000  # three leases
+    assert redis_client().pttl(redis_store.key(values)) > 60_000  # three leases
 
 
 # -- failure: down, restarted, slow ------------------------------------------------------------
@@ -671,3 +671,97 @@ print(json.dumps([first.status_code, retry.status_code, retry.get("Idempotent-Re
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.splitlines()[-1]) == [201, 201, "true", 0]
     assert len(record_keys()) == 1
+
+
+# -- a worker killed mid-flight -----------------------------------------------------------------
+
+KILLED_WORKER = r"""
+import os, sys, time, django
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+from idempotency_django.conf import DEFAULTS
+DEFAULTS["STORE"] = "idempotency_django.store.redis.RedisStore"
+DEFAULTS["STORE_OPTIONS"] = {"URL": sys.argv[1], "KEY_PREFIX": sys.argv[2]}
+django.setup()
+from idempotency_django.tasks import claim_once
+with claim_once("receipts", "m-1", lease_seconds=1) as run:
+    print("claimed", flush=True)
+    time.sleep(120)  # SIGKILLed here: the work never finishes, nothing is completed
+"""
+
+
+def test_a_worker_killed_mid_flight_is_taken_over_once_its_lease_lapses() -> None:
+    """SIGKILL a process holding a claim: a duplicate is refused while the dead worker's
+    lease runs (Redis's clock), then takes the key over and runs once."""
+    from idempotency_django.tasks import TaskInFlight, claim_once
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WORKER, REDIS_URL, PREFIX],
+        cwd=Path(__file__).resolve().parent.parent,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == b"claimed"
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+
+        with pytest.raises(TaskInFlight), claim_once("receipts", "m-1", lease_seconds=1):
+            pytest.fail("ran while the dead worker's lease was live")
+        ran = []
+        with claim_once(
+            "receipts", "m-1", lease_seconds=1, in_flight="wait", wait_seconds=10
+        ) as run:
+            assert not run.done
+            ran.append(1)
+            run.result = "sent"
+        with claim_once("receipts", "m-1") as again:
+            assert again.done
+            assert again.result == "sent"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+
+    assert ran == [1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_completion_that_times_out_keeps_the_key_and_never_runs_the_view_again(
+    alice: User, settings: SettingsWrapper, scratch_redis: Callable[[], None]
+) -> None:
+    """Redis pauses while the view runs: the completion times out (it may yet run), the
+    answer is sent, the loss is signalled, and the key is kept: the retry is a replay or a
+    409, never a second run."""
+    url = f"redis://127.0.0.1:{SCRATCH_PORT}/0"
+    use_redis(settings, url, STORE_OPTIONS={"SOCKET_TIMEOUT": 0.2})
+    not_stored: list[Any] = []
+
+    def receiver(signal: Any, **kwargs: Any) -> None:
+        not_stored.append(kwargs["key"])
+
+    signals.outcome_not_stored.connect(receiver, weak=False)
+    answers: dict[str, Any] = {}
+    thread = threading.Thread(
+        target=lambda: answers.update(first=send(Client(), {"amount": 1, "gate": True}))
+    )
+    try:
+        thread.start()
+        assert gate.entered.wait(10)
+        redis.Redis.from_url(url).execute_command("CLIENT", "PAUSE", "1000", "ALL")
+        gate.release.set()
+        thread.join(20)
+        deadline = time.monotonic() + 10
+        while not _redis_up(url):  # the pause ends
+            assert time.monotonic() < deadline
+        retry = send(Client(), {"amount": 1, "gate": True})
+    finally:
+        gate.release.set()
+        signals.outcome_not_stored.disconnect(receiver)
+
+    assert answers["first"].status_code == 201
+    assert not_stored == ["k1"]
+    assert retry.status_code in (201, 409)
+    if retry.status_code == 201:
+        assert retry["Idempotent-Replayed"] == "true"  # the completion ran after the pause
+    assert effects() == 1
