@@ -64,7 +64,7 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "KEY_PREFIX": "idem",
     "SOCKET_TIMEOUT": 1.0,  # seconds: a command that takes longer is an unknown outcome
     "CONNECT_TIMEOUT": 1.0,
-    # Redis Cluster and replication (store/redis_cluster.py, docs/redis-cluster.md): a
+    # Redis Cluster and replication (store/redis_cluster.py, docs/stores.md): a
     # cluster client (also chosen by a redis+cluster:// URL); WAIT_REPLICAS > 0 makes a claim
     # or take-over wait for that many replicas (WAIT, at most WAIT_TIMEOUT_MS), else 503.
     "CLUSTER": False,
