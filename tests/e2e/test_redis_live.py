@@ -31,7 +31,7 @@ CLUSTER = "redis+cluster://127.0.0.1:7100/0"
 CLIENTS = 8
 
 
-@pytest.fixture(params=["single", "cluster"])
+@pytest.fixture(params=["redis-db4", "cluster"])
 def redis_url(request: pytest.FixtureRequest) -> str:
     if request.param == "cluster":
         if not redis_cluster.healthy():
