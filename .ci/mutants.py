@@ -1053,6 +1053,14 @@ MUTANTS = [
         (RCLUSTER + "test_write_and_wait_reports_no_replica_when_it_is_cut_off",),
     ),
     Mutant(
+        "wait-replicas-unacknowledged-claim-trusted",
+        "WAIT_REPLICAS: a claim no replica acknowledged runs the view (a failover reruns it)",
+        "store/redis.py",
+        "        if acked is None or acked >= wanted:",
+        "        if True:",
+        ("test_redis_cluster.py::test_wait_replicas_refuses_a_claim_that_was_not_replicated",),
+    ),
+    Mutant(
         "redis-complete-unfenced",
         "the Redis completion is not fenced by the token: a lost claim overwrites the new owner",
         "store/redis.py",
