@@ -765,3 +765,65 @@ def test_a_completion_that_times_out_keeps_the_key_and_never_runs_the_view_again
     if retry.status_code == 201:
         assert retry["Idempotent-Replayed"] == "true"  # the completion ran after the pause
     assert effects() == 1
+
+
+RACING_WORKER = r"""
+import os, sys, time, django
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+from idempotency_django.conf import DEFAULTS
+DEFAULTS["STORE"] = "idempotency_django.store.redis.RedisStore"
+DEFAULTS["STORE_OPTIONS"] = {"URL": sys.argv[1], "KEY_PREFIX": sys.argv[2]}
+django.setup()
+import redis
+from idempotency_django.tasks import TaskInFlight, claim_once
+client = redis.Redis.from_url(sys.argv[1])
+client.rpush(sys.argv[2] + ":ready", 1)
+client.blpop(sys.argv[2] + ":go", timeout=30)  # all start together
+try:
+    with claim_once("race", "k-1") as run:
+        if not run.done:
+            client.incr(sys.argv[2] + ":ran")
+            client.blpop(sys.argv[2] + ":finish", timeout=30)  # held until all have tried
+            run.result = "ran"
+    print("ran" if run.result == "ran" else "replayed", flush=True)
+except TaskInFlight:
+    print("in flight", flush=True)
+"""
+
+
+def test_processes_racing_one_key_run_it_once() -> None:
+    """Six processes released together claim one key: one runs, the others are refused."""
+    client = redis.Redis.from_url(REDIS_URL, socket_timeout=120)
+    root = Path(__file__).resolve().parent.parent
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACING_WORKER, REDIS_URL, PREFIX],
+            cwd=root,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(root)},
+        )
+        for _ in range(6)
+    ]
+    try:
+        for _ in children:
+            assert client.blpop(f"{PREFIX}:ready", timeout=60) is not None
+        client.rpush(f"{PREFIX}:go", *([1] * len(children)))
+        deadline = time.monotonic() + 60
+        # The losers are answered while the winner is held: wait for them to exit.
+        while sum(child.poll() is not None for child in children) < len(children) - 1:
+            assert time.monotonic() < deadline, "the losers were not answered"
+            time.sleep(0.02)
+        held = [child for child in children if child.poll() is None]
+        client.rpush(f"{PREFIX}:finish", 1)
+        answers = [child.communicate(timeout=30)[0].strip() for child in children]
+    finally:
+        client.rpush(f"{PREFIX}:finish", 1)
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait(10)
+
+    assert [child.returncode for child in children] == [0] * len(children)
+    assert len(held) == 1
+    assert sorted(answers) == [b"in flight"] * (len(children) - 1) + [b"ran"]
+    assert int(client.get(f"{PREFIX}:ran")) == 1
