@@ -774,9 +774,9 @@ from idempotency_django.conf import DEFAULTS
 DEFAULTS["STORE"] = "idempotency_django.store.redis.RedisStore"
 DEFAULTS["STORE_OPTIONS"] = {"URL": sys.argv[1], "KEY_PREFIX": sys.argv[2]}
 django.setup()
-import redis
 from idempotency_django.tasks import TaskInFlight, claim_once
-client = redis.Redis.from_url(sys.argv[1])
+from tests.e2e import redis_cluster
+client = redis_cluster.connect(sys.argv[1])  # redis+cluster://: the cluster
 client.rpush(sys.argv[2] + ":ready", 1)
 client.blpop(sys.argv[2] + ":go", timeout=30)  # all start together
 try:
@@ -793,7 +793,7 @@ except TaskInFlight:
 
 def test_processes_racing_one_key_run_it_once() -> None:
     """Six processes released together claim one key: one runs, the others are refused."""
-    client = redis.Redis.from_url(REDIS_URL, socket_timeout=120)
+    client = redis_client()
     root = Path(__file__).resolve().parent.parent
     children = [
         subprocess.Popen(
