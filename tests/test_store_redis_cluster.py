@@ -241,3 +241,28 @@ def test_eval_per_node_is_one_round_trip_per_node(
         for node in redis_cluster.masters()
     )
     assert len(sent) == 3
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ({"CLUSTER": "yes"}, "CLUSTER 'yes' is not True or False"),
+        ({"WAIT_REPLICAS": -1}, "WAIT_REPLICAS -1 is not a whole number >= 0"),
+        ({"WAIT_REPLICAS": True}, "WAIT_REPLICAS True is not a whole number >= 0"),
+        ({"WAIT_TIMEOUT_MS": 0}, "WAIT_TIMEOUT_MS 0 is not a whole number >= 1"),
+        ({"URL": "http://127.0.0.1:7100/0"}, "URL 'http://127.0.0.1:7100/0' is not a redis://"),
+    ],
+)
+def test_e021_names_a_bad_cluster_or_wait_option(options: dict[str, object], problem: str) -> None:
+    from idempotency_django.store.redis import RedisStore
+
+    (error,) = RedisStore.check_options(options)
+    assert error.id == "idempotency_django.E021"
+    assert problem in error.msg
+
+
+def test_e021_accepts_a_cluster_url_and_the_wait_options() -> None:
+    from idempotency_django.store.redis import RedisStore
+
+    options = {"URL": "redis+cluster://127.0.0.1:7100/0", "WAIT_REPLICAS": 1}
+    assert RedisStore.check_options({**options, "CLUSTER": True, "WAIT_TIMEOUT_MS": 50}) == []
