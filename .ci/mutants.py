@@ -69,6 +69,7 @@ FP = "test_fingerprints.py::"
 CUSTOM_FP = FP + "TestCustomFingerprintSetting::"
 CELERY = "test_celery.py::"
 UNKNOWN = "test_unknown_outcomes.py::"
+RCLUSTER = "test_store_redis_cluster.py::"
 
 MUTANTS = [
     Mutant(
@@ -1019,6 +1020,49 @@ MUTANTS = [
         'if options.mode == "atomic":',
         "if False:",
         ("test_adapters_agree.py::test_an_async_view_in_atomic_mode_is_refused_when_declared",),
+    ),
+    # The Redis store on a cluster (issue 18 §3): its tests need the local cluster
+    # (python -m tools.redis_cluster start; .ci/run starts it before this check).
+    Mutant(
+        "cluster-write-without-asking",
+        "a claim in a migrating slot is sent to the importing node without ASKING: refused",
+        "store/redis_cluster.py",
+        '        pipe.execute_command("ASKING")',
+        "        pass",
+        (RCLUSTER + "test_write_and_wait_follows_ask_during_a_migration",),
+    ),
+    Mutant(
+        "cluster-renewal-drops-redirections",
+        "a renewal its node redirects (a slot migrating) is not repeated: the lease lapses",
+        "store/redis_cluster.py",
+        "        if isinstance(reply, (redis.exceptions.ResponseError, "
+        "redis.exceptions.ConnectionError)):",
+        "        if False:",
+        (RCLUSTER + "test_eval_per_node_follows_a_migration",),
+    ),
+    Mutant(
+        "cluster-renewal-per-claim",
+        "the heartbeat renews claim by claim on a cluster: one round trip per claim, not node",
+        "store/redis_cluster.py",
+        "    for group in by_node(client, range(len(calls)), lambda index: calls[index][0]):",
+        "    for group in ([index] for index in range(len(calls))):",
+        (RCLUSTER + "test_eval_per_node_is_one_round_trip_per_node",),
+    ),
+    Mutant(
+        "cluster-wait-count-trusted",
+        "WAIT's count is ignored: a claim no replica has is taken as replicated",
+        "store/redis_cluster.py",
+        "    return reply, int(acknowledged)",
+        "    return reply, replicas",
+        (RCLUSTER + "test_write_and_wait_reports_no_replica_when_it_is_cut_off",),
+    ),
+    Mutant(
+        "wait-replicas-unacknowledged-claim-trusted",
+        "WAIT_REPLICAS: a claim no replica acknowledged runs the view (a failover reruns it)",
+        "store/redis.py",
+        "        if acked is None or acked >= wanted:",
+        "        if True:",
+        ("test_redis_cluster.py::test_wait_replicas_refuses_a_claim_that_was_not_replicated",),
     ),
     Mutant(
         "redis-complete-unfenced",

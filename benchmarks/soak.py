@@ -54,6 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tools import redis_cluster
+from tools.redis_cluster import StandaloneRedis
 from tools.server import (
     Database,
     Server,
@@ -285,20 +287,33 @@ class Fault:
 
     sent: float  # time.time() just before the kill or the termination was sent
     t: float  # time.time() once its target was gone
-    kind: str  # "kill" or "termination"
-    target: int  # the worker's pid, or the session's id (PostgreSQL backend / MariaDB thread)
+    kind: str  # "kill", "termination" or "redis_restart"
+    target: int  # the worker's pid, the session's id (PostgreSQL backend / MariaDB thread),
+    # or the Redis server's pid
 
     def hits(self, execution: Execution) -> bool:
-        """Whether this fault's target is ``execution``'s worker or connection."""
+        """Whether this fault's target is ``execution``'s worker or connection (a Redis
+        restart cuts every worker's connection to the store)."""
+        if self.kind == "redis_restart":
+            return True
         return self.target == (execution.pid if self.kind == "kill" else execution.backend)
 
     def cut(self, execution: Execution) -> bool:
         """Whether this fault hit ``execution`` mid-run: sent before it ended, and its target
-        gone after it began."""
-        return self.hits(execution) and self.sent < execution.end and execution.start < self.t
+        gone after it began. A terminated session may be gone before the execution began:
+        its worker still held it (the recorded ``backend`` is read from the driver, without a
+        query) and finds it dead at its first query, when the claim did not use it (the
+        Redis store); a claim that did use it would have reconnected, on another session."""
+        if not (self.hits(execution) and self.sent < execution.end):
+            return False
+        return self.kind == "termination" or execution.start < self.t
 
     def describe(self, t0: float) -> str:
-        what = "kill of worker pid" if self.kind == "kill" else "termination of backend"
+        what = {
+            "kill": "kill of worker pid",
+            "termination": "termination of backend",
+            "redis_restart": "SIGKILL and restart of Redis pid",
+        }[self.kind]
         return f"{what} {self.target} at +{self.sent - t0:.3f}s (gone +{self.t - t0:.3f}s)"
 
 
@@ -337,17 +352,29 @@ def inject_faults(
     stop: threading.Event,
     faults: Faults,
     rng: random.Random,
+    redis_server: StandaloneRedis | None = None,
+    restart_every: float = 0.0,
 ) -> None:
-    """SIGKILL a random worker about every ``kill_every`` s and terminate some of the
-    soak database's connections about every ``terminate_every`` s, until ``until``."""
+    """SIGKILL a random worker about every ``kill_every`` s, terminate some of the soak
+    database's connections about every ``terminate_every`` s and, with ``redis_server``,
+    SIGKILL and restart the Redis store about every ``restart_every`` s, until ``until``."""
     now = time.monotonic()
     next_kill = now + kill_every * rng.uniform(0.5, 1.5)
     next_term = now + terminate_every * rng.uniform(0.5, 1.5)
+    next_restart = now + restart_every * rng.uniform(0.5, 1.5) if redis_server else math.inf
     connection = None
     while not stop.is_set():
         now = time.monotonic()
         if now >= until:
             break
+        if redis_server is not None and now >= next_restart:
+            next_restart = now + restart_every * rng.uniform(0.5, 1.5)
+            try:
+                pid, sent = redis_server.pid(), time.time()
+                redis_server.restart()
+                faults.done.append(Fault(sent, time.time(), "redis_restart", pid or 0))
+            except Exception as exc:
+                faults.errors.append(f"Redis restart: {type(exc).__name__}: {exc}")
         if now >= next_kill:
             next_kill = now + kill_every * rng.uniform(0.5, 1.5)
             pids = gunicorn.worker_pids()
@@ -372,7 +399,7 @@ def inject_faults(
                     if connection is not None:
                         connection.close()
                 connection = None
-        stop.wait(max(0.0, min(next_kill, next_term, until) - time.monotonic()))
+        stop.wait(max(0.0, min(next_kill, next_term, next_restart, until) - time.monotonic()))
     if connection is not None:
         with contextlib.suppress(Exception):
             connection.close()
@@ -545,7 +572,8 @@ def check(
             f"{after_release} re-runs after a release (outcome not stored), "
             f"{len(excused)} excused by a fault that cut the previous execution, "
             f"{len(unexcused)} not excused (the faults cut {cut['kill']} executions by a "
-            f"kill, {cut['termination']} by a termination)",
+            f"kill, {cut['termination']} by a termination, {cut['redis_restart']} by a Redis "
+            "restart)",
             notes=excused,
         )
     ]
@@ -713,6 +741,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lease", type=float, default=2.0, help="EXAMPLE_LEASE_SECONDS")
     parser.add_argument("--provider-delay-ms", type=int, default=100)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--redis-url",
+        default=None,
+        help="run on the Redis store at this URL (EXAMPLE_REDIS_URL), e.g. "
+        "redis://127.0.0.1:6379/4 (flushed first); default: the database store",
+    )
+    parser.add_argument(
+        "--redis-restart-every",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="run on a Redis store of the soak's own (port --redis-port, AOF appendfsync "
+        "always) and SIGKILL and restart it about this often",
+    )
+    parser.add_argument("--redis-port", type=int, default=6391)
     parser.add_argument("--keep", action="store_true", help="keep the database and logs")
     parser.add_argument(
         "--hard-deadline",
@@ -762,6 +805,7 @@ class Run:
     drain: float
     work_dir: Path
     gunicorn: Server | None = None
+    redis_server: StandaloneRedis | None = None
     cleaned: threading.Event = field(default_factory=threading.Event)
 
     def cleanup(self) -> None:
@@ -771,6 +815,8 @@ class Run:
         self.cleaned.set()
         if self.gunicorn is not None:
             self.gunicorn.stop()
+        if self.redis_server is not None:
+            self.redis_server.stop()
         if self.args.keep:
             print(f"kept database {self.db.name} and {self.work_dir}", file=sys.stderr)
             return
@@ -803,11 +849,62 @@ def main(argv: list[str] | None = None) -> int:
         run.cleanup()
 
 
+def database_records(db: Database) -> tuple[list[Any], list[Any]]:
+    """The in-progress records with a live lease, and those with a lapsed one."""
+    now_sql = "now()" if db.vendor == "postgresql" else "UTC_TIMESTAMP(6)"
+    key = "key" if db.vendor == "postgresql" else "`key`"
+    live = query(
+        db,
+        f"SELECT account, {key}, lease_expires_at "
+        f"FROM {RECORDS} WHERE state = 'in_progress' AND lease_expires_at > {now_sql}",
+    )
+    lapsed = query(
+        db,
+        f"SELECT account, {key} FROM {RECORDS} WHERE state = 'in_progress' AND "
+        f"(lease_expires_at IS NULL OR lease_expires_at <= {now_sql})",
+    )
+    return live, lapsed
+
+
+def redis_records(url: str) -> tuple[list[Any], list[Any]]:
+    """The same, from the Redis store (``store/redis.py``: a record is one key whose value
+    starts ``state|token|lease_ms|expires_ms|``, the lease on Redis's clock). The scope is
+    hashed into the key, so a record is named by its key."""
+    client = redis_cluster.connect(url)
+    live, lapsed = [], []
+    try:
+        seconds, micros = client.time()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        if isinstance(client, redis_cluster.RedisCluster):
+            keys = client.keys("*", target_nodes=redis_cluster.RedisCluster.PRIMARIES)
+        else:
+            keys = client.keys("*")
+        for key in keys:
+            value = client.get(key)
+            if value is None or not value.startswith(b"i|"):
+                continue
+            lease = int(value.split(b"|", 3)[2])
+            (live if lease > now_ms else lapsed).append(
+                (key.decode(), "", datetime.datetime.fromtimestamp(lease / 1000))
+            )
+    finally:
+        client.close()
+    return live, [(name, key) for name, key, _ in lapsed]
+
+
 def soak(run: Run) -> int:
     args, db = run.args, run.db
     rng = random.Random(run.seed)
     events_dir = run.work_dir / "events"
     events_dir.mkdir()
+    redis_url = args.redis_url
+    if args.redis_restart_every:
+        run.redis_server = StandaloneRedis(args.redis_port, appendfsync="always").start()
+        redis_url = run.redis_server.url
+    store = {}
+    if redis_url:
+        redis_cluster.flush(redis_url)
+        store = {"EXAMPLE_REDIS_URL": redis_url}
     env = project_env(
         SETTINGS,
         db.url,
@@ -816,8 +913,10 @@ def soak(run: Run) -> int:
         EXAMPLE_MAX_RUN_SECONDS=str(max(30.0, 10 * args.lease)),
         SOAK_EVENTS_DIR=str(events_dir),
         SOAK_SABOTAGE="1" if args.sabotage else "0",
+        **store,
     )
-    log(f"database {db.name} ({db.vendor}), seed {run.seed}")
+    where = f", Redis store at {redis_url}" if redis_url else ""
+    log(f"database {db.name} ({db.vendor}){where}, seed {run.seed}")
     create_database(db)
     manage(env, "migrate", "--noinput", "-v", "0")
     users = {name: str(pk) for pk, name in query(db, "SELECT id, username FROM auth_user")}
@@ -854,6 +953,8 @@ def soak(run: Run) -> int:
             stop,
             faults,
             random.Random(rng.random()),
+            run.redis_server,
+            args.redis_restart_every,
         ),
         daemon=True,
     )
@@ -868,7 +969,8 @@ def soak(run: Run) -> int:
     stop.set()
     log(
         f"traffic stopped: {faults.count('kill')} workers killed, "
-        f"{faults.count('termination')} database connections terminated; "
+        f"{faults.count('termination')} database connections terminated, "
+        f"{faults.count('redis_restart')} Redis restarts; "
         "draining (clients finish their keys)"
     )
     for thread in threads:
@@ -876,18 +978,10 @@ def soak(run: Run) -> int:
     still_running = sum(thread.is_alive() for thread in threads)
     # Every request has ended: after one lease, no record may still hold a live lease.
     time.sleep(args.lease + 1.0)
-    now_sql = "now()" if db.vendor == "postgresql" else "UTC_TIMESTAMP(6)"
-    live = query(
-        db,
-        f"SELECT account, {'key' if db.vendor == 'postgresql' else '`key`'}, lease_expires_at "
-        f"FROM {RECORDS} WHERE state = 'in_progress' AND lease_expires_at > {now_sql}",
-    )
-    lapsed = query(
-        db,
-        f"SELECT account, {'key' if db.vendor == 'postgresql' else '`key`'} FROM {RECORDS} "
-        f"WHERE state = 'in_progress' AND (lease_expires_at IS NULL "
-        f"OR lease_expires_at <= {now_sql})",
-    )
+    if redis_url:
+        live, lapsed = redis_records(redis_url)
+    else:
+        live, lapsed = database_records(db)
     charges = query(
         db, "SELECT id, account_id, amount, card, created_at FROM payments_charge ORDER BY id"
     )
@@ -934,7 +1028,8 @@ def soak(run: Run) -> int:
     print("answers: " + ", ".join(f"{s}: {n}" for s, n in sorted(statuses.items())))
     print(
         f"faults: {faults.count('kill')} workers SIGKILLed, {faults.rounds} rounds of "
-        f"connection terminations ({faults.count('termination')} connections)"
+        f"connection terminations ({faults.count('termination')} connections), "
+        f"{faults.count('redis_restart')} Redis restarts"
     )
     print("server signals: " + ", ".join(f"{e} {n}" for e, n in sorted(event_counts.items())))
     if warnings:

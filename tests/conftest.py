@@ -59,9 +59,9 @@ def _empty_redis_store() -> None:
     """On the Redis store, each test starts with no records, as the database rolls back
     its rows: the test Redis database is flushed (it holds nothing else)."""
     if ON_REDIS:
-        import redis
+        from tools import redis_cluster  # redis+cluster:// flushes every master
 
-        redis.Redis.from_url(REDIS_URL).flushdb()
+        redis_cluster.flush(REDIS_URL)
 
 
 @pytest.fixture(autouse=True)

@@ -33,11 +33,13 @@ from idempotency_django.store.base import StoreError, get_store
 from idempotency_django.store.redis import RedisStore, record_key
 from tests.conftest import REDIS_URL, Post, effects
 from tests.project.views import gate
+from tools import redis_cluster
 
 if TYPE_CHECKING:
     from pytest_django import Settings as SettingsWrapper
 
 redis = pytest.importorskip("redis")
+RedisCluster = redis.cluster.RedisCluster
 
 REDIS_STORE = "idempotency_django.store.redis.RedisStore"
 PREFIX = "idemtest"
@@ -46,8 +48,8 @@ SCRATCH_PORT = 6390
 
 def _redis_up(url: str) -> bool:
     try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
-    except redis.RedisError:
+        return bool(redis_cluster.connect(url).ping())
+    except (redis.RedisError, IndexError):
         return False
 
 
@@ -64,13 +66,21 @@ def use_redis(settings: SettingsWrapper, url: str = REDIS_URL, **more: Any) -> N
 
 @pytest.fixture(autouse=True)
 def _on_redis(settings: SettingsWrapper) -> None:
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    redis_cluster.flush(REDIS_URL)  # a redis+cluster:// URL: every master
     use_redis(settings)
     return
 
 
 def redis_client() -> Any:
-    return redis.Redis.from_url(REDIS_URL)
+    return redis_cluster.connect(REDIS_URL)  # redis+cluster://: the cluster
+
+
+def record_keys() -> list[bytes]:
+    """The store's keys (on every master, on a cluster)."""
+    client = redis_client()
+    if isinstance(client, RedisCluster):
+        return list(client.keys(f"{PREFIX}:*", target_nodes=RedisCluster.PRIMARIES))
+    return list(client.keys(f"{PREFIX}:*"))
 
 
 def store() -> RedisStore:
@@ -137,7 +147,7 @@ def test_a_first_request_runs_and_its_retry_is_replayed_from_redis_not_the_datab
     assert retry["Location"] == first["Location"]
     assert effects() == 1
     assert IdempotencyRecord.objects.count() == 0
-    keys = redis_client().keys(f"{PREFIX}:*")
+    keys = record_keys()
     assert len(keys) == 1
     assert 0 < redis_client().pttl(keys[0]) <= 24 * 3600 * 1000  # TTL_SECONDS, by Redis
 
@@ -153,7 +163,7 @@ def test_another_body_with_the_same_key_is_422(alice: User, post: Post) -> None:
 
 def test_a_5xx_releases_the_key_and_the_retry_runs(alice: User, post: Post) -> None:
     assert post("/effect/", {"status": 503}).status_code == 503
-    assert redis_client().keys(f"{PREFIX}:*") == []
+    assert record_keys() == []
 
     assert post("/effect/", {"status": 201}).status_code == 201
     assert effects() == 2
@@ -247,7 +257,7 @@ def test_encrypted_responses_are_sealed_in_redis(
 
     assert retry["Idempotent-Replayed"] == "true"
     assert retry.content == first.content
-    (key,) = redis_client().keys(f"{PREFIX}:*")
+    (key,) = record_keys()
     assert b"s3cr3t-body" not in redis_client().get(key)
 
 
@@ -598,7 +608,7 @@ def test_a_view_can_use_the_database_store_under_a_redis_default(alice: User, po
 
     assert view(request).status_code == 201
     assert IdempotencyRecord.objects.filter(key="k9").count() == 1
-    assert redis_client().keys(f"{PREFIX}:*") == []
+    assert record_keys() == []
 
 
 def test_the_purge_says_the_redis_store_needs_none(capsys: pytest.CaptureFixture[str]) -> None:
@@ -660,7 +670,7 @@ print(json.dumps([first.status_code, retry.status_code, retry.get("Idempotent-Re
 
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.splitlines()[-1]) == [201, 201, "true", 0]
-    assert len(redis_client().keys(f"{PREFIX}:*")) == 1
+    assert len(record_keys()) == 1
 
 
 # -- a worker killed mid-flight -----------------------------------------------------------------
@@ -764,9 +774,9 @@ from idempotency_django.conf import DEFAULTS
 DEFAULTS["STORE"] = "idempotency_django.store.redis.RedisStore"
 DEFAULTS["STORE_OPTIONS"] = {"URL": sys.argv[1], "KEY_PREFIX": sys.argv[2]}
 django.setup()
-import redis
 from idempotency_django.tasks import TaskInFlight, claim_once
-client = redis.Redis.from_url(sys.argv[1])
+from tools import redis_cluster
+client = redis_cluster.connect(sys.argv[1])  # redis+cluster://: the cluster
 client.rpush(sys.argv[2] + ":ready", 1)
 client.blpop(sys.argv[2] + ":go", timeout=30)  # all start together
 try:
@@ -783,7 +793,7 @@ except TaskInFlight:
 
 def test_processes_racing_one_key_run_it_once() -> None:
     """Six processes released together claim one key: one runs, the others are refused."""
-    client = redis.Redis.from_url(REDIS_URL, socket_timeout=120)
+    client = redis_client()
     root = Path(__file__).resolve().parent.parent
     children = [
         subprocess.Popen(

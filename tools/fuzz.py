@@ -84,6 +84,7 @@ from typing import Any
 
 from requests.structures import CaseInsensitiveDict
 
+from tools import redis_cluster
 from tools.server import (
     CHARGES_TABLE,
     IN_PROGRESS,
@@ -1343,11 +1344,22 @@ def check_database(
 
 
 def check(
-    database: Database, generator: Generator, scenarios: list[Scenario], *, shared: bool = False
+    database: Database,
+    generator: Generator,
+    scenarios: list[Scenario],
+    *,
+    shared: bool = False,
+    redis_store: bool = False,
 ) -> list[Violation]:
-    """Every check, after the run (``shared``: see ``check_database``)."""
+    """Every check, after the run (``shared``: see ``check_database``; ``redis_store``: the
+    server kept its records in Redis, so the records table must be empty)."""
     shots = [shot for scenario in scenarios for shot in scenario.shots]
     found = check_database(database, generator, shots, shared=shared)
+    if redis_store:
+        rows = query(database, f"SELECT COUNT(*) FROM {RECORDS_TABLE}")
+        if int(rows[0][0]):
+            detail = f"{rows[0][0]} rows in {RECORDS_TABLE}: the server did not use Redis"
+            found.append(Violation("records in the database on the Redis store", detail))
     return found + check_answers(shots) + check_scenarios(scenarios)
 
 
@@ -1381,6 +1393,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="hard deadline for the whole run (exit code 3)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the database and server logs")
+    parser.add_argument(
+        "--redis-url",
+        default=None,
+        help="serve on the Redis store at this URL (EXAMPLE_REDIS_URL; its database is "
+        "flushed first), e.g. redis://127.0.0.1:6379/4 or redis+cluster://127.0.0.1:7100/0",
+    )
     args = parser.parse_args(argv)
     if args.requests < 1:
         parser.error("--requests must be at least 1")
@@ -1428,6 +1446,9 @@ def main(argv: list[str] | None = None) -> int:
     shots = [shot for scenario in scenarios for shot in scenario.shots]
     logs = Path(tempfile.mkdtemp(prefix="fuzz-"))
     settings = {"EXAMPLE_PROVIDER_DELAY_MS": PROVIDER_DELAY_MS}
+    if args.redis_url:
+        redis_cluster.flush(args.redis_url)
+        settings["EXAMPLE_REDIS_URL"] = args.redis_url
     try:
         create_database(database)
         migrate(database)
@@ -1443,7 +1464,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         run_all(scenarios, {"gunicorn": gunicorn.port, "uvicorn": uvicorn.port}, args.clients)
         sent = time.monotonic()
-        violations = check(database, generator, scenarios)
+        violations = check(database, generator, scenarios, redis_store=bool(args.redis_url))
         report(shots, violations, sent - ready)
         if violations:
             for server in (gunicorn, uvicorn):

@@ -19,6 +19,7 @@ same. Redis ≥ 7.0 (``SET … NX GET``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
@@ -46,6 +47,9 @@ try:
     import redis
     from redis.backoff import NoBackoff
     from redis.retry import Retry
+
+    from idempotency_django.store import redis_cluster
+    from idempotency_django.store.redis_cluster import CLUSTER_URLS
 except ImportError as error:  # pragma: no cover - the extra is not installed
     raise ImproperlyConfigured(
         "The Redis store needs redis-py: pip install 'idempotency-django[redis]'"
@@ -60,6 +64,12 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "KEY_PREFIX": "idem",
     "SOCKET_TIMEOUT": 1.0,  # seconds: a command that takes longer is an unknown outcome
     "CONNECT_TIMEOUT": 1.0,
+    # Redis Cluster and replication (store/redis_cluster.py, docs/stores.md): a
+    # cluster client (also chosen by a redis+cluster:// URL); WAIT_REPLICAS > 0 makes a claim
+    # or take-over wait for that many replicas (WAIT, at most WAIT_TIMEOUT_MS), else 503.
+    "CLUSTER": False,
+    "WAIT_REPLICAS": 0,
+    "WAIT_TIMEOUT_MS": 200,
 }
 
 # -- scripts: the value's header is "state|token|lease|expires|" -------------------------------
@@ -252,8 +262,9 @@ class RedisStore:
     def _connect(self, options: dict[str, Any]) -> Any:
         """A client that never retries on its own: a command that timed out may have run,
         and the lifecycle decides (``engine.reconnecting`` retries a lost connection once)."""
-        client = redis.Redis.from_url(
+        client = redis_cluster.connect(
             options["URL"],
+            cluster=bool(options["CLUSTER"]),
             socket_timeout=options["SOCKET_TIMEOUT"],
             socket_connect_timeout=options["CONNECT_TIMEOUT"],
             retry=Retry(NoBackoff(), 0),
@@ -298,7 +309,7 @@ class RedisStore:
 
     def claim_or_read(self, alias: str, values: dict[str, Any], fingerprint: str) -> ClaimOrRead:
         key = self.key(values)
-        reply = self._run(
+        reply, acked = self._run_replicated(
             "claim",
             [key],
             [
@@ -309,6 +320,7 @@ class RedisStore:
             ],
         )
         if reply[0] == 1:
+            self._replicated(acked, values, "claim")
             return CLAIMED
         return _snapshot(key, bytes(reply[2]), int(reply[1]), fingerprint)
 
@@ -319,15 +331,12 @@ class RedisStore:
         """The record (``TIME`` and ``GET`` in one round trip), for tests and tools."""
         key = self.key(lookup)
         try:
-            pipe = self.client().pipeline(transaction=False)
-            pipe.time()
-            pipe.get(key)
-            (seconds, micros), value = pipe.execute()
+            server_ms, value = redis_cluster.time_and_get(self.client(), key)
         except redis.RedisError as error:
             raise self._translated(error) from error
         if value is None:
             return None
-        return _snapshot(key, bytes(value), seconds * 1000 + micros // 1000, fingerprint)
+        return _snapshot(key, bytes(value), server_ms, fingerprint)
 
     def read_stored(self, alias: str, pk: Any) -> Stored | None:
         """The stored response of a completed record: one ``GET``."""
@@ -343,7 +352,7 @@ class RedisStore:
         return _stored(meta, body)
 
     def take_over(self, alias: str, record: Snapshot, values: dict[str, Any]) -> bool:
-        reply = self._run(
+        reply, acked = self._run_replicated(
             "take_over",
             [record.pk],
             [
@@ -354,6 +363,8 @@ class RedisStore:
                 _meta(values["fingerprint"]),
             ],
         )
+        if reply == 1:
+            self._replicated(acked, values, "take-over")
         return bool(reply == 1)
 
     def complete(
@@ -398,6 +409,9 @@ class RedisStore:
     ) -> int:
         """Renew every claim: one script per group of keys (``groups``: all of them on a
         single Redis, one round trip; a cluster groups them per slot)."""
+        client = self.client()
+        if redis_cluster.is_cluster(client):
+            return self._renew_per_node(client, claims, lease)
         renewed = 0
         for group in self.groups([(self.key(lookup), token) for lookup, token in claims]):
             keys = [key for key, _ in group]
@@ -421,7 +435,65 @@ class RedisStore:
     def reset(self, alias: str) -> None:
         current = self._client
         if current is not None:
-            current[1].connection_pool.disconnect()
+            redis_cluster.disconnect(current[1])
+
+    # -- Redis Cluster and WAIT (store/redis_cluster.py) -------------------------------------
+
+    def _renew_per_node(
+        self, client: Any, claims: Sequence[tuple[dict[str, str], str]], lease: float
+    ) -> int:
+        """On a cluster a script's keys must share a slot: the renewal script once per
+        claim, in one round trip per master (``redis_cluster.eval_per_node``)."""
+        calls = [(self.key(lookup), [_ms(lease), token]) for lookup, token in claims]
+        try:
+            replies = redis_cluster.eval_per_node(client, self._scripts["renew"], calls)
+        except redis.RedisError as error:
+            raise self._translated(error) from error
+        return sum(int(reply) for reply in replies if not isinstance(reply, Exception))
+
+    def _run_replicated(
+        self, name: str, keys: Sequence[str], args: Sequence[Any]
+    ) -> tuple[Any, int | None]:
+        """``_run``, then with ``WAIT_REPLICAS`` a ``WAIT`` on the same connection in the same
+        round trip: the reply, and how many replicas acknowledged it (None: not asked)."""
+        options = self.options()
+        replicas = int(options["WAIT_REPLICAS"])
+        if not replicas:
+            return self._run(name, keys, args), None
+        client, script = self.client(), self._scripts[name]
+        timeout = int(options["WAIT_TIMEOUT_MS"])
+        try:
+            try:
+                command = ["EVALSHA", script.sha, len(keys), *keys, *args]
+                reply, acked = redis_cluster.write_and_wait(
+                    client, keys[0], command, replicas, timeout
+                )
+            except redis.exceptions.NoScriptError:
+                # The node that answered lacks it (a promoted replica): EVAL caches it there.
+                command = ["EVAL", script.script, len(keys), *keys, *args]
+                reply, acked = redis_cluster.write_and_wait(
+                    client, keys[0], command, replicas, timeout
+                )
+        except redis.RedisError as error:
+            raise self._translated(error) from error
+        return reply, acked
+
+    def _replicated(self, acked: int | None, values: dict[str, Any], what: str) -> None:
+        """A claim or take-over that fewer replicas than ``WAIT_REPLICAS`` acknowledged is
+        not trusted: a failover now would lose it and let a retry run the view again. It
+        is released (fenced by its token) and refused as a store failure (503; never
+        ``unreachable``, so never run unprotected: the store did answer)."""
+        wanted = int(self.options()["WAIT_REPLICAS"])
+        if acked is None or acked >= wanted:
+            return
+        # If the release fails too, the claim's lease lapses: nobody renews a refused claim.
+        with contextlib.suppress(StoreError):
+            self._run("release", [self.key(values)], [values["token"]])
+        raise StoreError(
+            f"Redis: the {what} reached {acked} of {wanted} replicas "
+            f"within {self.options()['WAIT_TIMEOUT_MS']} ms (WAIT_REPLICAS)",
+            "other",
+        )
 
     def usable(self, alias: str) -> bool:
         try:
@@ -443,7 +515,7 @@ class RedisStore:
             problems += [f"unknown option {name!r}" for name in unknown]
             options = {**DEFAULT_OPTIONS, **value}
             if not isinstance(options["URL"], str) or not options["URL"].startswith(
-                ("redis://", "rediss://", "unix://", "valkey://", "valkeys://")
+                ("redis://", "rediss://", "unix://", "valkey://", "valkeys://", *CLUSTER_URLS)
             ):
                 problems.append(f"URL {options['URL']!r} is not a redis:// URL")
             if not isinstance(options["KEY_PREFIX"], str) or not options["KEY_PREFIX"]:
@@ -453,6 +525,7 @@ class RedisStore:
             for name in ("SOCKET_TIMEOUT", "CONNECT_TIMEOUT"):
                 if not is_number(options[name]) or options[name] <= 0:
                     problems.append(f"{name} {options[name]!r} is not a number of seconds > 0")
+            problems += redis_cluster.option_problems(options)
         return [
             checks.Error(
                 f"IDEMPOTENCY['STORE_OPTIONS'] for RedisStore: {problem}.",

@@ -1,14 +1,14 @@
 #!/usr/bin/env python
 """Check the example's two published OpenAPI schemas against the wire with Schemathesis.
 
-    python tests/e2e/contract.py --database-url postgres://root@127.0.0.1:5432/contract_pg
+    python -m tools.contract --database-url postgres://root@127.0.0.1:5432/contract_pg
 
 What CI runs. The database is (re)created, migrated and dropped at the end; the example is
 served under gunicorn (``server.py``'s harness, a 5 ms fake card provider) and
 ``st run`` is pointed at ``/api/schema/`` (drf-spectacular) and ``/ninja/openapi.json``
 (django-ninja) in turn: every check, every phase that applies (examples, coverage, fuzzing;
 stateful needs links, which neither schema has), as alice, with a fresh Idempotency-Key per
-request. ``tests/e2e/schemathesis.toml`` holds the configuration and every exclusion, each
+request. ``tools/schemathesis.toml`` holds the configuration and every exclusion, each
 with its reason. Exit code 0 only if both runs end with zero failures.
 
 Then the check is checked: each schema, saved with one documented answer changed
@@ -32,11 +32,9 @@ from typing import Any
 
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from tools import server
 
-CONFIG = server.REPO_ROOT / "tests" / "e2e" / "schemathesis.toml"
+CONFIG = server.REPO_ROOT / "tools" / "schemathesis.toml"
 SCHEMAS = {"DRF": "/api/schema/?format=json", "django-ninja": "/ninja/openapi.json"}
 POST = {"DRF": "/api/charges/", "django-ninja": "/ninja/charges/"}
 

@@ -1,4 +1,4 @@
-"""Schemathesis hooks for the example's contract run (``tests/e2e/contract.py``).
+"""Schemathesis hooks for the example's contract run (``tools/contract.py``).
 
 A fresh Idempotency-Key per request: Schemathesis generates keys from the published pattern
 and would send one key with several bodies (a 422, documented but not what a case tests) or
