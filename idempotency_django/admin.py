@@ -667,13 +667,14 @@ def _their(count: int) -> str:
 
 
 def _key_prefix_q(prefix: str, alias: str) -> Q:
-    """Keys that start with ``prefix``, in a form the key index serves. MariaDB/MySQL
-    read the whole table for ``LIKE BINARY 'prefix%'`` OR-ed with the other terms, but not
-    for a range, which the column's binary collation orders by code point (the bound is the
-    last one). PostgreSQL's index has pattern ops for ``LIKE``."""
-    if connections[alias].vendor == "mysql":
-        return Q(key__gte=prefix, key__lt=prefix + "\U0010ffff")
-    return Q(key__startswith=prefix)
+    """Keys that start with ``prefix``, case-sensitively, in a form the key index serves.
+    PostgreSQL's index has pattern ops for ``LIKE``. Elsewhere a range, which the binary
+    collation orders by code point (the bound is the last one): MariaDB/MySQL read the
+    whole table for ``LIKE BINARY 'prefix%'`` OR-ed with the other terms, and SQLite's
+    ``LIKE`` ignores case."""
+    if connections[alias].vendor == "postgresql":
+        return Q(key__startswith=prefix)
+    return Q(key__gte=prefix, key__lt=prefix + "\U0010ffff")
 
 
 def _in_progress() -> Q:
