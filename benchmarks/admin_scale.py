@@ -289,6 +289,33 @@ def claim_cost(claims: int, step: Callable[[str], None]) -> dict[str, float]:
     return {kind: statistics.mean(values) for kind, values in samples.items()}
 
 
+def purge(db: Database, limit: int, window: float, rate: float, timeout: float) -> None:
+    """``benchmarks/run.py``'s purge scenario on this table: the benchmark's server on
+    this database, an open-loop claim probe before, during and after
+    ``purge_idempotency_keys --limit``, paced as by default. Its report, as run.py prints
+    it."""
+    import tempfile
+
+    from benchmarks import run
+    from tests.e2e.server import REPO_ROOT, project_env, spawn_gunicorn
+
+    env = project_env("benchmarks.benchproject.settings", db.url, pythonpath=[REPO_ROOT],
+                      EXAMPLE_PROVIDER_DELAY_MS="0")  # fmt: skip
+    log = Path(tempfile.mkdtemp(prefix="admin-scale-")) / "gunicorn.log"
+    server = spawn_gunicorn(env, log, workers=os.cpu_count() or 1)
+    try:
+        server.wait_ready("/bench/ping/", {"X-Bench-User": run.USER}, within=90)
+        options = argparse.Namespace(purge_args=f"--limit {limit}", purge_timeout=timeout)
+        purged = run.purge_scenario(server, env, window, rate, options)
+    finally:
+        server.stop()
+    report = run.Report()
+    run.add_purge(report, purged, db.vendor)
+    before = int(query(db, f"SELECT count(*) FROM {TABLE}")[0][0]) + purged.deleted
+    print(f"\nPurge of {purged.deleted:,} expired records from a table of {before:,}:")
+    print(report.text())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database", choices=tuple(DEFAULT_URLS), default="postgres")
@@ -298,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reseed", action="store_true", help="even if the count matches")
     parser.add_argument("--claim-cost", type=int, default=0, metavar="N",
                         help="also time N claims with and without the admin's indexes")  # fmt: skip
+    parser.add_argument("--purge", type=int, default=0, metavar="N",
+                        help="then purge N expired records (of the half that are) while "
+                        "claims are probed, as benchmarks/run.py does")  # fmt: skip
+    parser.add_argument("--probe-rate", type=float, default=10.0, help="claims/s (10)")
+    parser.add_argument("--window", type=float, default=15.0, help="s of probe each side")
+    parser.add_argument("--no-pages", action="store_true", help="skip the admin pages")
     args = parser.parse_args(argv)
     db = database(args.database_url or DEFAULT_URLS[args.database])
     started = time.monotonic()
@@ -317,6 +350,23 @@ def main(argv: list[str] | None = None) -> int:
         step("seeded")
     else:
         step(f"reusing the {present:,} records of {db.name}")
+    failed = 0
+    if not args.no_pages:
+        failed = report_pages(db, args, step)
+    if args.claim_cost:
+        step(f"claim cost: {args.claim_cost} claims x 2, with and without the admin's indexes")
+        cost = claim_cost(args.claim_cost, step)
+        print(f"\nClaim + completion, 2 x {args.claim_cost}, mean (µs): with the "
+              f"admin's indexes {cost['with']:.0f}, without {cost['without']:.0f}: "
+              f"{cost['with'] / cost['without']:.2f}x")  # fmt: skip
+    if args.purge:
+        step(f"purging {args.purge:,} expired records, claims probed at {args.probe_rate}/s")
+        purge(db, args.purge, args.window, args.probe_rate, timeout=3600)
+    return 0 if not failed else 1
+
+
+def report_pages(db: Database, args: argparse.Namespace, step: Callable[[str], None]) -> int:
+    """Time the pages and print them; the number of pages over target."""
     load = common.load_average()
     results = time_pages(args.rounds)
     width = max(len(result.page) for result in results)
@@ -333,16 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nThe page with the slowest SQL, {slowest.page}: its statements")
     for statement in slowest.statements:
         print(f"  {float(statement['time']) * 1000:7.1f} ms  {statement['sql'][:240]}")
-    if args.claim_cost:
-        step(f"claim cost: {args.claim_cost} claims x 2, with and without the admin's indexes")
-        cost = claim_cost(args.claim_cost, step)
-        print(f"\nClaim + completion, 2 x {args.claim_cost}, mean (µs): with the "
-              f"admin's indexes {cost['with']:.0f}, without {cost['without']:.0f}: "
-              f"{cost['with'] / cost['without']:.2f}x")  # fmt: skip
     failed = sum(result.cost > TARGET_MS for result in results)
     print(f"\n{'PASS' if not failed else 'FAIL'}: {len(results) - failed}/{len(results)} pages "
           f"≤ {TARGET_MS:.0f} ms")  # fmt: skip
-    return 0 if not failed else 1
+    return failed
 
 
 if __name__ == "__main__":
