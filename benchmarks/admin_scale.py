@@ -12,6 +12,10 @@ without the admin's indexes, to show what they cost each request.
 
     python benchmarks/admin_scale.py --database postgres --records 1000000
     python benchmarks/admin_scale.py --database mariadb
+    python benchmarks/admin_scale.py --no-pages --claim-cost 1000 --purge 1000000
+
+``--purge N`` runs ``benchmarks/run.py``'s purge scenario on this table (last: it deletes
+records, so the next run seeds again unless ``--records`` names the count left).
 """
 
 from __future__ import annotations
