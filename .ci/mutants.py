@@ -358,6 +358,22 @@ MUTANTS = [
         ("test_admin.py::test_release_skips_a_key_whose_lease_is_live",),
     ),
     Mutant(
+        "admin-counts-the-table",
+        "the admin's list counts every record (seconds at 10M rows)",
+        "admin.py",
+        "    paginator = BoundedPaginator\n",
+        "",
+        ("test_admin.py::test_the_changelist_never_counts_or_distincts_the_table",),
+    ),
+    Mutant(
+        "admin-distinct-filter",
+        "the admin's endpoint filter offers a DISTINCT over the whole table",
+        "admin.py",
+        '("endpoint", RecentValuesListFilter),',
+        '"endpoint",',
+        ("test_admin.py::test_the_changelist_never_counts_or_distincts_the_table",),
+    ),
+    Mutant(
         "heartbeat-register-noop",
         "the heartbeat never renews: register() forgets the claim",
         "heartbeat.py",

@@ -130,7 +130,7 @@ def check_settings(
 
 
 def _check_store(values: dict[str, Any]) -> list[checks.CheckMessage]:
-    """E019: a ``STORE`` that cannot be loaded; E020: ``MODE`` atomic with a store outside
+    """E019: a ``STORE`` that cannot be loaded; E025: ``MODE`` atomic with a store outside
     the database; then the store's own checks of ``STORE_OPTIONS`` (``check_options``)."""
     from idempotency_django.store.base import get_store
 
@@ -160,7 +160,7 @@ def _check_store(values: dict[str, Any]) -> list[checks.CheckMessage]:
                 f"IDEMPOTENCY['MODE'] is 'atomic' with {type(store).__name__}: no transaction "
                 "spans that store and the database.",
                 hint="Use MODE 'commit' with this store, or the database store for atomic mode.",
-                id="idempotency_django.E020",
+                id="idempotency_django.E025",
             )
         )
     check_options = getattr(store, "check_options", None)

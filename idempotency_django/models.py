@@ -68,6 +68,14 @@ class IdempotencyRecord(models.Model):
         indexes = [
             # The purge's second pass: in-progress records whose lease died long ago.
             models.Index(fields=["state", "lease_expires_at"], name="idempotency_record_stale"),
+            # The admin at 10 million rows (see admin.py): exact-key and key-prefix search
+            # (pattern ops, so that PostgreSQL serves ``LIKE 'prefix%'`` in any collation),
+            # and the endpoint and status filters, newest first, without a scan or a sort.
+            models.Index(
+                fields=["key"], name="idempotency_record_key", opclasses=["varchar_pattern_ops"]
+            ),
+            models.Index(fields=["endpoint", "id"], name="idempotency_record_endpoint"),
+            models.Index(fields=["response_status", "id"], name="idempotency_record_status"),
         ]
         constraints = [
             models.UniqueConstraint(

@@ -160,21 +160,60 @@ def test_changelist_shows_the_columns(client_: Client) -> None:
         "endpoint",
         "state",
         "response_status",
+        "lease_expires_at",
         "created_at",
         "expires_at",
     ]
-    assert response.context["cl"].date_hierarchy == "created_at"
-    assert "created_at__year=" in html  # the date drill-down's links
+    assert "2 idempotency records" in html  # counted
 
 
-def test_date_hierarchy_drills_down_by_creation_date(client_: Client) -> None:
-    today = timezone.localdate()
-    completed(key="today")
-    completed(key="last-year", created_at=timezone.now() - timedelta(days=400))
+def test_the_list_is_newest_first_by_pages(client_: Client, settings: Any) -> None:
+    for number in range(60):
+        completed(key=f"k{number:02}")
 
-    assert listed(
-        client_, created_at__year=str(today.year), created_at__month=str(today.month)
-    ) == {"today"}
+    first = client_.get(reverse(CHANGELIST))
+    second = client_.get(reverse(CHANGELIST), {"p": "2"})
+
+    assert [r.key for r in first.context["cl"].result_list] == [
+        f"k{n:02}" for n in range(59, 9, -1)
+    ]
+    assert [r.key for r in second.context["cl"].result_list] == [
+        f"k{n:02}" for n in range(9, -1, -1)
+    ]
+    assert "60 idempotency records" in first.content.decode()
+
+
+def test_past_the_count_limit_the_list_says_more_than(
+    client_: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The paginator stops counting at COUNT_LIMIT (10,000): it says "more than", and the
+    last page it offers is the last one counted."""
+    monkeypatch.setattr(idempotency_admin.BoundedPaginator, "COUNT_LIMIT", 3)
+    for number in range(5):
+        completed(key=f"k{number}", endpoint="POST /charges/" if number else "POST /refunds/")
+
+    response = client_.get(reverse(CHANGELIST))
+    filtered = client_.get(reverse(CHANGELIST), {"endpoint": "POST /charges/"})
+
+    assert response.context["cl"].paginator.more
+    assert "more than 3 idempotency records" in response.content.decode()
+    assert response.context["cl"].paginator.num_pages == 1
+    assert "more than 3 idempotency records" in filtered.content.decode()
+    assert "in all" not in filtered.content.decode()  # no estimate for a filtered list
+
+
+def test_no_date_hierarchy_column_sorts_or_facets(client_: Client) -> None:
+    """Each would read the whole table: ``SELECT DISTINCT DATE_TRUNC``, a sort of every
+    row, a ``COUNT`` per choice."""
+    completed(key="k")
+
+    response = client_.get(reverse(CHANGELIST), {"_facets": "1"})
+
+    cl = response.context["cl"]
+    assert cl.date_hierarchy is None
+    assert cl.sortable_by == ()
+    assert not cl.add_facets
+    assert 'class="sortable' not in response.content.decode()
 
 
 def test_filter_by_state(client_: Client) -> None:
@@ -185,6 +224,22 @@ def test_filter_by_state(client_: Client) -> None:
     assert listed(client_, state__exact="completed") == {"done"}
 
 
+def filter_choices(response: Any, field: str) -> list[Any]:
+    specs = response.context["cl"].filter_specs
+    (spec,) = [s for s in specs if getattr(s, "lookup_kwarg", None) == field]
+    return list(spec.lookup_choices)
+
+
+def test_filter_by_lease(client_: Client) -> None:
+    completed(key="done")
+    stuck(key="running")
+    abandoned(key="dead")
+    IdempotencyRecordFactory(key="no-lease", lease_expires_at=None)
+
+    assert listed(client_, lease="lapsed") == {"dead", "no-lease"}
+    assert listed(client_, lease="live") == {"running"}
+
+
 def test_filter_by_endpoint(client_: Client) -> None:
     completed(key="charge", endpoint="POST /charges/")
     completed(key="refund", endpoint="POST /refunds/")
@@ -192,6 +247,27 @@ def test_filter_by_endpoint(client_: Client) -> None:
     response = client_.get(reverse(CHANGELIST))
     assert "POST /refunds/" in response.content.decode()  # offered as a choice
     assert listed(client_, endpoint="POST /charges/") == {"charge"}
+
+
+def test_filters_offer_the_values_of_the_latest_records_and_the_chosen_one(
+    client_: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a DISTINCT over the table: the values of the latest RECENT records, plus the
+    one in the URL (a value only older records have still filters)."""
+    monkeypatch.setattr(idempotency_admin.RecentValuesListFilter, "RECENT", 2)
+    completed(key="old", endpoint="POST /old/", response_status=402)
+    completed(key="new-1", endpoint="POST /new/")
+    completed(key="new-2", endpoint="POST /new/")
+
+    plain = client_.get(reverse(CHANGELIST))
+    chosen = client_.get(reverse(CHANGELIST), {"endpoint": "POST /old/"})
+
+    assert filter_choices(plain, "endpoint") == ["POST /new/"]
+    assert filter_choices(plain, "response_status") == [201]
+    assert filter_choices(chosen, "endpoint") == ["POST /new/", "POST /old/"]
+    assert "?endpoint=POST+%2Fold%2F" in chosen.content.decode()  # offered, and selected
+    assert listed(client_, endpoint="POST /old/") == {"old"}
+    assert listed(client_, response_status="402") == {"old"}
 
 
 def test_filter_by_response_status(client_: Client) -> None:
@@ -212,6 +288,20 @@ def test_filter_expired(client_: Client) -> None:
     assert listed(client_) == {"old", "fresh"}
 
 
+def test_expired_records_are_listed_latest_expiry_first(client_: Client) -> None:
+    """By the ``expires_at`` index: newest first would pass over every unexpired record."""
+    now = timezone.now()
+    for key, ago in (("long-ago", 3 * 86400), ("just-now", 5), ("yesterday", 86400)):
+        completed(
+            key=key, created_at=now - timedelta(days=4), expires_at=now - timedelta(seconds=ago)
+        )
+
+    response = client_.get(reverse(CHANGELIST), {"expired": "yes"})
+
+    keys = [record.key for record in response.context["cl"].result_list]
+    assert keys == ["just-now", "yesterday", "long-ago"]
+
+
 def test_search_by_exact_key_or_account(client_: Client) -> None:
     completed(key="order-42", account="7")
     completed(key="order-420", account="8")
@@ -221,6 +311,19 @@ def test_search_by_exact_key_or_account(client_: Client) -> None:
     assert listed(client_, q="7") == {"order-42"}
     assert listed(client_, q="order") == set()
     assert listed(client_, q="ORDER-42") == set()  # keys are case-sensitive
+
+
+def test_search_by_key_prefix(client_: Client) -> None:
+    completed(key="order-42")
+    completed(key="order-420")
+    completed(key="Order-43")
+    completed(key="ord%r-1")
+
+    assert listed(client_, q="order-4*") == {"order-42", "order-420"}
+    assert listed(client_, q="order-42*") == {"order-42", "order-420"}
+    assert listed(client_, q="ord%*") == {"ord%r-1"}  # a LIKE wildcard is a character
+    assert listed(client_, q="ord*") == set()  # shorter than KEY_PREFIX_MIN: exact only
+    assert listed(client_, q="or*er*") == set()
 
 
 # --- detail: read-only, with the stored response shown readably ----------------------------------
@@ -755,6 +858,53 @@ def test_changelist_never_reads_stored_bodies(client_: Client) -> None:
     record_queries = [q["sql"] for q in queries if IdempotencyRecord._meta.db_table in q["sql"]]
     assert record_queries
     assert not [sql for sql in record_queries if "response_body" in sql]
+
+
+def changelist_statements(client: Client, **params: str) -> list[str]:
+    with CaptureQueriesContext(connections["default"]) as queries:
+        response = client.get(reverse(CHANGELIST), params)
+        assert response.status_code == 200
+    table = IdempotencyRecord._meta.db_table
+    return [q["sql"] for q in queries if table in q["sql"]]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {},
+        {"p": "2"},
+        {"state__exact": "completed"},
+        {"lease": "lapsed"},
+        {"endpoint": "POST /charges/"},
+        {"response_status": "201"},
+        {"response_status__isnull": "True"},
+        {"expired": "yes"},
+        {"q": "k-1"},
+        {"q": "k-1*"},
+        {"_facets": "1"},
+    ],
+    ids=lambda params: "&".join(f"{k}={v}" for k, v in params.items()) or "plain",
+)
+def test_the_changelist_never_counts_or_distincts_the_table(
+    client_: Client, params: dict[str, str]
+) -> None:
+    """What would read all 10 million records: a ``DISTINCT`` (the date hierarchy, the
+    filters' choices) or a ``COUNT`` that no ``LIMIT`` bounds (the paginator, the full
+    result count, the facets). Every statement on the table is bounded."""
+    for number in range(120):
+        completed(key=f"k-{number}", endpoint="POST /charges/")
+    stuck(key="running")
+
+    statements = changelist_statements(client_, **params)
+
+    assert statements
+    for sql in statements:
+        upper = sql.upper()
+        assert "DISTINCT" not in upper, sql
+        if "COUNT(" in upper:
+            assert "LIMIT" in upper.split("COUNT(", 1)[1], sql
+        assert "LIMIT" in upper or "WHERE" in upper, sql  # no read of the whole table
+        assert "DATE_TRUNC" not in upper, sql
 
 
 def test_the_detail_page_still_shows_the_body(client_: Client) -> None:

@@ -554,7 +554,7 @@ def test_a_timeout_is_other_and_a_refused_connection_unreachable() -> None:
 def test_atomic_mode_with_the_redis_store_is_refused_by_a_check(settings: SettingsWrapper) -> None:
     use_redis(settings, MODE="atomic")
 
-    assert [m.id for m in check_settings()] == ["idempotency_django.E020"]
+    assert [m.id for m in check_settings()] == ["idempotency_django.E025"]
 
 
 def test_an_unloadable_store_is_refused_by_a_check(settings: SettingsWrapper) -> None:
@@ -579,7 +579,7 @@ def test_bad_store_options_are_refused_by_a_check(
 ) -> None:
     settings.IDEMPOTENCY = {"STORE": REDIS_STORE, "STORE_OPTIONS": options}
 
-    assert [m.id for m in check_settings()] == ["idempotency_django.E021"]
+    assert [m.id for m in check_settings()] == ["idempotency_django.E026"]
 
 
 def test_a_view_that_asks_for_atomic_mode_on_redis_is_refused_where_declared() -> None:

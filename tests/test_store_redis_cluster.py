@@ -257,7 +257,7 @@ def test_e021_names_a_bad_cluster_or_wait_option(options: dict[str, object], pro
     from idempotency_django.store.redis import RedisStore
 
     (error,) = RedisStore.check_options(options)
-    assert error.id == "idempotency_django.E021"
+    assert error.id == "idempotency_django.E026"
     assert problem in error.msg
 
 

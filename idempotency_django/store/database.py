@@ -804,3 +804,38 @@ def delete_page(alias: str, pks: list[int], condition: Q) -> int:
 
 store = DatabaseStore()
 shared(store)  # the one instance get_store() answers for this class
+
+
+# The admin's statements that depend on the database vendor.
+
+
+def estimated_rows(alias: str) -> int | None:
+    """The database's own estimate of the records table's size (from its statistics, so
+    free and roughly right), or None where it keeps none (SQLite)."""
+    connection = connections[alias]
+    table = IdempotencyRecord._meta.db_table
+    if connection.vendor == "postgresql":
+        sql, params = "SELECT reltuples FROM pg_class WHERE oid = %s::regclass", [table]
+    elif connection.vendor == "mysql":
+        sql = (
+            "SELECT table_rows FROM information_schema.tables "
+            "WHERE table_schema = DATABASE() AND table_name = %s"
+        )
+        params = [table]
+    else:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return None if row is None or row[0] is None or row[0] < 0 else int(row[0])
+
+
+def key_prefix_q(prefix: str, alias: str) -> Q:
+    """Keys that start with ``prefix``, case-sensitively, in a form the key index serves.
+    PostgreSQL's index has pattern ops for ``LIKE``. Elsewhere a range, which the binary
+    collation orders by code point (the bound is the last one): MariaDB/MySQL read the
+    whole table for ``LIKE BINARY 'prefix%'`` OR-ed with the other terms, and SQLite's
+    ``LIKE`` ignores case."""
+    if connections[alias].vendor == "postgresql":
+        return Q(key__startswith=prefix)
+    return Q(key__gte=prefix, key__lt=prefix + "\U0010ffff")

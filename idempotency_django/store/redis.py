@@ -506,7 +506,7 @@ class RedisStore:
 
     @staticmethod
     def check_options(value: Any) -> list[checks.CheckMessage]:
-        """E021: ``STORE_OPTIONS`` that this store cannot use."""
+        """E026: ``STORE_OPTIONS`` that this store cannot use."""
         problems: list[str] = []
         if not isinstance(value, dict):
             problems.append(f"STORE_OPTIONS is {value!r}, not a dict")
@@ -533,7 +533,7 @@ class RedisStore:
                     "Give {'URL': 'redis://host:6379/0', 'KEY_PREFIX': 'idem', "
                     "'SOCKET_TIMEOUT': 1.0, 'CONNECT_TIMEOUT': 1.0} (any of them)."
                 ),
-                id="idempotency_django.E021",
+                id="idempotency_django.E026",
             )
             for problem in problems
         ]

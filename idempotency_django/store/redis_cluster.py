@@ -54,7 +54,7 @@ def cluster_url(url: str, cluster: bool = False) -> tuple[str, bool]:
 
 def option_problems(options: dict[str, Any]) -> list[str]:
     """What is wrong with the Redis store's ``CLUSTER``, ``WAIT_REPLICAS`` and
-    ``WAIT_TIMEOUT_MS`` options (its check E021 reports them)."""
+    ``WAIT_TIMEOUT_MS`` options (its check E026 reports them)."""
     problems = []
     if not isinstance(options["CLUSTER"], bool):
         problems.append(f"CLUSTER {options['CLUSTER']!r} is not True or False")
