@@ -487,7 +487,7 @@ def build_report(
         report.add()
         report.add("(c) the same view and settings with Django's default of no prepared statements")
         report.add("(OPTIONS prepare_threshold unset): every other row of ours runs with")
-        report.add("prepare_threshold 5, as the README recommends on PostgreSQL.")
+        report.add("prepare_threshold 5, as docs/store.md recommends on PostgreSQL.")
 
     report.target(
         rel["replay"] >= TARGET_REPLAY,

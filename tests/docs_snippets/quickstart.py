@@ -1,0 +1,37 @@
+"""The quickstart: a plain view and a class-based view, protected by ``@idempotent``."""
+
+# docs:start
+import json
+
+from django.http import JsonResponse
+from django.utils.decorators import method_decorator
+from django.views import View
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from example_project.payments.auth import basic_auth_required  # HTTP Basic; or your own
+from idempotency_django.decorators import idempotent
+from tests.models import SideEffect  # a model of yours: one row per run of the view
+
+
+@csrf_exempt  # API clients send no CSRF token: without this, a 403 (CSRF)
+@require_POST
+@basic_auth_required  # outside @idempotent: the key is scoped to request.user
+@idempotent
+def create_order(request):
+    order = SideEffect.objects.create(label=json.loads(request.body)["item"])
+    return JsonResponse({"id": order.pk}, status=201)
+
+
+# docs:end
+
+
+# docs:class-based
+@method_decorator([csrf_exempt, basic_auth_required, idempotent(in_flight="wait")], name="dispatch")
+class OrderView(View):
+    def post(self, request):
+        order = SideEffect.objects.create(label=json.loads(request.body)["item"])
+        return JsonResponse({"id": order.pk}, status=201)
+
+
+# docs:class-based-end
