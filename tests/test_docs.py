@@ -328,3 +328,21 @@ def test_client_snippet_pays_once_through_a_retry() -> None:
 
     assert keys == ["order-1-payment"] * 3
     assert order.paid == [("ch_1", False), ("ch_1", True)]
+
+
+def test_prepared_statements_snippet_makes_psycopg_prepare(db: None) -> None:
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's option")
+    snippet = settings_examples.DATABASES["default"]
+    params = {**connection.settings_dict}
+    params["OPTIONS"] = {**connection.settings_dict.get("OPTIONS", {})}
+    params["OPTIONS"].update(snippet["OPTIONS"])
+    params["CONN_MAX_AGE"] = snippet["CONN_MAX_AGE"]
+    wrapper = type(connection)(params, alias=connection.alias)  # a connection of its own
+    try:
+        wrapper.ensure_connection()
+        assert wrapper.connection.prepare_threshold == 5
+    finally:
+        wrapper.close()

@@ -4,8 +4,8 @@ from django.http import JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.csrf import csrf_exempt
 
-from example_project.payments.auth import basic_auth_required
-from tests.models import SideEffect as Order
+from .auth import api_auth_required
+from .models import Order
 
 
 class stripe:  # stands in for the Stripe SDK: records each call's key
@@ -24,7 +24,7 @@ from idempotency_django.downstream import downstream_key_for
 
 
 @csrf_exempt
-@basic_auth_required
+@api_auth_required
 @idempotent
 def pay_order(request, order_id):
     order = get_object_or_404(Order, pk=order_id)

@@ -4,12 +4,12 @@ from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from tests.models import SideEffect
+from .models import Order
 
 
-class SideEffectSerializer(serializers.ModelSerializer):
+class OrderSerializer(serializers.ModelSerializer):
     class Meta:
-        model = SideEffect
+        model = Order
         fields = ["id", "label"]
 
 
@@ -22,18 +22,18 @@ class ChargeViewSet(IdempotentMixin, viewsets.ViewSet):
     idempotency_in_flight = "wait"  # any @idempotent argument, prefixed idempotency_
 
     def create(self, request):
-        charge = SideEffect.objects.create(label=request.data["label"])
+        charge = Order.objects.create(label=request.data["label"])
         return Response({"id": charge.pk}, status=201)
 
     @action(detail=True, methods=["post"])
     def refund(self, request, pk=None):
-        refund = SideEffect.objects.create(label=f"refund of {pk}")
+        refund = Order.objects.create(label=f"refund of {pk}")
         return Response({"id": refund.pk}, status=201)
 
 
 class OrderViewSet(IdempotentModelViewSet):  # create and partial_update are idempotent
-    queryset = SideEffect.objects.all()
-    serializer_class = SideEffectSerializer
+    queryset = Order.objects.all()
+    serializer_class = OrderSerializer
 
 
 # docs:end

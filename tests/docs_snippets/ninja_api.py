@@ -4,7 +4,7 @@ from django.contrib.auth import authenticate
 from ninja import Schema
 from ninja.security import HttpBasicAuth
 
-from tests.models import SideEffect
+from .models import Order
 
 
 class BasicAuth(HttpBasicAuth):
@@ -27,6 +27,7 @@ RefundIn, RefundOut = ChargeIn, ChargeOut
 
 # docs:start
 from ninja import NinjaAPI
+from ninja.responses import Status
 
 from idempotency_django.ninja import IdempotentRouter, idempotent
 
@@ -36,13 +37,13 @@ charges = IdempotentRouter(auth=BasicAuth())  # every POST and PATCH operation (
 
 @charges.post("/", response={201: ChargeOut})
 def create_charge(request, payload: ChargeIn):
-    return 201, {"id": SideEffect.objects.create(label=f"charge {payload.amount}").pk}
+    return Status(201, {"id": Order.objects.create(label=f"charge {payload.amount}").pk})
 
 
 @api.post("/refunds/", auth=BasicAuth(), response={201: RefundOut})
 @idempotent(in_flight="wait")  # one operation: below the route decorator
 def refund(request, payload: RefundIn):
-    return 201, {"id": SideEffect.objects.create(label=f"refund {payload.amount}").pk}
+    return Status(201, {"id": Order.objects.create(label=f"refund {payload.amount}").pk})
 
 
 api.add_router("/charges/", charges)

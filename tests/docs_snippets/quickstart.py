@@ -9,17 +9,18 @@ from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from example_project.payments.auth import basic_auth_required  # HTTP Basic; or your own
 from idempotency_django.decorators import idempotent
-from tests.models import SideEffect  # a model of yours: one row per run of the view
+
+from .auth import api_auth_required  # yours: sets request.user, or answers 401
+from .models import Order  # yours
 
 
 @csrf_exempt  # API clients send no CSRF token: without this, a 403 (CSRF)
 @require_POST
-@basic_auth_required  # outside @idempotent: the key is scoped to request.user
+@api_auth_required  # outside @idempotent: the key is scoped to request.user
 @idempotent
 def create_order(request):
-    order = SideEffect.objects.create(label=json.loads(request.body)["item"])
+    order = Order.objects.create(label=json.loads(request.body)["item"])
     return JsonResponse({"id": order.pk}, status=201)
 
 
@@ -27,10 +28,10 @@ def create_order(request):
 
 
 # docs:class-based
-@method_decorator([csrf_exempt, basic_auth_required, idempotent(in_flight="wait")], name="dispatch")
+@method_decorator([csrf_exempt, api_auth_required, idempotent(in_flight="wait")], name="dispatch")
 class OrderView(View):
     def post(self, request):
-        order = SideEffect.objects.create(label=json.loads(request.body)["item"])
+        order = Order.objects.create(label=json.loads(request.body)["item"])
         return JsonResponse({"id": order.pk}, status=201)
 
 

@@ -69,3 +69,14 @@ MIDDLEWARE = [
     "idempotency_django.middleware.IdempotencyMiddleware",  # last
 ]
 # docs:middleware-end
+
+# docs:prepared-statements
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "shop",
+        "CONN_MAX_AGE": 60,  # or None: prepared statements live on the connection
+        "OPTIONS": {"prepare_threshold": 5},
+    }
+}
+# docs:prepared-statements-end
