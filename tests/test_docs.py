@@ -331,8 +331,9 @@ def test_client_snippet_pays_once_through_a_retry() -> None:
 
 
 def test_prepared_statements_snippet_makes_psycopg_prepare(db: None) -> None:
-    from django.db import connection
+    from django.db import connections
 
+    connection = connections["default"]
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL's option")
     snippet = settings_examples.DATABASES["default"]
