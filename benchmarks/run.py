@@ -100,7 +100,7 @@ class ServerSpec:
 SERVERS = {
     "ours": ServerSpec("benchmarks.benchproject.settings"),
     "large": ServerSpec("benchmarks.benchproject.settings", table="large"),
-    # Ours with Django's default of no prepared statements (README "PostgreSQL: prepared
+    # Ours with Django's default of no prepared statements (docs/store.md "PostgreSQL: prepared
     # statements"): what a project that cannot turn them on gets.
     "unprepared": ServerSpec(
         "benchmarks.benchproject.settings",

@@ -3,7 +3,7 @@
 
 project = "idempotency_django"
 author = "idempotency_django maintainers"
-copyright = "idempotency_django maintainers"  # noqa: A001 - Sphinx's name
+copyright = "idempotency_django maintainers"
 extensions = ["myst_parser"]
 source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build"]

@@ -1,7 +1,7 @@
 """Signals sent by the engine, for metrics and alerting, and the matching log records.
 
 Every signal is sent with ``sender=IdempotencyRecord`` and the keyword arguments
-``account``, ``endpoint`` and ``key``; see the README for what each one means. Each is
+``account``, ``endpoint`` and ``key``; see docs/signals.md for what each one means. Each is
 also logged on the ``idempotency_django`` logger with those three as ``extra`` fields
 (``idempotency_account``, ``idempotency_endpoint``, ``idempotency_key``; the key as a
 keyed digest when ``LOG_KEYS`` is ``"hash"``).
