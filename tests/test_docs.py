@@ -164,6 +164,14 @@ def test_the_readmes_python_is_a_snippet_verbatim() -> None:
         assert block in snippets, block
 
 
+def test_the_readmes_links_into_the_repository_resolve() -> None:
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", readme)
+    assert "docs/index.md" in links
+    for link in links:
+        assert (ROOT / link).exists(), link
+
+
 def basic(user: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{user}".encode()).decode()}
 
