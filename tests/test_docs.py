@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import importlib
 import json
+import pkgutil
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -78,9 +79,15 @@ def test_every_system_check_id_has_an_entry() -> None:
     assert documented == ids
 
 
+def import_the_package() -> None:
+    """Every module, so that every exception class and signal is defined."""
+    for module in pkgutil.walk_packages(idempotency_django.__path__, "idempotency_django."):
+        if ".migrations" not in module.name:
+            importlib.import_module(module.name)
+
+
 def problem_slugs() -> set[str]:
-    for name in ("codecs", "tasks", "contract"):
-        importlib.import_module(f"idempotency_django.{name}")
+    import_the_package()
     seen, todo = set(), [exceptions.IdempotencyError]
     while todo:
         cls = todo.pop()
