@@ -4,8 +4,6 @@
 import json
 
 from django.http import JsonResponse
-from django.utils.decorators import method_decorator
-from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
@@ -28,6 +26,10 @@ def create_order(request):
 
 
 # docs:class-based
+from django.utils.decorators import method_decorator
+from django.views import View
+
+
 @method_decorator([csrf_exempt, api_auth_required, idempotent(in_flight="wait")], name="dispatch")
 class OrderView(View):
     def post(self, request):
