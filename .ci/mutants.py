@@ -73,6 +73,25 @@ RCLUSTER = "test_store_redis_cluster.py::"
 
 MUTANTS = [
     Mutant(
+        "reseal-says-0-were-never-stored",
+        "the reseal summary counts records without a stored response when there are none",
+        "management/commands/reseal_idempotency_responses.py",
+        "    if result.skipped:",
+        "    if True:",
+        ("test_codecs_encryption.py::test_reseal_with_everything_readable_writes_no_warning",),
+    ),
+    Mutant(
+        "ninja-warned-with-the-views-advice",
+        "ninja under ATOMIC_REQUESTS is told to use non_atomic_requests, which cannot reach it",
+        "lifecycle.py",
+        '    if "ninja" in label or label.startswith("IdempotentRouter"):',
+        "    if False:",
+        (
+            "test_ninja.py::"
+            "test_under_atomic_requests_the_operation_runs_once_in_the_request_transaction",
+        ),
+    ),
+    Mutant(
         "purge-cursor-first-row",
         "the purge's next page starts after its first row, not its last: rows counted twice",
         "store/database.py",

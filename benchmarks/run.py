@@ -98,7 +98,7 @@ class ServerSpec:
 SERVERS = {
     "ours": ServerSpec("benchmarks.benchproject.settings"),
     "large": ServerSpec("benchmarks.benchproject.settings", table="large"),
-    # Ours with Django's default of no prepared statements (README "PostgreSQL: prepared
+    # Ours with Django's default of no prepared statements (docs/store.md "PostgreSQL: prepared
     # statements"): what a project that cannot turn them on gets.
     "unprepared": ServerSpec(
         "benchmarks.benchproject.settings",
@@ -485,7 +485,7 @@ def build_report(
         report.add()
         report.add("(c) the same view and settings with Django's default of no prepared statements")
         report.add("(OPTIONS prepare_threshold unset): every other row of ours runs with")
-        report.add("prepare_threshold 5, as the README recommends on PostgreSQL.")
+        report.add("prepare_threshold 5, as docs/store.md recommends on PostgreSQL.")
 
     report.target(
         rel["replay"] >= TARGET_REPLAY,

@@ -29,7 +29,7 @@ DATABASES = {
     ),
 }
 # PostgreSQL: let psycopg prepare the statements idempotency_django sends on every request
-# (README "PostgreSQL: prepared statements"; Django leaves prepared statements off for the
+# (docs/store.md, "PostgreSQL: prepared statements"; Django leaves prepared statements off for the
 # sake of transaction-mode poolers). EXAMPLE_PG_PREPARE_THRESHOLD=off turns it off.
 # Preparing pays only on a connection that outlives requests: with Django's default
 # CONN_MAX_AGE=0 each request opens a new one, and no statement is sent 5 times on it. So

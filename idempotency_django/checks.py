@@ -57,7 +57,7 @@ def check_settings(
         return [
             checks.Error(
                 "IDEMPOTENCY must be a dict.",
-                hint="Set IDEMPOTENCY = {...} with the keys listed in the README.",
+                hint="Set IDEMPOTENCY = {...} with the keys listed in docs/settings.md.",
                 id="idempotency_django.E001",
             )
         ]

@@ -615,12 +615,27 @@ def _warn_once(label: str, alias: str) -> None:
     _warned.add((label, alias))
     logger.warning(
         "Idempotency MODE 'commit' for %s inside an open transaction on %r: it runs in atomic "
-        "mode (claim, work and outcome in that transaction). Outside tests, use "
-        "@transaction.non_atomic_requests or MODE 'atomic'; in a test, use a transactional "
-        "test case (TransactionTestCase, or django_db(transaction=True)) to test commit mode.",
+        "mode (claim, work and outcome in that transaction). %s In a test, use a "
+        "transactional test case (TransactionTestCase, or django_db(transaction=True)) to "
+        "test commit mode.",
         label,
         alias,
+        _advice(label),
     )
+
+
+def _advice(label: str) -> str:
+    """What gives commit mode back, outside tests: it depends on who opened the transaction.
+    ninja's view is inside ``ATOMIC_REQUESTS`` before the operation runs, and
+    ``non_atomic_requests`` on the operation's function does not reach it."""
+    if "ninja" in label or label.startswith("IdempotentRouter"):
+        return (
+            "Outside tests, put the store on a database alias of its own (IDEMPOTENCY "
+            "'DATABASE'), outside the request transaction, or use MODE 'atomic'."
+        )
+    if label.startswith("Task "):
+        return "Outside tests, call the task outside any transaction, or use mode 'atomic'."
+    return "Outside tests, use @transaction.non_atomic_requests or MODE 'atomic'."
 
 
 async def _outliving_cancellation(

@@ -773,7 +773,7 @@ def test_a_retried_completion_is_not_reported_lost(
 
 
 def test_a_drf_view_class_is_refused_with_a_pointer_to_the_mixin() -> None:
-    """The README promises the refusal; without it the class became a function, and the
+    """docs/decorator.md promises the refusal; without it the class became a function, and the
     URLconf failed with "'function' object has no attribute 'as_view'"."""
     from rest_framework.views import APIView
     from rest_framework.viewsets import ViewSet

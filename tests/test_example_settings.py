@@ -1,6 +1,6 @@
 """The example project's database settings (``example_project/settings.py``), read in this
 process with a given environment: where it prepares statements, its connections outlive a
-request, or nothing would be prepared (README *Install*, step 6)."""
+request, or nothing would be prepared (docs/store.md, "PostgreSQL: prepared statements")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A stateful test (Hypothesis ``RuleBasedStateMachine``) of the engine against a model of
-the HTTP contract's decision table (DESIGN.md §2, README "The HTTP contract"), on the
+the HTTP contract's decision table (DESIGN.md §2, docs/index.md and docs/http-contract.md), on the
 database in ``DATABASE_URL`` (PostgreSQL, MariaDB) or SQLite.
 
 Workers claim keys with a fingerprint, complete or release their claims, stall (their

@@ -313,7 +313,7 @@ def test_single_flight_needs_two_requests(client: Client) -> None:
         assert_single_flight(client, PLAIN, BODY, side_effects=runs, requests=1)
 
 
-# --- the pytest fixtures: the README's examples -----------------------------------------------
+# --- the pytest fixtures: the docs' examples (docs/testing.md includes them) -----------------
 
 
 def test_idempotency_check_fixture_on_a_plain_view(

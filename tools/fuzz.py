@@ -15,10 +15,11 @@ third is a longer run with a random seed: the seed is printed first, and ``--see
 
 The database named by ``--database-url`` is (re)created, migrated and dropped at the end
 (``--keep`` keeps it). The example project runs in it under gunicorn (4 sync workers) and
-under uvicorn (1 worker), both on 127.0.0.1, with a 20 ms fake card provider. Every
-protected endpoint gets traffic: ``/charges/`` (plain view), ``/api/charges/`` (DRF) and
-``/async/charges/`` (async view), each mostly under the server it is written for and
-sometimes under the other.
+under uvicorn (1 worker), both on 127.0.0.1, with a 20 ms fake card provider. Three of the
+example's four protected endpoints get traffic: ``/charges/`` (plain view), ``/api/charges/``
+(DRF) and ``/async/charges/`` (async view), each mostly under the server it is written for
+and sometimes under the other. ``/ninja/charges/`` is not fuzzed: ``test_example_ninja.py``
+sends it the bad-input cases.
 
 First the corpus of fixed cases (``CORPUS``: each input that once caused a 5xx, and one of
 each class of bad input, with the answer it must get on each endpoint; the e2e tests in

@@ -22,7 +22,7 @@ DATABASES = {
     ),
 }
 DATABASES["default"]["TEST"] = {"NAME": None}
-# PostgreSQL with prepared statements (README "PostgreSQL: prepared statements"): .ci/run
+# PostgreSQL with prepared statements (docs/store.md, "PostgreSQL: prepared statements"): .ci/run
 # runs the store's tests once more with TEST_PREPARE_THRESHOLD=5; the suite itself runs with
 # Django's default (none prepared).
 if os.environ.get("TEST_PREPARE_THRESHOLD"):

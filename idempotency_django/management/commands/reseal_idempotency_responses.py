@@ -8,8 +8,23 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from idempotency_django.codecs import reseal_records
+from idempotency_django.codecs import Resealed, reseal_records
 from idempotency_django.management import arguments
+
+
+def summary(result: Resealed) -> str:
+    """One line; the records completed without a body (a streamed or too-large response)
+    are named only when there are some, as what they are: there was nothing to seal."""
+    line = (
+        f"Resealed {result.resealed} stored responses; {result.unreadable} could not be "
+        "opened with the configured keys (left as they are)"
+    )
+    if result.skipped:
+        line += (
+            f"; {result.skipped} completed without a stored response (streamed or over "
+            "MAX_RESPONSE_BYTES: nothing to seal)"
+        )
+    return line + "."
 
 
 class Command(BaseCommand):
@@ -41,11 +56,7 @@ class Command(BaseCommand):
             result = reseal_records(using=database, batch_size=options["batch_size"])
         except ImproperlyConfigured as error:
             raise CommandError(str(error)) from error
-        self.stdout.write(
-            f"Resealed {result.resealed} stored responses; {result.unreadable} could not be "
-            f"opened with the configured keys (left as they are); {result.skipped} were "
-            "never stored."
-        )
+        self.stdout.write(summary(result))
         if result.unreadable:
             self.stderr.write(
                 "Records that cannot be opened answer 409 response-unreadable until they "

@@ -1,0 +1,106 @@
+"""``IDEMPOTENCY`` settings the documentation shows; ``tests/test_docs.py`` runs the system
+checks on each."""
+
+import os
+
+# docs:basic
+IDEMPOTENCY = {"LEASE_SECONDS": 10, "TTL_SECONDS": 24 * 60 * 60}
+# docs:basic-end
+
+
+def encryption():
+    # docs:encryption
+    IDEMPOTENCY = {
+        "RESPONSE_CODEC": "idempotency_django.codecs.FernetCodec",
+        # Newest first: the first key encrypts, every key decrypts.
+        "ENCRYPTION_KEYS": os.environ["IDEMPOTENCY_ENCRYPTION_KEYS"].split(","),
+    }
+    # docs:encryption-end
+    return IDEMPOTENCY
+
+
+# docs:redaction
+from idempotency_django.codecs import drop_json_fields
+
+REDACTING = {"REDACT_RESPONSE": drop_json_fields("card.number", "customer.email")}
+# docs:redaction-end
+
+
+# docs:replay-hook
+def mark_replay(response, stored):
+    response["Cache-Control"] = "no-store"
+
+
+REPLAY_HOOKED = {"REPLAY_HOOK": "tests.docs_snippets.settings_examples.mark_replay"}
+# docs:replay-hook-end
+
+
+# docs:tenancy
+def tenant_account(request):  # ACCOUNT: the tenant, not the user
+    return f"tenant-{request.user.tenant_id}" if request.user.is_authenticated else None
+
+
+TENANTS = {"tenant-7": "Acme Ltd"}  # yours: a Tenant model
+
+
+def tenant_name(account):  # ACCOUNT_DISPLAY: "tenant-7" -> "Acme Ltd (tenant-7)"
+    return f"{TENANTS.get(account, '?')} ({account})"
+
+
+def accounts_named(term):  # ACCOUNT_SEARCH: "Acme" -> ["tenant-7"]
+    return [account for account, name in TENANTS.items() if term.lower() in name.lower()]
+
+
+TENANCY = {
+    "ACCOUNT": "tests.docs_snippets.settings_examples.tenant_account",
+    "ACCOUNT_DISPLAY": "tests.docs_snippets.settings_examples.tenant_name",
+    "ACCOUNT_SEARCH": "tests.docs_snippets.settings_examples.accounts_named",
+}
+# docs:tenancy-end
+
+# docs:middleware
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # ... your own ...
+    "idempotency_django.middleware.IdempotencyMiddleware",  # last
+]
+# docs:middleware-end
+
+# docs:prepared-statements
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "shop",
+        "CONN_MAX_AGE": 60,  # or None: prepared statements live on the connection
+        "OPTIONS": {"prepare_threshold": 5},
+    }
+}
+# docs:prepared-statements-end
+
+
+# docs:redis-store
+REDIS_STORE = {
+    "STORE": "idempotency_django.store.redis.RedisStore",
+    "STORE_OPTIONS": {
+        "URL": "redis://redis.internal:6379/0",  # rediss:// for TLS, unix:// for a socket
+        "KEY_PREFIX": "idem",  # keys are idem:{<sha256>}
+        "SOCKET_TIMEOUT": 1.0,  # seconds; longer is an unknown outcome
+        "CONNECT_TIMEOUT": 1.0,
+    },
+}
+# docs:redis-store-end
+
+
+# docs:redis-cluster
+REDIS_CLUSTER = {
+    "STORE": "idempotency_django.store.redis.RedisStore",
+    "STORE_OPTIONS": {
+        "URL": "redis://redis-node-1:6379/0",  # any node: the client discovers the others
+        "CLUSTER": True,
+    },
+}
+# docs:redis-cluster-end

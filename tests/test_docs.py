@@ -1,0 +1,366 @@
+"""The documentation is true and complete: every setting, system check, problem type, signal
+and management command option is documented in ``docs/``, and every code snippet the docs
+and the README show runs here (the docs include it from ``tests/docs_snippets``)."""
+
+from __future__ import annotations
+
+import base64
+import importlib
+import json
+import pkgutil
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import get_commands, load_command_class
+from django.core.management.base import BaseCommand
+from django.dispatch import Signal
+from django.test import Client, override_settings
+
+import idempotency_django
+from idempotency_django import checks, conf, exceptions
+from idempotency_django.models import IdempotencyRecord
+from tests.docs_snippets import client as client_snippet
+from tests.docs_snippets import downstream, settings_examples, signals_metrics, tasks
+from tests.models import SideEffect
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PACKAGE = Path(idempotency_django.__file__).resolve().parent
+
+
+def page(name: str) -> str:
+    return (DOCS / name).read_text()
+
+
+def all_pages() -> dict[Path, str]:
+    return {path: path.read_text() for path in sorted(DOCS.glob("*.md"))}
+
+
+# --- everything is documented ----------------------------------------------------------------
+
+
+def render(value: Any) -> str:
+    """A default as the settings page writes it."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, tuple):
+        items = [render(item) for item in value]
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    return repr(value)
+
+
+def test_every_setting_has_a_row_with_its_default() -> None:
+    rows = {
+        match[1]: match[2]
+        for match in re.finditer(r"^\| `([A-Z_]+)` \| `([^`]*)` \|", page("settings.md"), re.M)
+    }
+    assert sorted(rows) == sorted(conf.DEFAULTS), "settings.md rows != conf.DEFAULTS"
+    for name, default in conf.DEFAULTS.items():
+        assert rows[name] == render(default), f"{name}: documented default {rows[name]}"
+
+
+def check_ids() -> set[str]:
+    """Every check id the package can report: each ``checks.Error/Warning(id=...)``."""
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        found |= set(re.findall(r"id=\"(idempotency_django\.[EW]\d{3})\"", path.read_text()))
+    return found
+
+
+def test_every_system_check_id_has_an_entry() -> None:
+    ids = check_ids()
+    assert len(ids) >= 29  # E001-E024, W001-W005, W020 today: the scan finds them
+    documented = set(re.findall(r"^## `(idempotency_django\.[EW]\d{3})`", page("checks.md"), re.M))
+    assert documented == ids
+
+
+def import_the_package() -> None:
+    """Every module, so that every exception class and signal is defined."""
+    for module in pkgutil.walk_packages(idempotency_django.__path__, "idempotency_django."):
+        if ".migrations" not in module.name:
+            importlib.import_module(module.name)
+
+
+def problem_slugs() -> set[str]:
+    import_the_package()
+    seen, todo = set(), [exceptions.IdempotencyError]
+    while todo:
+        cls = todo.pop()
+        seen.add(cls.slug)
+        todo.extend(cls.__subclasses__())
+    return seen - {exceptions.IdempotencyError.slug}
+
+
+def test_every_problem_type_has_an_entry() -> None:
+    slugs = problem_slugs()
+    assert {"key-missing", "response-unreadable", "work-not-committed"} <= slugs
+    documented = set(re.findall(r"^## `([a-z-]+)`", page("problems.md"), re.M))
+    assert documented == slugs
+
+
+def defined_signals() -> set[str]:
+    """Signals defined by the package (not ones it imports, such as Django's)."""
+    names = set()
+    for path in PACKAGE.rglob("*.py"):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        for name in re.findall(r"^(\w+) = Signal\(\)", path.read_text(), re.M):
+            names.add(f"{module}.{name}")
+    return names
+
+
+def test_every_signal_has_a_row() -> None:
+    signals = defined_signals()
+    assert "idempotency_django.signals.outcome_not_stored" in signals
+    assert "idempotency_django.purge.purged" in signals
+    text = page("signals.md")
+    for name in signals:
+        assert f"| `{name.rsplit('.', 1)[1]}` |" in text or f"`{name}`" in text, name
+    for qualified in signals:  # each really is a Signal
+        module, name = qualified.rsplit(".", 1)
+        assert isinstance(getattr(importlib.import_module(module), name), Signal)
+
+
+BASE_OPTIONS = {action.dest for action in BaseCommand().create_parser("manage.py", "x")._actions}
+
+
+def test_every_management_command_option_is_documented() -> None:
+    text = page("operations.md")
+    commands = [name for name, app in get_commands().items() if app == "idempotency_django"]
+    assert sorted(commands) == ["purge_idempotency_keys", "reseal_idempotency_responses"]
+    for command in commands:
+        assert f"`{command}`" in text
+        parser = load_command_class("idempotency_django", command).create_parser(
+            "manage.py", command
+        )
+        options = [
+            max(action.option_strings, key=len)
+            for action in parser._actions
+            if action.dest not in BASE_OPTIONS and action.option_strings
+        ]
+        assert options, command
+        for option in options:
+            assert re.search(rf"^\| `{option}[ `].*\|", text, re.M), f"{command} {option}"
+
+
+# --- every snippet runs ------------------------------------------------------------------------
+
+ALLOWED_INCLUDES = ("tests/docs_snippets/", "tests/test_", "example_project/")
+
+
+def test_docs_show_python_only_from_files_the_suite_runs() -> None:
+    for path, text in all_pages().items():
+        assert not re.search(r"^```+\s*(python|py|pycon)\b", text, re.M), path
+        assert not re.search(r"^```+\s*\{code-block\}\s*(python|py)", text, re.M), path
+        for include in re.findall(r"^```+\s*\{literalinclude\}\s*(\S+)", text, re.M):
+            target = (DOCS / include).resolve().relative_to(ROOT).as_posix()
+            assert target.startswith(ALLOWED_INCLUDES), f"{path.name}: {target}"
+            assert (ROOT / target).exists(), target
+
+
+def test_the_readmes_python_is_a_snippet_verbatim() -> None:
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```", readme, re.M | re.S)
+    assert blocks, "the README's quickstart"
+    snippets = "\n".join(p.read_text() for p in (ROOT / "tests/docs_snippets").glob("*.py"))
+    for block in blocks:
+        assert block in snippets, block
+
+
+def test_the_readmes_links_into_the_repository_resolve() -> None:
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", readme)
+    assert "docs/index.md" in links
+    for link in links:
+        assert (ROOT / link).exists(), link
+
+
+def basic(user: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{user}".encode()).decode()}
+
+
+@pytest.fixture
+def customer(db: None) -> User:
+    return User.objects.create_user("carol", password="carol")
+
+
+@pytest.fixture
+def docs_client(customer: User) -> Client:
+    return Client(headers=basic("carol"))
+
+
+pytestmark = pytest.mark.urls("tests.docs_snippets.urls")
+
+
+@pytest.mark.parametrize("path", ["/orders/", "/cbv/orders/"])
+def test_quickstart_views_run_once_and_replay(docs_client: Client, path: str) -> None:
+    send = {"content_type": "application/json", "headers": {"Idempotency-Key": "k1"}}
+    first = docs_client.post(path, {"item": "book"}, **send)
+    again = docs_client.post(path, {"item": "book"}, **send)
+
+    assert (first.status_code, again.status_code) == (201, 201)
+    assert again.content == first.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert SideEffect.objects.count() == 1
+
+
+def test_drf_snippet_protects_create_and_the_action(docs_client: Client) -> None:
+    for path in ("/drf/charges/", "/drf/charges/7/refund/", "/drf/orders/"):
+        for _ in range(2):
+            response = docs_client.post(
+                path,
+                {"label": "x"},
+                content_type="application/json",
+                headers={"Idempotency-Key": f"k-{path}"},
+            )
+            assert response.status_code == 201, response.content
+        assert response["Idempotent-Replayed"] == "true"
+    assert SideEffect.objects.count() == 3
+
+
+def test_ninja_snippet_protects_the_router_and_the_operation(docs_client: Client) -> None:
+    for path in ("/ninja/charges/", "/ninja/refunds/"):
+        for _ in range(2):
+            response = docs_client.post(
+                path,
+                {"amount": 5},
+                content_type="application/json",
+                headers={"Idempotency-Key": f"k-{path}"},
+            )
+            assert response.status_code == 201, response.content
+        assert response["Idempotent-Replayed"] == "true"
+    assert SideEffect.objects.count() == 2
+
+
+def test_downstream_snippet_sends_the_provider_the_same_key_on_a_rerun(
+    docs_client: Client,
+) -> None:
+    order = SideEffect.objects.create(label="order")
+    downstream.stripe.calls.clear()
+    headers = {"Idempotency-Key": "pay-1"}
+    docs_client.post(f"/orders/{order.pk}/pay/", headers=headers)
+    IdempotencyRecord.objects.all().delete()  # as after a released key: the view runs again
+    docs_client.post(f"/orders/{order.pk}/pay/", headers=headers)
+
+    first, second = downstream.stripe.calls
+    assert first["idempotency_key"] == second["idempotency_key"]
+
+
+def test_settings_snippets_pass_the_system_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cryptography.fernet import Fernet
+
+    keys = ",".join(Fernet.generate_key().decode() for _ in range(2))
+    monkeypatch.setenv("IDEMPOTENCY_ENCRYPTION_KEYS", keys)
+    for value in (
+        settings_examples.IDEMPOTENCY,
+        settings_examples.encryption(),
+        settings_examples.REDACTING,
+        settings_examples.REPLAY_HOOKED,
+        settings_examples.TENANCY,
+        settings_examples.REDIS_STORE,
+        settings_examples.REDIS_CLUSTER,
+    ):
+        with override_settings(IDEMPOTENCY=value):
+            assert checks.check_settings() == [], value
+    with override_settings(MIDDLEWARE=settings_examples.MIDDLEWARE):
+        assert checks.check_middleware() == []
+
+
+def test_tenancy_snippet_names_and_finds_a_tenant() -> None:
+    assert settings_examples.tenant_name("tenant-7") == "Acme Ltd (tenant-7)"
+    assert settings_examples.accounts_named("acme") == ["tenant-7"]
+
+
+def test_replay_hook_snippet_marks_replays(docs_client: Client) -> None:
+    send = {"content_type": "application/json", "headers": {"Idempotency-Key": "h"}}
+    with override_settings(IDEMPOTENCY=settings_examples.REPLAY_HOOKED):
+        first = docs_client.post("/orders/", {"item": "x"}, **send)
+        again = docs_client.post("/orders/", {"item": "x"}, **send)
+    assert "Cache-Control" not in first
+    assert again["Cache-Control"] == "no-store"
+
+
+def test_task_snippets_run_once_per_key(db: None) -> None:
+    tasks.mailer.sent.clear()
+    tasks.provider.captures.clear()
+    assert tasks.send_receipt("m-1", 42) == tasks.send_receipt("m-1", 42)
+    message = SimpleNamespace(id="msg-1", body=b"{}", payment_id="pay-9")
+    assert tasks.on_message(message) == tasks.on_message(message) == {"capture": "cap-1"}
+    tasks.send_receipt_for_order(7)
+    tasks.send_receipt_for_order(7)  # a plain call runs under its key: once
+    assert tasks.mailer.sent == [42, 7]
+    assert tasks.provider.captures == ["pay-9"]
+    assert tasks.send_order_receipt.name.endswith("send_order_receipt")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_purge_task_snippet_returns_the_counts() -> None:
+    assert tasks.purge_idempotency_keys()["total"] == 0
+
+
+def test_signals_snippet_counts_by_endpoint(docs_client: Client) -> None:
+    signals_metrics.connect()
+    send = {"content_type": "application/json", "headers": {"Idempotency-Key": "s"}}
+    docs_client.post("/orders/", {"item": "x"}, **send)
+    docs_client.post("/orders/", {"item": "x"}, **send)
+
+    def value(event: str) -> float | None:
+        labels = {"event": event, "endpoint": "POST /orders/"}
+        return signals_metrics.REGISTRY.get_sample_value("idempotency_events_total", labels)
+
+    assert (value("claimed"), value("replayed")) == (1.0, 1.0)
+
+
+class Order:
+    def __init__(self) -> None:
+        self.payment_key, self.total, self.card_token = "order-1-payment", 1000, "tok_visa"
+        self.paid: list[tuple[str, bool]] = []
+
+    def mark_paid(self, charge: str, replayed: bool) -> None:
+        self.paid.append((charge, replayed))
+
+    def mark_declined(self) -> None:
+        raise AssertionError("not declined")
+
+
+def test_client_snippet_pays_once_through_a_retry() -> None:
+    """The server answers 503 first, then 201, then (asked again) its replay."""
+    answers = iter([(503, {}), (201, {"id": "ch_1"}), (201, {"id": "ch_1"})])
+    keys = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        keys.append(request.headers["Idempotency-Key"])
+        status, body = next(answers)
+        replayed = {"Idempotent-Replayed": "true"} if len(keys) == 3 else {}
+        return httpx.Response(status, json=body, headers={"Retry-After": "0", **replayed})
+
+    payments = client_snippet.payments_client(httpx.MockTransport(server))
+    order = Order()
+    client_snippet.pay(payments, order)
+    client_snippet.pay(payments, order)
+
+    assert keys == ["order-1-payment"] * 3
+    assert order.paid == [("ch_1", False), ("ch_1", True)]
+
+
+def test_prepared_statements_snippet_makes_psycopg_prepare(db: None) -> None:
+    from django.db import connections
+
+    connection = connections["default"]
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's option")
+    snippet = settings_examples.DATABASES["default"]
+    params = {**connection.settings_dict}
+    params["OPTIONS"] = {**connection.settings_dict.get("OPTIONS", {})}
+    params["OPTIONS"].update(snippet["OPTIONS"])
+    params["CONN_MAX_AGE"] = snippet["CONN_MAX_AGE"]
+    wrapper = type(connection)(params, alias=connection.alias)  # a connection of its own
+    try:
+        wrapper.ensure_connection()
+        assert wrapper.connection.prepare_threshold == 5
+    finally:
+        wrapper.close()
