@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, fields, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
-
-from django.utils import timezone
 
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store import never
@@ -37,8 +35,9 @@ class Record:
     lease_expires_at: datetime | None
     expires_at: datetime
     response_status: int | None
-    response_headers: list[tuple[str, str]] | None
+    response_headers: list[list[str]] | None
     response_body: bytes | None
+    completed_at: datetime | None = None  # the Redis store does not keep it: None there
 
 
 FIELDS = [f.name for f in fields(Record)]
@@ -64,12 +63,9 @@ def _from_row(row: IdempotencyRecord) -> Record:
         lease_expires_at=row.lease_expires_at,
         expires_at=row.expires_at,
         response_status=row.response_status,
-        response_headers=(
-            [tuple(h) for h in row.response_headers]  # type: ignore[misc]
-            if row.response_headers is not None
-            else None
-        ),
+        response_headers=row.response_headers,
         response_body=None if body is None else bytes(body),
+        completed_at=row.completed_at,
     )
 
 
@@ -110,18 +106,15 @@ def _redis_keys() -> list[str]:
 
 
 def _redis_read(key: str) -> Record | None:
-    from idempotency_django.store import redis_cluster
     from idempotency_django.store.redis import COMPLETED, _parse
 
-    client = _redis().client()
-    server_ms, value = redis_cluster.time_and_get(client, key)
+    value = _redis().client().get(key)
     if value is None:
         return None
     state, token, lease, expires, meta, body = _parse(bytes(value))
-    now = timezone.now()
 
-    def at(ms: int) -> datetime:
-        return now + timedelta(milliseconds=ms - server_ms)
+    def at(ms: int) -> datetime:  # Redis runs on this machine: one clock
+        return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
     account, endpoint, scope_key = _scopes.get(key, (None, None, None))
     completed = state == COMPLETED
@@ -136,7 +129,7 @@ def _redis_read(key: str) -> Record | None:
         lease_expires_at=None if completed or lease == 0 else at(lease),
         expires_at=never() if expires == 0 else at(expires),
         response_status=meta.get("s"),
-        response_headers=[(str(n), str(v)) for n, v in meta.get("h", [])] if completed else None,
+        response_headers=[[str(n), str(v)] for n, v in meta.get("h", [])] if completed else None,
         response_body=body if completed else None,
     )
 
@@ -147,10 +140,9 @@ def _redis_write(record: Record) -> None:
     client = _redis().client()
     key = record.pk
     server_ms = _server_ms(client, key)
-    now = timezone.now()
 
-    def ms(when: datetime) -> int:
-        return server_ms + round((when - now).total_seconds() * 1000)
+    def ms(when: datetime) -> int:  # Redis runs on this machine: one clock
+        return round(when.timestamp() * 1000)
 
     completed = record.state == State.COMPLETED
     lease = 0 if completed or record.lease_expires_at is None else ms(record.lease_expires_at)
