@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, fields, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
+
+from django.utils import timezone
 
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store import never
@@ -37,7 +39,8 @@ class Record:
     response_status: int | None
     response_headers: list[list[str]] | None
     response_body: bytes | None
-    completed_at: datetime | None = None  # the Redis store does not keep it: None there
+    created_at: datetime | None = None  # the Redis store keeps neither: None there
+    completed_at: datetime | None = None
 
 
 FIELDS = [f.name for f in fields(Record)]
@@ -65,6 +68,7 @@ def _from_row(row: IdempotencyRecord) -> Record:
         response_status=row.response_status,
         response_headers=row.response_headers,
         response_body=None if body is None else bytes(body),
+        created_at=row.created_at,
         completed_at=row.completed_at,
     )
 
@@ -160,6 +164,18 @@ def _redis_write(record: Record) -> None:
         client.set(key, value)
     else:
         client.set(key, value, px=ttl)
+
+
+def lasts(when: datetime | None, since: datetime | None, seconds: float) -> bool:
+    """``when`` is exactly ``seconds`` after ``since`` (a record's ``created_at`` or
+    ``completed_at``); on the Redis store, which keeps neither, ``seconds`` from now (less
+    the few the test took)."""
+    assert when is not None
+    if since is not None:
+        return when - since == timedelta(seconds=seconds)
+    assert ON_REDIS
+    left = (when - timezone.now()).total_seconds()
+    return seconds - 5 < left <= seconds
 
 
 # -- what tests call -------------------------------------------------------------------------
