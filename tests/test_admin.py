@@ -38,7 +38,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-pytestmark = [pytest.mark.django_db, pytest.mark.urls(__name__)]
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.urls(__name__),
+    pytest.mark.database_store("the admin browses database rows (the Redis store has no admin)"),
+]
 
 NEEDED = ("django.contrib.admin", "django.contrib.sessions", "django.contrib.messages")
 

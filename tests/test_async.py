@@ -18,6 +18,7 @@ from django.test.client import FakePayload
 from idempotency_django.decorators import idempotent
 from idempotency_django.heartbeat import heartbeat
 from idempotency_django.models import IdempotencyRecord
+from tests import records
 from tests.conftest import effects
 from tests.models import SideEffect
 from tests.project import views
@@ -96,7 +97,7 @@ def test_an_exception_releases_the_key(alice: User) -> None:
     with pytest.raises(RuntimeError):
         apost({"raise": True})
 
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
     with pytest.raises(RuntimeError):
         apost({"raise": True})
     assert effects("async") == 2
@@ -181,7 +182,7 @@ def test_a_disconnected_request_finishes_and_its_retry_gets_the_replay(alice: Us
     (a database write in a thread), so the view finishes and its outcome is stored."""
     assert cancelled_at(views.async_effect, held_request(alice), "view")
 
-    record = IdempotencyRecord.objects.get()
+    record = records.get()
     assert record.state == IdempotencyRecord.State.COMPLETED
     retry = apost({"hold": True})
     assert retry.status_code == 201
@@ -198,7 +199,7 @@ def test_a_disconnect_as_the_view_returns_stores_its_outcome(
     settings.IDEMPOTENCY = {"ON_DISCONNECT": on_disconnect}
     assert cancelled_at(views.async_effect, held_request(alice, body={}), "return")
 
-    assert IdempotencyRecord.objects.get().state == IdempotencyRecord.State.COMPLETED
+    assert records.get().state == IdempotencyRecord.State.COMPLETED
     retry = apost({})
     assert retry.status_code == 201
     assert retry["Idempotent-Replayed"] == "true"
@@ -229,7 +230,7 @@ def test_a_disconnect_while_the_response_renders_stores_it_and_the_retry_replays
     assert cancelled_at(views.async_receipt, request, "render")
 
     assert effects("async_receipt") == 1
-    record = IdempotencyRecord.objects.get()
+    record = records.get()
     assert record.state == IdempotencyRecord.State.COMPLETED
     retry = receipt()
     assert retry.status_code == 201
@@ -244,7 +245,7 @@ def test_on_disconnect_release_cancels_the_view_and_frees_the_key(
     settings.IDEMPOTENCY = {"ON_DISCONNECT": "release"}
     assert cancelled_at(views.async_effect, held_request(alice), "view", let_the_view_finish=False)
 
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
     retry = apost({"hold": True})
     assert retry.status_code == 201
     assert "Idempotent-Replayed" not in retry
@@ -288,6 +289,7 @@ def cancelled_while_claiming(user: User) -> bool:
         return async_to_sync(scenario)()
 
 
+@pytest.mark.database_store("holds the claim's SQL statement to cancel mid-claim")
 @pytest.mark.parametrize("on_disconnect", ["finish", "release"])
 def test_a_disconnect_while_the_key_is_claimed_releases_the_claim(
     alice: User, settings: Any, on_disconnect: str
@@ -299,7 +301,7 @@ def test_a_disconnect_while_the_key_is_claimed_releases_the_claim(
     assert cancelled_while_claiming(alice)
 
     assert effects("async") == 0
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
     assert not [e for e in heartbeat._entries.values() if e.claim.scope.key == "k1"]
     retry = apost({})
     assert retry.status_code == 201
@@ -307,12 +309,13 @@ def test_a_disconnect_while_the_key_is_claimed_releases_the_claim(
     assert effects("async") == 1
 
 
+@pytest.mark.database_store("holds the claim's SQL statement to cancel mid-claim")
 def test_a_disconnect_while_a_completed_key_is_read_leaves_its_record(alice: User) -> None:
     first = apost({})
 
     assert cancelled_while_claiming(alice)
 
-    assert IdempotencyRecord.objects.get().state == IdempotencyRecord.State.COMPLETED
+    assert records.get().state == IdempotencyRecord.State.COMPLETED
     assert apost({}).content == first.content
     assert effects("async") == 1
 

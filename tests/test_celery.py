@@ -16,20 +16,22 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from idempotency_django import keys
 from idempotency_django.celery import IdempotentTask
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.tasks import TaskInFlight
+from tests import records
 from tests.models import SideEffect
 from tests.project import celery_app
 from tests.project.celery_app import charge, held
-from tests.project.factories import IdempotencyRecordFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -67,7 +69,7 @@ def test_one_message_runs_once_whatever_its_deliveries() -> None:
     assert other.result != first.result
     assert len(effects("note", task_id)) == 1
     assert SideEffect.objects.filter(label__startswith="note:").count() == 2
-    record = IdempotencyRecord.objects.get(key=task_id)
+    record = records.get(key=task_id)
     assert (record.account, record.endpoint) == ("celery", "task:tests.note")
 
 
@@ -77,7 +79,7 @@ def test_a_business_key_dedupes_messages_that_carry_it() -> None:
 
     assert [result.result for result in results] == [results[0].result] * 3
     assert len(effects("charge", order)) == 1
-    record = IdempotencyRecord.objects.get(key=order)
+    record = records.get(key=order)
     assert (record.account, record.endpoint) == ("orders", "task:tests.charge")
 
 
@@ -97,11 +99,16 @@ def test_called_as_a_function_a_key_in_flight_is_raised_to_the_caller() -> None:
     """No worker to retry it: the caller gets the plain API's TaskInFlight."""
     order = new_order()
     endpoint = "task:tests.charge"
-    IdempotencyRecordFactory(
+    now = timezone.now()
+    records.create(
         account="orders",
         endpoint=endpoint,
         key=order,
         fingerprint=keys.task_fingerprint(endpoint, {"amount": 100}, "test"),
+        token="a" * 32,
+        created_at=now,
+        lease_expires_at=now + timedelta(seconds=10),
+        expires_at=now + timedelta(days=1),
     )
     with pytest.raises(TaskInFlight):
         charge(order, 100)
@@ -294,7 +301,7 @@ def test_worker_killed_mid_task_reruns_once_and_only_after_the_lease(worker: Wor
     pid = int(first.label.rsplit(":", 1)[1])
 
     os.kill(pid, signal.SIGKILL)
-    record = IdempotencyRecord.objects.get(key=task_id)
+    record = records.get(key=task_id)
     lease = record.lease_expires_at
     assert record.state == IdempotencyRecord.State.IN_PROGRESS
     assert lease is not None
@@ -306,4 +313,4 @@ def test_worker_killed_mid_task_reruns_once_and_only_after_the_lease(worker: Wor
     assert len(runs) == 2, worker.log()
     assert runs[1].created_at >= lease
     assert result == {"effect": runs[1].pk, "order": "o-1"}
-    assert IdempotencyRecord.objects.get(key=task_id).state == IdempotencyRecord.State.COMPLETED
+    assert records.get(key=task_id).state == IdempotencyRecord.State.COMPLETED

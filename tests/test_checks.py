@@ -37,6 +37,7 @@ def test_empty_setting_produces_no_messages(settings: Settings) -> None:
     assert check_settings() == []
 
 
+@pytest.mark.database_store("MODE atomic, which a check refuses with the Redis store")
 def test_a_valid_full_setting_produces_no_messages(settings: Settings) -> None:
     settings.IDEMPOTENCY = {
         "ENABLED": False,

@@ -32,6 +32,7 @@ from idempotency_django.codecs import (
 from idempotency_django.exceptions import ResponseNotStored
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse, replay
+from tests import records
 from tests.conftest import Post, effects
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ def replace_response(response: HttpResponse, stored: StoredResponse) -> HttpResp
 
 
 def row() -> IdempotencyRecord:
-    return IdempotencyRecord.objects.get()
+    return records.get()
 
 
 def stored_body(record: IdempotencyRecord) -> bytes:

@@ -26,6 +26,7 @@ from idempotency_django.codecs import (
 )
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.tasks import TaskResultNotStored, claim_once
+from tests import records
 from tests.conftest import Post, effects
 from tests.project.factories import IdempotencyRecordFactory
 
@@ -53,19 +54,22 @@ def encrypt_with(settings: Settings, *keys: Any) -> None:
 
 def token_of(path: str = "/effect/") -> bytes:
     """The Fernet token in the row, as the database holds it."""
-    body = bytes(IdempotencyRecord.objects.get(endpoint=f"POST {path}").response_body)
+    body = bytes(records.get(endpoint=f"POST {path}").response_body)
     assert body.startswith(SEALED)
     return body[len(SEALED) :]
 
 
-@pytest.mark.parametrize("path", ["/effect/", "/atomic/"])
+@pytest.mark.parametrize(
+    "path",
+    ["/effect/", pytest.param("/atomic/", marks=pytest.mark.database_store("atomic mode"))],
+)
 def test_the_row_holds_ciphertext_and_the_replay_is_the_first_response(
     post: Post, settings: Settings, path: str
 ) -> None:
     encrypt_with(settings, NEW_KEY)
 
     first = post(path, {"card": CARD})
-    record = IdempotencyRecord.objects.get()
+    record = records.get()
     replayed = post(path, {"card": CARD})
 
     stored = bytes(record.response_body)
@@ -96,7 +100,7 @@ def test_rotation_old_records_replay_and_new_ones_use_the_new_key(
 
     assert (replayed.status_code, replayed.content) == (201, first.content)
     assert replayed["Idempotent-Replayed"] == "true"
-    newest = bytes(IdempotencyRecord.objects.get(key="after").response_body)[len(SEALED) :]
+    newest = bytes(records.get(key="after").response_body)[len(SEALED) :]
     assert second.content in Fernet(NEW_KEY).decrypt(newest)
     with pytest.raises(InvalidToken):
         Fernet(OLD_KEY).decrypt(newest)
@@ -139,7 +143,7 @@ def test_keys_that_are_wrong_at_completion_store_nothing_and_never_rerun(
     retry = post("/effect/", {"n": 1})
 
     assert first.status_code == 201
-    assert bytes(IdempotencyRecord.objects.get().response_body) == UNSTORABLE
+    assert bytes(records.get().response_body) == UNSTORABLE
     assert retry.status_code == 409
     assert effects() == 1
 
@@ -156,7 +160,7 @@ def test_task_results_are_encrypted_and_repeat_the_first_result(settings: Settin
         assert run.result == {"card": CARD["number"]}
 
     assert runs == [1]
-    assert b"4242" not in bytes(IdempotencyRecord.objects.get().response_body)
+    assert b"4242" not in bytes(records.get().response_body)
 
 
 # --- keys and checks --------------------------------------------------------------------------
@@ -253,6 +257,9 @@ def test_the_drf_mixin_replays_encrypted_responses_and_their_hook(
 # --- resealing: rotation done at once ---------------------------------------------------------
 
 
+@pytest.mark.database_store(
+    "the reseal command rewrites database rows (records in Redis are not resealed)"
+)
 def test_reseal_moves_old_records_to_the_new_key_so_the_old_one_can_go(
     post: Post, settings: Settings
 ) -> None:
@@ -275,13 +282,11 @@ def test_reseal_moves_old_records_to_the_new_key_so_the_old_one_can_go(
     )
     assert "restore the key" in err.getvalue()
     for key in ("plain", "old"):
-        body = bytes(IdempotencyRecord.objects.get(key=key).response_body)
+        body = bytes(records.get(key=key).response_body)
         assert body.startswith(SEALED)
         Fernet(NEW_KEY).decrypt(body[len(SEALED) :])  # under the new key now
-    assert bytes(IdempotencyRecord.objects.get(pk=lost.pk).response_body) == bytes(
-        lost.response_body
-    )
-    assert bytes(IdempotencyRecord.objects.get(pk=not_stored.pk).response_body) == UNSTORABLE
+    assert bytes(records.get(pk=lost.pk).response_body) == bytes(lost.response_body)
+    assert bytes(records.get(pk=not_stored.pk).response_body) == UNSTORABLE
 
     encrypt_with(settings, NEW_KEY)  # the old key dropped at once
     for key, response, body in (("plain", first, {"n": 0}), ("old", second, {"n": 1})):
@@ -329,10 +334,13 @@ def test_reseal_leaves_a_record_deleted_or_claimed_again_since_it_was_listed(
 
     assert codecs.reseal_one(records, record.pk, "another claim's token", FernetCodec()) == "gone"
     assert codecs.reseal_one(records, record.pk + 1, record.token, FernetCodec()) == "gone"
-    assert bytes(IdempotencyRecord.objects.get().response_body) == bytes(record.response_body)
+    assert bytes(records.get().response_body) == bytes(record.response_body)
     assert codecs.reseal_one(records, record.pk, record.token, FernetCodec()) == "resealed"
 
 
+@pytest.mark.database_store(
+    "the reseal command rewrites database rows (records in Redis are not resealed)"
+)
 def test_reseal_with_everything_readable_writes_no_warning(post: Post, settings: Settings) -> None:
     encrypt_with(settings, NEW_KEY)
     post("/effect/", {"n": 1})
@@ -383,7 +391,7 @@ def test_a_task_result_no_key_opens_is_refused_as_such_and_never_reruns(
 
 
 def body_of(**lookup: Any) -> bytes:
-    return bytes(IdempotencyRecord.objects.get(**lookup).response_body)
+    return bytes(records.get(**lookup).response_body)
 
 
 def unbind(body: bytes, key: str = NEW_KEY) -> bytes:
@@ -407,7 +415,11 @@ def assert_refused_as_unreadable(response: Any) -> None:
         # another account, same endpoint and key: the swap the binding exists for
         ({"path": "/effect/", "user": "alice", "key": "k1"}, {"user": "bob"}),
         ({"path": "/effect/", "user": "alice", "key": "k1"}, {"key": "k2"}),
-        ({"path": "/effect/", "user": "alice", "key": "k1"}, {"path": "/atomic/"}),
+        pytest.param(
+            {"path": "/effect/", "user": "alice", "key": "k1"},
+            {"path": "/atomic/"},
+            marks=pytest.mark.database_store("the other endpoint is in atomic mode"),
+        ),
     ],
     ids=["account", "key", "endpoint"],
 )
@@ -426,13 +438,15 @@ def test_a_sealed_response_copied_into_another_record_is_refused_never_replayed(
     first = post(victim["path"], {"card": CARD}, user=victim["user"], key=victim["key"])
     own = post(theirs["path"], {"n": 1}, user=theirs["user"], key=theirs["key"])
     assert first.status_code == own.status_code == 201
-    victims = IdempotencyRecord.objects.filter(
+    robbed = records.get(
         account=str(User.objects.get(username=victim["user"]).pk),
         endpoint=f"POST {victim['path']}",
         key=victim["key"],
     )
-    stolen = bytes(victims.get().response_body)
-    IdempotencyRecord.objects.exclude(pk=victims.get().pk).update(response_body=stolen)
+    others = [r for r in records.all() if r.pk != robbed.pk]
+    assert others
+    for other in others:
+        records.update({"pk": other.pk}, response_body=robbed.response_body)
 
     with caplog.at_level(logging.ERROR, logger="idempotency_django"):
         swapped = post(theirs["path"], {"n": 1}, user=theirs["user"], key=theirs["key"])
@@ -450,7 +464,7 @@ def test_a_sealed_response_whose_status_was_altered_is_refused(
 ) -> None:
     encrypt_with(settings, NEW_KEY)
     assert post("/effect/", {"status": 402}).status_code == 402
-    IdempotencyRecord.objects.update(response_status=201)
+    records.update(response_status=201)
 
     assert_refused_as_unreadable(post("/effect/", {"status": 402}))
     assert effects() == 1
@@ -459,7 +473,7 @@ def test_a_sealed_response_whose_status_was_altered_is_refused(
 def test_a_response_sealed_before_binding_still_replays(post: Post, settings: Settings) -> None:
     encrypt_with(settings, NEW_KEY)
     first = post("/effect/", {"card": CARD})
-    IdempotencyRecord.objects.update(response_body=unbind(body_of()))
+    records.update(response_body=unbind(body_of()))
 
     replayed = post("/effect/", {"card": CARD})
 
@@ -469,6 +483,9 @@ def test_a_response_sealed_before_binding_still_replays(post: Post, settings: Se
     assert effects() == 1
 
 
+@pytest.mark.database_store(
+    "the reseal command rewrites database rows (records in Redis are not resealed)"
+)
 def test_reseal_binds_responses_sealed_before_binding_so_a_swap_is_refused(
     post: Post, settings: Settings, bob: User
 ) -> None:
@@ -494,6 +511,9 @@ def test_reseal_binds_responses_sealed_before_binding_so_a_swap_is_refused(
     assert effects() == 2
 
 
+@pytest.mark.database_store(
+    "the reseal command rewrites database rows (records in Redis are not resealed)"
+)
 def test_reseal_leaves_a_response_bound_to_another_record_as_it_is(
     post: Post, settings: Settings, bob: User
 ) -> None:

@@ -17,6 +17,7 @@ from django.test import Client
 
 from idempotency_django import signals
 from idempotency_django.models import IdempotencyRecord
+from tests import records
 from tests.conftest import effects
 from tests.project.views import gate
 from tools.threads import start_together
@@ -180,7 +181,7 @@ def test_atomic_mode_rollback_lets_a_waiting_duplicate_run(alice: User) -> None:
     assert first.get(timeout=5).status_code == 503
     assert second.get(timeout=5).status_code == 503
     assert effects() == 0
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_atomic_requests_keeps_claim_commit_work(
@@ -236,8 +237,8 @@ def test_atomic_requests_view_that_lost_its_claim_rolls_back(
     thread = threading.Thread(target=lambda: first.put(send("/effect/", {"gate": True})))
     thread.start()
     assert gate.entered.wait(20)
-    record = IdempotencyRecord.objects.get()
-    IdempotencyRecord.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    record = records.get()
+    records.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     options = engine.Options(
         "default", lease=30, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1
     )
@@ -248,4 +249,4 @@ def test_atomic_requests_view_that_lost_its_claim_rolls_back(
     response = first.get(timeout=5)
     assert response.status_code == 409
     assert effects() == 0
-    assert IdempotencyRecord.objects.get().state == IdempotencyRecord.State.IN_PROGRESS
+    assert records.get().state == IdempotencyRecord.State.IN_PROGRESS

@@ -12,7 +12,7 @@ from django.test import override_settings
 from idempotency_django import keys, responses
 from idempotency_django.conf import DEFAULTS, conf, resolve_callable, status_predicate
 from idempotency_django.decorators import idempotent
-from idempotency_django.models import IdempotencyRecord
+from tests import records
 from tests.conftest import Post, effects
 
 if TYPE_CHECKING:
@@ -437,7 +437,7 @@ def test_a_setting_its_check_refuses_fails_the_request_before_the_view_runs(
             post(path, {})
 
     assert effects() == 0
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -471,4 +471,4 @@ def test_a_task_fails_before_its_work_on_a_setting_its_check_refuses(
         ran.append(1)
 
     assert ran == []
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()

@@ -18,6 +18,7 @@ from django.db import OperationalError, ProgrammingError, connection
 from django.utils import timezone
 
 from idempotency_django.models import IdempotencyRecord
+from tests import records
 from tests.conftest import Post, effects
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -36,7 +37,7 @@ def test_first_request_runs_the_view_and_stores_the_outcome(alice: User, post: P
     assert response.status_code == 201
     assert "Idempotent-Replayed" not in response
     assert effects() == 1
-    record = IdempotencyRecord.objects.get()
+    record = records.get()
     assert record.state == State.COMPLETED
     assert (record.account, record.endpoint, record.key) == (str(alice.pk), "POST /effect/", "k1")
     assert bytes(record.response_body) == response.content
@@ -128,7 +129,7 @@ def test_malformed_key_is_400_and_runs_nothing(alice: User, post: Post, key: str
     assert response.status_code == 400
     assert problem(response)["type"] == "urn:idempotency-django:problem:key-malformed"
     assert effects() == 0
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 @pytest.mark.parametrize("joined", ["k1,k2", "k1, k2", "k1,k1", '"k1","k2"', '"k1,k2"'])
@@ -209,7 +210,7 @@ def test_bare_and_structured_field_forms_name_the_same_key(alice: User, post: Po
 
     assert retry["Idempotent-Replayed"] == "true"
     assert effects() == 1
-    assert IdempotencyRecord.objects.get().key == "abc"
+    assert records.get().key == "abc"
 
 
 def test_255_character_key_is_accepted(alice: User, post: Post) -> None:
@@ -221,7 +222,7 @@ def test_optional_key_runs_unprotected_without_a_key(alice: User, post: Post) ->
     post("/optional/", {}, key=None)
 
     assert effects() == 2
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_optional_key_still_protects_when_a_key_is_sent(alice: User, post: Post) -> None:
@@ -277,7 +278,7 @@ def test_anonymous_bypass_runs_unprotected(post: Post, settings, db) -> None:  #
     post("/effect/", {}, user=None)
 
     assert effects() == 2
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_two_accounts_with_one_key_are_independent(alice: User, bob: User, post: Post) -> None:
@@ -325,14 +326,14 @@ def test_custom_account_callable_scopes_keys(alice: User, bob: User, post: Post,
     from_bob = post("/effect/", {}, user="bob")
 
     assert from_bob["Idempotent-Replayed"] == "true"
-    assert IdempotencyRecord.objects.get().account == "one-tenant"
+    assert records.get().account == "one-tenant"
 
 
 def test_exception_releases_the_key_and_a_retry_runs(alice: User, post: Post, client) -> None:  # type: ignore[no-untyped-def]
     client.raise_request_exception = False
     failed = post("/effect/", {"raise": True})
     assert failed.status_code == 500
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
     retry = post("/effect/", {"raise": True}, key="k1")
     assert retry.status_code == 500
@@ -346,7 +347,7 @@ def test_5xx_response_releases_the_key(alice: User, post: Post) -> None:
     assert first.status_code == retry.status_code == 503
     assert "Idempotent-Replayed" not in retry
     assert effects() == 2
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 @pytest.mark.parametrize("status", [408, 409, 425, 429])
@@ -388,7 +389,7 @@ def test_store_statuses_setting(alice: User, post: Post, settings) -> None:  # t
 
 
 def test_in_flight_duplicate_gets_409_with_retry_after(alice: User, post: Post) -> None:
-    IdempotencyRecord.objects.create(
+    records.create(
         account=str(alice.pk),
         endpoint="POST /effect/",
         key="k1",
@@ -407,7 +408,7 @@ def test_in_flight_duplicate_gets_409_with_retry_after(alice: User, post: Post) 
 
 
 def test_mismatch_wins_over_in_flight(alice: User, post: Post) -> None:
-    IdempotencyRecord.objects.create(
+    records.create(
         account=str(alice.pk),
         endpoint="POST /effect/",
         key="k1",
@@ -423,7 +424,7 @@ def test_mismatch_wins_over_in_flight(alice: User, post: Post) -> None:
 
 def test_lapsed_lease_is_taken_over_and_runs_once(alice: User, post: Post) -> None:
     fingerprint = _fingerprint_of(post, {"amount": 1})
-    IdempotencyRecord.objects.create(
+    records.create(
         account=str(alice.pk),
         endpoint="POST /effect/",
         key="k1",
@@ -439,13 +440,13 @@ def test_lapsed_lease_is_taken_over_and_runs_once(alice: User, post: Post) -> No
     assert response.status_code == 201
     assert retry["Idempotent-Replayed"] == "true"
     assert effects() == 1
-    record = IdempotencyRecord.objects.get()
+    record = records.get()
     assert record.token != "a" * 32
     assert record.state == State.COMPLETED
 
 
 def test_lapsed_lease_with_another_body_is_still_422(alice: User, post: Post) -> None:
-    IdempotencyRecord.objects.create(
+    records.create(
         account=str(alice.pk),
         endpoint="POST /effect/",
         key="k1",
@@ -462,21 +463,21 @@ def test_lapsed_lease_with_another_body_is_still_422(alice: User, post: Post) ->
 
 def test_completed_key_past_its_ttl_counts_as_absent(alice: User, post: Post) -> None:
     post("/effect/", {"amount": 1})
-    IdempotencyRecord.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    records.update(expires_at=timezone.now() - timedelta(seconds=1))
 
     again = post("/effect/", {"amount": 2})
 
     assert again.status_code == 201
     assert "Idempotent-Replayed" not in again
     assert effects() == 2
-    assert IdempotencyRecord.objects.count() == 1
+    assert records.count() == 1
 
 
 def test_ttl_setting_sets_expiry(alice: User, post: Post, settings) -> None:  # type: ignore[no-untyped-def]
     settings.IDEMPOTENCY = {"TTL_SECONDS": 3600}
     before = timezone.now()
     post("/effect/", {})
-    record = IdempotencyRecord.objects.get()
+    record = records.get()
 
     assert (
         before + timedelta(seconds=3590) < record.expires_at <= timezone.now() + timedelta(hours=1)
@@ -517,7 +518,7 @@ def test_disabled_switch_turns_protection_off(alice: User, post: Post, settings)
     post("/effect/", {})
 
     assert effects() == 3
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_streaming_response_is_delivered_and_a_retry_is_told_it_ran(
@@ -589,6 +590,7 @@ def store_down() -> Iterator[list[str]]:
         yield failed
 
 
+@pytest.mark.database_store("injects SQL failures; the Redis store's failures: test_redis_store")
 def test_store_down_fails_closed_with_503(alice: User, post: Post, store_down: list[str]) -> None:
     response = post("/effect/", {})
 
@@ -599,6 +601,7 @@ def test_store_down_fails_closed_with_503(alice: User, post: Post, store_down: l
     assert effects() == 0
 
 
+@pytest.mark.database_store("injects SQL failures; the Redis store's failures: test_redis_store")
 def test_store_down_in_atomic_mode_fails_closed(
     alice: User, post: Post, store_down: list[str]
 ) -> None:
@@ -608,6 +611,7 @@ def test_store_down_in_atomic_mode_fails_closed(
     assert effects() == 0
 
 
+@pytest.mark.database_store("injects SQL failures; the Redis store's failures: test_redis_store")
 def test_store_down_fails_open_when_configured(
     alice: User, post: Post, settings, store_down
 ) -> None:  # type: ignore[no-untyped-def]
@@ -618,6 +622,7 @@ def test_store_down_fails_open_when_configured(
     assert effects() == 1
 
 
+@pytest.mark.database_store("injects SQL failures; the Redis store's failures: test_redis_store")
 def test_a_store_that_answers_with_an_error_fails_closed_even_when_open(
     alice: User, post: Post, settings: Any
 ) -> None:
@@ -639,6 +644,7 @@ def test_a_store_that_answers_with_an_error_fails_closed_even_when_open(
     assert effects() == 0
 
 
+@pytest.mark.database_store("injects SQL failures; the Redis store's failures: test_redis_store")
 def test_completion_failure_still_sends_the_response_and_keeps_the_claim(
     alice: User, post: Post, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -656,7 +662,7 @@ def test_completion_failure_still_sends_the_response_and_keeps_the_claim(
     assert response.status_code == 201
     assert effects() == 1
     assert "completing a key" in caplog.text
-    record = IdempotencyRecord.objects.get()
+    record = records.get()
     assert record.state == State.IN_PROGRESS
     assert post("/effect/", {}).status_code == 409
 
@@ -673,7 +679,7 @@ def test_claim_lost_completion_does_not_overwrite_the_new_owner(
     )
     first = engine.begin(scope, "f" * 64, options)
     assert isinstance(first, engine.Claim)
-    IdempotencyRecord.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    records.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     second = engine.begin(scope, "f" * 64, options)
     assert isinstance(second, engine.Claim)
 
@@ -683,9 +689,9 @@ def test_claim_lost_completion_does_not_overwrite_the_new_owner(
         assert engine.complete(first, StoredResponse(201, b"first")) is False
     assert "claim lost" in caplog.text
     assert engine.complete(second, StoredResponse(201, b"second")) is True
-    assert bytes(IdempotencyRecord.objects.get().response_body) == b"second"
+    assert bytes(records.get().response_body) == b"second"
     engine.release(first)
-    assert IdempotencyRecord.objects.count() == 1
+    assert records.count() == 1
 
 
 def _fingerprint_of(post: Post, body: object) -> str:
@@ -702,7 +708,7 @@ def _fingerprint_of(post: Post, body: object) -> str:
 
 def test_in_progress_record_without_a_lease_counts_as_lapsed(alice: User, post: Post) -> None:
     post("/effect/", {"amount": 1})
-    IdempotencyRecord.objects.update(state=State.IN_PROGRESS, lease_expires_at=None)
+    records.update(state=State.IN_PROGRESS, lease_expires_at=None)
 
     response = post("/effect/", {"amount": 1})
 
@@ -719,7 +725,7 @@ def test_no_ttl_keeps_the_key_forever(alice: User, post: Post, settings) -> None
     retry = post("/effect/", {"amount": 1})
 
     assert retry["Idempotent-Replayed"] == "true"
-    assert IdempotencyRecord.objects.get().expires_at == never()
+    assert records.get().expires_at == never()
 
 
 @pytest.mark.parametrize("other", ["ABC", '"abc "', "abC"])
@@ -835,4 +841,4 @@ def test_an_idempotent_function_called_by_an_idempotent_view_runs_under_its_clai
     assert retry["Idempotent-Replayed"] == "true"
     assert retry.content == first.content
     assert effects("mw_charge") == 1
-    assert IdempotencyRecord.objects.count() == 1
+    assert records.count() == 1

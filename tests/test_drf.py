@@ -13,6 +13,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from idempotency_django.models import IdempotencyRecord
+from tests import records
 from tests.conftest import effects
 from tests.project.views import gate, not_validation_failures
 from tools.threads import start_together
@@ -142,13 +143,13 @@ def test_5xx_api_exception_releases_the_key(api: APIClient) -> None:
     assert first.status_code == retry.status_code == 503
     assert "Idempotent-Replayed" not in retry
     assert effects("drf") == 2
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_unexpected_exception_releases_the_key(api: APIClient) -> None:
     api.raise_request_exception = False
     assert post(api, "/api/charges/", {"amount": 5, "crash": True}).status_code == 500
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
     assert post(api, "/api/charges/", {"amount": 5}).status_code == 201
 
 
@@ -188,12 +189,12 @@ def test_in_flight_409_keeps_retry_after_through_a_custom_handler(
         "EXCEPTION_HANDLER": "tests.project.drf_views.custom_exception_handler",
     }
     post(api, "/api/charges/", {"amount": 5})
-    IdempotencyRecord.objects.update(state=IdempotencyRecord.State.IN_PROGRESS)
+    records.update(state=IdempotencyRecord.State.IN_PROGRESS)
     from datetime import timedelta
 
     from django.utils import timezone
 
-    IdempotencyRecord.objects.update(lease_expires_at=timezone.now() + timedelta(seconds=30))
+    records.update(lease_expires_at=timezone.now() + timedelta(seconds=30))
     response = post(api, "/api/charges/", {"amount": 5})
 
     assert response.status_code == 409
@@ -216,7 +217,7 @@ def test_unauthenticated_request_never_claims_a_key(db: None) -> None:
     response = post(APIClient(), "/api/charges/", {"amount": 5})
 
     assert response.status_code in (401, 403)
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_throttled_request_never_claims_a_key(api: APIClient) -> None:
@@ -228,7 +229,7 @@ def test_throttled_request_never_claims_a_key(api: APIClient) -> None:
 
     assert first.status_code == 201
     assert throttled.status_code == 429
-    assert list(IdempotencyRecord.objects.values_list("key", flat=True)) == ["a"]
+    assert list([r.key for r in records.all()]) == ["a"]
 
 
 @pytest.mark.parametrize("scheme", ["token", "basic", "session"])
@@ -253,7 +254,7 @@ def test_the_account_is_the_drf_authenticated_user(
 
     assert for_alice.status_code == for_bob.status_code == 201
     assert "Idempotent-Replayed" not in for_bob
-    assert set(IdempotencyRecord.objects.values_list("account", flat=True)) == {
+    assert set([r.account for r in records.all()]) == {
         str(alice.pk),
         str(bob.pk),
     }
@@ -267,14 +268,14 @@ def test_a_hook_overrides_one_piece(api: APIClient) -> None:
     assert same_tenant["Idempotent-Replayed"] == "true"
     assert "Idempotent-Replayed" not in other_tenant
     assert effects("drf-tenant") == 2
-    assert set(IdempotencyRecord.objects.values_list("account", flat=True)) == {"t1", "t2"}
+    assert set([r.account for r in records.all()]) == {"t1", "t2"}
 
 
 def test_get_is_not_protected(api: APIClient) -> None:
     response = api.get("/api/charges/", headers={"Idempotency-Key": "k"})
 
     assert response.status_code == 200
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 @pytest.mark.concurrency

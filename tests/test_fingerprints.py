@@ -35,6 +35,7 @@ from rest_framework.test import APIClient
 
 from idempotency_django import keys
 from idempotency_django.models import FINGERPRINT_MAX_LENGTH, IdempotencyRecord
+from tests import records
 from tests.conftest import effects
 from tests.project import fingerprint_views
 
@@ -808,8 +809,8 @@ class TestCustomFingerprintSetting:
     ) -> None:
         first = charge(client, 100)
         # The previous release stored a custom value as it was, with no namespace.
-        stored = IdempotencyRecord.objects.get().fingerprint
-        IdempotencyRecord.objects.update(fingerprint=stored.removeprefix("custom:"))
+        stored = records.get().fingerprint
+        records.update(fingerprint=stored.removeprefix("custom:"))
 
         retry = charge(client, 100)
         other = charge(client, 250)
@@ -910,7 +911,7 @@ class TestMultipartThroughViews:
 
         assert response.status_code == 400
         assert effects() == 0
-        assert not IdempotencyRecord.objects.exists()
+        assert not records.exists()
 
     @pytest.mark.parametrize("body", [DEEP, b'{"a": NaN}', b'{"a": "\\ud800\xff"}', b"\x00"])
     def test_hostile_json_is_fingerprinted_not_refused(self, sender: Any, body: bytes) -> None:
@@ -919,7 +920,7 @@ class TestMultipartThroughViews:
 
         assert first.status_code == 201
         assert retry["Idempotent-Replayed"] == "true"
-        assert IdempotencyRecord.objects.get().fingerprint.startswith("2:")
+        assert records.get().fingerprint.startswith("2:")
 
 
 @pytest.mark.urls("tests.project.fingerprint_urls")
@@ -1115,4 +1116,4 @@ class TestViewsThatReadTheBody:
 
         assert response.status_code == 500
         assert effects() == 0
-        assert not IdempotencyRecord.objects.exists()
+        assert not records.exists()

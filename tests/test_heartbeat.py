@@ -24,6 +24,7 @@ from idempotency_django import engine, signals
 from idempotency_django import heartbeat as heartbeat_module
 from idempotency_django.heartbeat import THREAD_NAME, Heartbeat, heartbeat
 from idempotency_django.models import IdempotencyRecord
+from tests import records
 from tests.project.logs import everything_logged
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -40,7 +41,7 @@ def claim(key: str) -> engine.Claim:
 
 
 def lease_of(key: str) -> object:
-    return IdempotencyRecord.objects.get(key=key).lease_expires_at
+    return records.get(key=key).lease_expires_at
 
 
 @pytest.fixture
@@ -50,9 +51,10 @@ def beat() -> Iterator[Heartbeat]:
     heartbeat.stop()
 
 
+@pytest.mark.database_store("counts SQL UPDATEs (the Redis store's round trips: test_redis_store)")
 def test_a_beat_renews_every_registered_claim_in_one_statement(beat: Heartbeat) -> None:
     claims = [claim("a"), claim("b"), claim("c")]
-    IdempotencyRecord.objects.update(lease_expires_at=timezone.now() + timedelta(seconds=1))
+    records.update(lease_expires_at=timezone.now() + timedelta(seconds=1))
     for each in claims:
         beat.register(each, lease=30, max_run=60)
     # The thread sleeps for a third of the lease (10 s) before its first beat; drive one now.
@@ -90,7 +92,7 @@ def test_a_claim_past_max_run_is_no_longer_renewed(beat: Heartbeat) -> None:
 def test_a_beat_never_renews_a_claim_that_was_taken_over(beat: Heartbeat) -> None:
     lost = claim("k")
     beat.register(lost, lease=30, max_run=60)
-    IdempotencyRecord.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    records.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     winner = claim("k")
     assert winner.token != lost.token
     winner_lease = lease_of("k")
@@ -107,7 +109,7 @@ def test_a_beat_never_renews_a_completed_record(beat: Heartbeat) -> None:
     assert engine.complete(finished, StoredResponse(201, b"{}"))
 
     assert beat.renew_once() == 0
-    assert IdempotencyRecord.objects.get().lease_expires_at is None
+    assert records.get().lease_expires_at is None
 
 
 def beats(beat: Heartbeat, monkeypatch: pytest.MonkeyPatch) -> Callable[[], int]:
@@ -142,7 +144,7 @@ def test_the_heartbeat_thread_renews_leases_by_itself(
     forward, and only its."""
     next_renewal = beats(beat, monkeypatch)
     live, other = claim("live"), claim("other")
-    IdempotencyRecord.objects.update(lease_expires_at=timezone.now())
+    records.update(lease_expires_at=timezone.now())
     before = {key: lease_of(key) for key in ("live", "other")}
 
     beat.register(live, lease=0.3, max_run=60)
@@ -260,7 +262,7 @@ def test_an_unexpected_error_does_not_end_the_renewals(
     monkeypatch.setattr(only_beat, "renew_once", fails_once)
     next_renewal = beats(only_beat, monkeypatch)
     live = claim("live")
-    IdempotencyRecord.objects.update(lease_expires_at=timezone.now())
+    records.update(lease_expires_at=timezone.now())
     before = lease_of("live")
 
     with caplog.at_level(logging.ERROR, logger="idempotency_django"):
@@ -327,6 +329,7 @@ def broken_check() -> bool:
 
 
 @pytest.mark.parametrize("is_usable", [lambda: False, broken_check], ids=["no", "raises"])
+@pytest.mark.database_store("a lost Django database connection")
 def test_a_lost_connection_is_not_retried_claim_by_claim(
     beat: Heartbeat, monkeypatch: pytest.MonkeyPatch, is_usable: Callable[[], bool]
 ) -> None:
@@ -423,13 +426,14 @@ def test_overdue_claims_are_logged_through_log_fields(
 
 
 @pytest.mark.concurrency
+@pytest.mark.database_store("a row lock (SELECT FOR UPDATE)")
 def test_a_renewal_blocked_by_a_row_lock_returns_within_its_timeout(beat: Heartbeat) -> None:
     """Another connection holds one claim's row: the beat gives up on that row after its
     statement timeout (a third of the lease) and still renews the other claim."""
     locked, free = claim("locked"), claim("free")
     for each in (locked, free):  # registered without a thread: only this test's beat runs
         beat._entries[each.token] = heartbeat_module._Entry(each, 0.9, time.monotonic() + 60)
-    IdempotencyRecord.objects.update(lease_expires_at=timezone.now())
+    records.update(lease_expires_at=timezone.now())
     before = {key: lease_of(key) for key in ("locked", "free")}
     holding, let_go = threading.Event(), threading.Event()
 

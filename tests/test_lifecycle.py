@@ -29,6 +29,7 @@ from idempotency_django.exceptions import InFlight, KeyMismatch
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.purge import purge_records
 from idempotency_django.store import expiry
+from tests import records
 from tests.conftest import Post, effects
 from tests.project.views import gate, terminate_backend
 
@@ -75,6 +76,7 @@ def atomic_requests(monkeypatch: pytest.MonkeyPatch) -> None:
 # --- 1. a completion that fails inside a transaction ----------------------------------------
 
 
+@pytest.mark.database_store("atomic mode")
 @pytest.mark.parametrize("path", ["/atomic/", "/api/atomic-charge/"])
 def test_atomic_mode_completion_lost_with_the_connection_is_a_503_not_a_201(
     alice: User, post: Post, path: str
@@ -87,7 +89,7 @@ def test_atomic_mode_completion_lost_with_the_connection_is_a_503_not_a_201(
     assert response["Retry-After"] == "1"
     assert problem(response)["type"].endswith("store-unavailable")
     assert effects() == 0  # the work rolled back with the completion
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
     retry = post(path, {"amount": 1})
     assert retry.status_code == 201
@@ -95,6 +97,7 @@ def test_atomic_mode_completion_lost_with_the_connection_is_a_503_not_a_201(
     assert effects() == 1
 
 
+@pytest.mark.database_store("atomic mode / ATOMIC_REQUESTS")
 def test_atomic_requests_completion_lost_is_a_503_and_the_retry_runs_once(
     alice: User, post: Post, atomic_requests: None
 ) -> None:
@@ -107,7 +110,7 @@ def test_atomic_requests_completion_lost_is_a_503_and_the_retry_runs_once(
     assert effects() == 0  # ATOMIC_REQUESTS rolled the view's work back
     # The rollback is certain (the COMMIT was never sent): the key is released, so the
     # retry runs at once instead of waiting for a lease that nobody renews.
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
     retry = post("/effect/", {"amount": 1})
     again = post("/effect/", {"amount": 1})
@@ -116,6 +119,7 @@ def test_atomic_requests_completion_lost_is_a_503_and_the_retry_runs_once(
     assert effects() == 1
 
 
+@pytest.mark.database_store("kills the database connection before the completion's SQL")
 def test_a_completion_that_fails_without_a_transaction_still_sends_the_committed_work(
     alice: User, post: Post
 ) -> None:
@@ -154,7 +158,7 @@ def claim_past_its_ttl() -> engine.Claim:
     claim = engine.begin(SCOPE, FINGERPRINT, options())
     assert isinstance(claim, engine.Claim)
     # The TTL has passed; the lease is live (the heartbeat renews it while the view runs).
-    IdempotencyRecord.objects.update(expires_at=timezone.now() - timedelta(seconds=30))
+    records.update(expires_at=timezone.now() - timedelta(seconds=30))
     return claim
 
 
@@ -165,19 +169,19 @@ def test_a_live_lease_is_never_taken_over_whatever_the_ttl() -> None:
         engine.begin(SCOPE, FINGERPRINT, options())
     with pytest.raises(KeyMismatch):
         engine.begin(SCOPE, OTHER, options())
-    assert IdempotencyRecord.objects.get().token is not None
+    assert records.get().token is not None
 
 
 def test_the_purge_agrees_with_the_engine_on_a_live_lease() -> None:
     claim_past_its_ttl()
 
     assert purge_records().total == 0
-    assert IdempotencyRecord.objects.count() == 1
+    assert records.count() == 1
 
 
 def test_after_the_lease_lapses_an_expired_claim_counts_as_absent() -> None:
     claim_past_its_ttl()
-    IdempotencyRecord.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    records.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
 
     taken = engine.begin(SCOPE, OTHER, options())
     assert isinstance(taken, engine.Claim)
@@ -192,7 +196,7 @@ def test_a_view_running_past_its_ttl_keeps_its_key(alice: User, post: Post, sett
     thread.start()
     assert gate.entered.wait(10)
     # 150 s into a 120 s TTL: expires_at is behind us, the lease is live.
-    IdempotencyRecord.objects.update(expires_at=timezone.now() - timedelta(seconds=30))
+    records.update(expires_at=timezone.now() - timedelta(seconds=30))
 
     retry = post("/effect/", {"amount": 1, "gate": True})
     gate.release.set()
@@ -219,9 +223,8 @@ def test_the_ttl_counts_from_completion(alice: User, post: Post, settings: Any) 
     settings.IDEMPOTENCY = {"TTL_SECONDS": 120}
     post("/effect/", {"amount": 1})
 
-    record = IdempotencyRecord.objects.get()
-    assert record.completed_at is not None
-    assert record.expires_at - record.completed_at == timedelta(seconds=120)
+    record = records.get()
+    assert records.lasts(record.expires_at, record.completed_at, 120)
 
 
 def test_no_ttl_without_time_zones_stores_a_naive_forever(
@@ -242,6 +245,7 @@ def test_no_ttl_without_time_zones_stores_a_naive_forever(
 
 
 @pytest.mark.concurrency
+@pytest.mark.database_store("a row lock held by an uncommitted claim (atomic mode)")
 def test_a_lock_timeout_on_a_duplicate_is_a_409_even_when_failing_open(
     alice: User, post: Post, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -299,7 +303,7 @@ def test_drf_under_atomic_requests_stores_a_validation_error_without_warnings(
     assert retry.content == invalid.content
     assert effects("drf-partial") == 0  # the write before the error rolled back
     assert [r.getMessage() for r in caplog.records if r.name == "idempotency_django"] == []
-    assert IdempotencyRecord.objects.get().response_status == 400
+    assert records.get().response_status == 400
 
 
 def test_drf_under_atomic_requests_commits_the_work_with_its_completion(
@@ -323,7 +327,7 @@ def test_drf_under_atomic_requests_a_crash_rolls_back_and_releases(
 
     assert crashed.status_code == 500
     assert effects("drf") == 0
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_drf_mixin_gives_its_view_the_request_transaction_back(
@@ -462,6 +466,7 @@ def test_an_insert_error_other_than_a_duplicate_is_not_a_409() -> None:
 # --- what the lifecycle does when the work's own transaction is rolled back or unknown -------
 
 
+@pytest.mark.database_store("atomic mode / ATOMIC_REQUESTS")
 def test_drf_atomic_mode_under_atomic_requests_stores_its_validation_error(
     alice: User, post: Post, atomic_requests: None
 ) -> None:
@@ -474,7 +479,7 @@ def test_drf_atomic_mode_under_atomic_requests_stores_its_validation_error(
     assert retry["Idempotent-Replayed"] == "true"
     assert retry.content == invalid.content
     assert effects("drf-atomic") == 0
-    assert IdempotencyRecord.objects.get().response_status == 400
+    assert records.get().response_status == 400
 
 
 @contextmanager
@@ -511,11 +516,12 @@ def test_a_commit_whose_outcome_is_unknown_is_a_503_and_keeps_the_key(
     assert effects() == 0
     # Did it commit? The app cannot know: the key stays claimed until its lease lapses
     # (the same rule as a worker that died), so a retry is refused for now, not run twice.
-    assert IdempotencyRecord.objects.get().state == State.IN_PROGRESS
+    assert records.get().state == State.IN_PROGRESS
     assert post("/effect/", {"amount": 1}).status_code == 409
     assert effects() == 0
 
 
+@pytest.mark.database_store("loses the database COMMIT's answer")
 def test_a_commit_whose_answer_is_lost_is_a_503_and_the_retry_gets_the_replay(
     alice: User, post: Post, atomic_requests: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -548,7 +554,7 @@ def test_a_commit_whose_answer_is_lost_is_a_503_and_the_retry_gets_the_replay(
 def test_a_record_of_an_older_fingerprint_version_is_replayed(alice: User, post: Post) -> None:
     """A retry across an upgrade of the canonical form gets its replay, not a 422."""
     now = timezone.now()
-    IdempotencyRecord.objects.create(
+    records.create(
         account=str(alice.pk),
         endpoint="POST /effect/",
         key="k1",
@@ -572,6 +578,7 @@ def test_a_record_of_an_older_fingerprint_version_is_replayed(alice: User, post:
 
 
 @pytest.mark.concurrency
+@pytest.mark.database_store("a row lock timeout on the claim's SQL")
 def test_under_the_wait_policy_a_contended_claim_waits_then_replays(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -628,11 +635,11 @@ def test_a_claim_retried_with_its_own_token_after_its_lease_lapsed_renews_it() -
     which a duplicate could take over at once (both would run)."""
     first = engine.begin(SCOPE, FINGERPRINT, options(), token="t" * 32)
     assert isinstance(first, engine.Claim)
-    IdempotencyRecord.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    records.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
 
     again = engine.begin(SCOPE, FINGERPRINT, options(), token="t" * 32)
 
     assert isinstance(again, engine.Claim)
-    assert IdempotencyRecord.objects.get().lease_expires_at > timezone.now()
+    assert records.get().lease_expires_at > timezone.now()
     with pytest.raises(InFlight):
         engine.begin(SCOPE, FINGERPRINT, options())

@@ -21,7 +21,7 @@ from django.urls import resolve
 from rest_framework.authtoken.models import Token
 
 from idempotency_django.middleware import IdempotencyMiddleware
-from idempotency_django.models import IdempotencyRecord
+from tests import records
 from tests.conftest import Post, effects
 from tests.project import middleware_views
 from tests.test_async import cancelled_at
@@ -57,7 +57,7 @@ def test_a_plain_view_runs_once_and_the_retry_is_replayed(alice: User, post: Pos
     assert retry["Idempotent-Replayed"] == "true"
     assert retry.content == first.content
     assert effects("mw_plain") == 1
-    assert IdempotencyRecord.objects.get().account == str(alice.pk)
+    assert records.get().account == str(alice.pk)
 
 
 def test_another_body_with_the_same_key_is_a_422(alice: User, post: Post) -> None:
@@ -80,7 +80,7 @@ def test_a_missing_key_is_a_400_where_required(alice: User, post: Post, settings
     assert post("/mw/plain/", {"amount": 1}, key=None).status_code == 201
     assert post("/mw/plain/", {"amount": 1}, key=None).status_code == 201
     assert effects("mw_plain") == 2
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_a_malformed_key_and_an_anonymous_caller_are_refused(post: Post, alice: User) -> None:
@@ -140,7 +140,7 @@ def test_get_is_untouched(alice: User, client: Client) -> None:
 
     assert first.status_code == second.status_code == 200
     assert "Idempotent-Replayed" not in second
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_methods_setting_decides_what_is_protected(alice: User, post: Post, settings: Any) -> None:
@@ -148,7 +148,7 @@ def test_methods_setting_decides_what_is_protected(alice: User, post: Post, sett
     post("/mw/plain/", {"amount": 1})
     post("/mw/plain/", {"amount": 1})
     assert effects("mw_plain") == 2
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
     first = post("/mw/plain/", {"amount": 1}, method="patch")
     retry = post("/mw/plain/", {"amount": 1}, method="patch")
@@ -163,7 +163,7 @@ def test_the_global_switch_turns_the_middleware_off(alice: User, post: Post, set
     post("/mw/plain/", {"amount": 1}, key=None)
 
     assert effects("mw_plain") == 2
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 # --- exemptions -------------------------------------------------------------------------------
@@ -180,7 +180,7 @@ def test_an_exempt_view_is_untouched(alice: User, post: Post, path: str, label: 
     assert first.status_code == retry.status_code == without_key.status_code == 201
     assert "Idempotent-Replayed" not in retry
     assert effects(label) == 3
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_an_exempt_handler_of_a_class_based_view_is_untouched(alice: User, post: Post) -> None:
@@ -188,7 +188,7 @@ def test_an_exempt_handler_of_a_class_based_view_is_untouched(alice: User, post:
     post("/mw/class/", {"amount": 1}, method="patch", key=None)
     assert effects("mw_class_exempt_patch") == 2
     assert post("/mw/class/", {"amount": 1}, key=None).status_code == 400  # post: protected
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_an_exempt_viewset_action_is_untouched(alice: User, client: Client) -> None:
@@ -200,7 +200,7 @@ def test_an_exempt_viewset_action_is_untouched(alice: User, client: Client) -> N
     assert first.status_code == retry.status_code == 201
     assert "Idempotent-Replayed" not in retry
     assert effects("mw_viewset_ping") == 2
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
     send("/mw/viewset/", token)  # create, on the same viewset: still protected
     assert send("/mw/viewset/", token)["Idempotent-Replayed"] == "true"
 
@@ -219,7 +219,7 @@ def test_exempt_url_names(
     post(path, {"amount": 1})
     assert post(path, {"amount": 1}, key=None).status_code == 201
     assert effects("mw_named") == 3
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_a_namespace_pattern_does_not_exempt_a_name_that_only_starts_like_it(
@@ -234,7 +234,7 @@ def test_the_admin_is_exempt_by_default(admin_user: User, client: Client, settin
     client.force_login(admin_user)
     add = client.post("/admin/auth/group/add/", {"name": "editors"})
     assert add.status_code == 302
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
     settings.IDEMPOTENCY = {"EXEMPT_URL_NAMES": []}
     refused = client.post("/admin/auth/group/add/", {"name": "writers"})
@@ -261,7 +261,7 @@ def test_a_decorated_view_is_protected_once(alice: User, post: Post, path: str, 
     assert first.status_code == 201
     assert retry["Idempotent-Replayed"] == "true"
     assert effects(label) == 1
-    assert IdempotencyRecord.objects.count() == 1
+    assert records.count() == 1
 
 
 def test_a_decorated_view_keeps_its_own_options_under_the_middleware(
@@ -278,7 +278,7 @@ def test_a_decorated_view_keeps_its_own_options_under_the_middleware(
     assert retry["Idempotent-Replayed"] == "true"
     assert retry.content == first.content
     assert effects("fields") == 1
-    assert IdempotencyRecord.objects.count() == 1
+    assert records.count() == 1
 
 
 # --- nested layers of one scope: the outer claim governs, the inner layer runs once ---------------
@@ -315,7 +315,7 @@ def test_an_inner_idempotent_layer_runs_once_under_the_middlewares_claim(
     assert retry["Idempotent-Replayed"] == "true"
     assert retry.content == first.content
     assert effects(label) == 1
-    assert IdempotencyRecord.objects.count() == 1
+    assert records.count() == 1
 
 
 def test_a_second_inner_call_under_one_claim_is_refused(alice: User, post: Post) -> None:
@@ -334,9 +334,7 @@ def test_an_inner_layer_of_another_scope_holds_its_own_claim(alice: User, post: 
     view again, and the inner work is replayed from its own record, not redone."""
     failed = post("/mw/calls-another-scope/", {"amount": 1}, X_Outer_Status="503")
     assert failed.status_code == 503
-    assert list(IdempotencyRecord.objects.values_list("endpoint", flat=True)) == [
-        "charge-of-its-own"
-    ]
+    assert list([r.endpoint for r in records.all()]) == ["charge-of-its-own"]
 
     first = post("/mw/calls-another-scope/", {"amount": 1})
     retry = post("/mw/calls-another-scope/", {"amount": 1})
@@ -346,7 +344,7 @@ def test_an_inner_layer_of_another_scope_holds_its_own_claim(alice: User, post: 
     assert retry["Idempotent-Replayed"] == "true"
     assert effects("mw_own_scope") == 1
     assert effects("mw_outer") == 2
-    assert IdempotencyRecord.objects.count() == 2
+    assert records.count() == 2
 
 
 def test_a_drf_view_with_the_mixin_is_protected_once(alice: User, client: Client) -> None:
@@ -358,7 +356,7 @@ def test_a_drf_view_with_the_mixin_is_protected_once(alice: User, client: Client
     assert first.status_code == 201
     assert retry["Idempotent-Replayed"] == "true"
     assert effects("mw_mixin") == 1
-    assert IdempotencyRecord.objects.count() == 1
+    assert records.count() == 1
 
 
 # --- DRF views: claimed after DRF's authentication ------------------------------------------
@@ -408,9 +406,7 @@ def test_drf_views_are_scoped_to_the_token_user(
     assert retry_bob.content == first_bob.content
     assert retry_alice["Idempotent-Replayed"] == retry_bob["Idempotent-Replayed"] == "true"
     assert effects(label) == 2
-    assert sorted(IdempotencyRecord.objects.values_list("account", flat=True)) == sorted(
-        [str(alice.pk), str(bob.pk)]
-    )
+    assert sorted([r.account for r in records.all()]) == sorted([str(alice.pk), str(bob.pk)])
 
 
 def test_an_exempt_drf_view_is_untouched(alice: User, client: Client) -> None:
@@ -422,7 +418,7 @@ def test_an_exempt_drf_view_is_untouched(alice: User, client: Client) -> None:
     assert first.status_code == retry.status_code == 201
     assert "Idempotent-Replayed" not in retry
     assert effects("mw_exempt_drf") == 2
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_drf_refuses_an_unauthenticated_request_before_any_claim(
@@ -432,7 +428,7 @@ def test_drf_refuses_an_unauthenticated_request_before_any_claim(
 
     assert refused.status_code == 401
     assert effects("mw_drf") == 0
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_drf_errors_through_the_middleware(alice: User, client: Client) -> None:
@@ -471,7 +467,7 @@ def test_under_atomic_requests_a_view_that_raises_after_writing_commits_nothing(
 
     assert crashed.status_code == 500
     assert effects() == 0  # the write rolled back with the request's transaction
-    assert not IdempotencyRecord.objects.exists()  # and the key was released
+    assert not records.exists()  # and the key was released
 
     retry = post(path, {"amount": 1, "raise": True})
     assert retry.status_code == 500  # it ran again (the key was free), and failed again
@@ -511,6 +507,7 @@ def test_a_view_opted_out_of_atomic_requests_stays_out(
     assert effects("mw_non_atomic") == 1
 
 
+@pytest.mark.database_store("the completion inside ATOMIC_REQUESTS' transaction, killed by SQL")
 def test_a_2xx_is_never_given_for_work_that_rolled_back(
     alice: User, post: Post, atomic_requests: None
 ) -> None:
@@ -522,7 +519,7 @@ def test_a_2xx_is_never_given_for_work_that_rolled_back(
     assert killed
     assert lost.status_code == 503
     assert effects() == 0
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
     retry = post("/mw/plain/", {"amount": 1})
     again = post("/mw/plain/", {"amount": 1})
@@ -541,7 +538,7 @@ def test_a_drf_view_under_atomic_requests_rolls_back_and_releases(
 
     assert crashed.status_code == 500
     assert effects() == 0
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 # --- async (ASGI) -------------------------------------------------------------------------------
@@ -616,7 +613,7 @@ def test_under_asgi_a_failing_async_view_releases_its_key(alice: User) -> None:
         )
 
     assert async_to_sync(send)().status_code == 500
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
     assert effects("mw_async") == 1  # no transaction around an async view: the row stays
 
 
@@ -639,7 +636,7 @@ def test_an_async_view_under_atomic_requests_gets_djangos_own_error(
 
     assert refused.status_code == 500
     assert effects() == 0
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_under_asgi_an_async_view_under_atomic_requests_gets_djangos_own_error(
@@ -655,7 +652,7 @@ def test_under_asgi_an_async_view_under_atomic_requests_gets_djangos_own_error(
 
     assert async_to_sync(send)().status_code == 500
     assert effects() == 0
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_under_asgi_a_duplicate_of_a_running_async_view_is_a_409(alice: User) -> None:
@@ -785,4 +782,4 @@ def test_under_asgi_an_inner_idempotent_layer_runs_once_under_the_middlewares_cl
     assert retry["Idempotent-Replayed"] == "true"
     assert retry.content == first.content
     assert effects(label) == 1
-    assert IdempotencyRecord.objects.count() == 1
+    assert records.count() == 1

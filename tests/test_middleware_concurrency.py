@@ -13,7 +13,7 @@ from django.db import connections
 from django.test import Client
 from rest_framework.authtoken.models import Token
 
-from idempotency_django.models import IdempotencyRecord
+from tests import records
 from tests.conftest import effects
 from tests.project.views import gate
 from tools.threads import start_together
@@ -73,7 +73,7 @@ def test_concurrent_duplicates_on_a_plain_view_run_it_once(alice: User) -> None:
     assert_one_ran(responses)
     assert effects("mw_plain") == 1
     assert send("/mw/plain/", {"gate": True}, headers)["Idempotent-Replayed"] == "true"
-    assert IdempotencyRecord.objects.count() == 1
+    assert records.count() == 1
 
 
 def test_concurrent_duplicates_on_a_drf_view_run_it_once(alice: User) -> None:
@@ -85,7 +85,7 @@ def test_concurrent_duplicates_on_a_drf_view_run_it_once(alice: User) -> None:
     assert_one_ran(responses)
     assert effects("mw_drf") == 1
     assert send("/mw/drf/", body, headers)["Idempotent-Replayed"] == "true"
-    assert IdempotencyRecord.objects.get().account == str(alice.pk)
+    assert records.get().account == str(alice.pk)
 
 
 def test_concurrent_duplicates_under_atomic_requests_run_the_view_once(
@@ -106,7 +106,7 @@ def test_concurrent_duplicates_of_a_decorated_view_are_claimed_once(alice: User)
 
     assert_one_ran(responses)
     assert effects("effect") == 1
-    assert IdempotencyRecord.objects.count() == 1
+    assert records.count() == 1
 
 
 @pytest.mark.parametrize(
@@ -124,4 +124,4 @@ def test_concurrent_duplicates_of_a_nested_idempotent_layer_run_it_once(
     assert_one_ran(responses)
     assert effects(label) == 1
     assert send(path, {"gate": True}, headers)["Idempotent-Replayed"] == "true"
-    assert IdempotencyRecord.objects.count() == 1
+    assert records.count() == 1

@@ -17,8 +17,8 @@ from ninja import NinjaAPI
 from ninja.responses import Status
 from ninja.testing import TestClient
 
-from idempotency_django.models import IdempotencyRecord
 from idempotency_django.ninja import IdempotentRouter, auth_account, idempotent
+from tests import records
 from tests.conftest import effects
 from tests.models import SideEffect
 from tests.project.ninja_views import router
@@ -181,7 +181,7 @@ def test_without_a_key_an_optional_operation_still_validates_its_input(
 
     assert invalid.status_code == 422
     assert valid.status_code == 201
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_keys_belong_to_ninjas_authenticated_caller(send: Send, alice: User, bob: User) -> None:
@@ -191,7 +191,7 @@ def test_keys_belong_to_ninjas_authenticated_caller(send: Send, alice: User, bob
     assert "Idempotent-Replayed" not in theirs
     assert theirs.json()["effect"] != mine.json()["effect"]
     assert effects() == 2
-    assert set(IdempotencyRecord.objects.values_list("account", flat=True)) == {
+    assert set([r.account for r in records.all()]) == {
         str(alice.pk),
         str(bob.pk),
     }
@@ -206,7 +206,7 @@ def test_a_token_returned_by_auth_scopes_keys_and_is_stored_hashed(send: Send) -
     assert "Idempotent-Replayed" not in other
     assert first.status_code == other.status_code == 201
     assert effects("ninja-token") == 2
-    accounts = list(IdempotencyRecord.objects.values_list("account", flat=True))
+    accounts = list([r.account for r in records.all()])
     assert all(a.startswith("auth:") and "tok_" not in a for a in accounts)
 
 
@@ -246,7 +246,7 @@ def test_a_views_own_400_is_stored_a_5xx_is_not(send: Send, alice: User) -> None
 
     with pytest.raises(RuntimeError):
         send("/r/effects/", {"amount": 1, "fail": "raise"}, key="boom")
-    assert not IdempotencyRecord.objects.filter(key="boom").exists()  # released
+    assert not records.exists(key="boom")  # released
     assert effects() == 2
 
 
@@ -295,7 +295,7 @@ def test_an_unprotected_operation_runs_every_time(send: Send, alice: User) -> No
     send("/plain/", {"amount": 1})
 
     assert effects("ninja-plain") == 2
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_the_global_switch_turns_it_off(send: Send, alice: User) -> None:
@@ -433,7 +433,7 @@ def test_under_atomic_requests_the_operation_runs_once_in_the_request_transactio
     assert first.status_code == 201
     assert again["Idempotent-Replayed"] == "true"
     assert effects() == 1  # the failed one's work rolled back with its claim
-    assert not IdempotencyRecord.objects.filter(key="boom").exists()
+    assert not records.exists(key="boom")
 
 
 def test_auth_account_names_a_model_by_label_and_a_user_by_pk(alice: User) -> None:
@@ -453,7 +453,7 @@ def test_a_project_account_setting_takes_precedence(send: Send, alice: User, bob
         bobs = send("/r/effects/", {"amount": 1}, user="bob")
 
     assert bobs["Idempotent-Replayed"] == "true"  # one tenant: one account
-    assert list(IdempotencyRecord.objects.values_list("account", flat=True)) == ["tenant-1"]
+    assert list([r.account for r in records.all()]) == ["tenant-1"]
 
 
 def test_an_async_operations_http_error_is_stored_and_the_switch_turns_it_off(
@@ -632,7 +632,7 @@ def test_the_middleware_leaves_ninja_operations_to_the_adapter(
     assert again["Idempotent-Replayed"] == "true"
     assert again.content == first.content
     assert effects("ninja-router") == 1
-    assert IdempotencyRecord.objects.count() == 1
+    assert records.count() == 1
 
 
 @pytest.mark.parametrize("on_disconnect", ["finish", "release"])
@@ -692,9 +692,7 @@ def test_the_middleware_protects_a_plain_operation_after_ninjas_auth(
     assert "Idempotent-Replayed" not in bobs
     assert refused.status_code == 401
     assert effects(label) == 2  # alice once, bob once
-    assert sorted(IdempotencyRecord.objects.values_list("account", flat=True)) == sorted(
-        [str(alice.pk), str(bob.pk)]
-    )
+    assert sorted([r.account for r in records.all()]) == sorted([str(alice.pk), str(bob.pk)])
 
 
 def test_the_middleware_leaves_an_exempt_operation_alone(
@@ -704,7 +702,7 @@ def test_the_middleware_leaves_an_exempt_operation_alone(
     send("/mw/exempt/", {"amount": 1})
 
     assert effects("ninja-mw-exempt") == 2
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_without_the_middleware_the_operation_is_as_ninja_made_it(
@@ -725,7 +723,7 @@ def test_without_the_middleware_the_operation_is_as_ninja_made_it(
         unprotected.post("/ninja/mw/plain/", body, "application/json", headers=headers)
 
     assert effects("ninja-mw-plain") == 3
-    assert IdempotencyRecord.objects.count() == 1
+    assert records.count() == 1
 
 
 def test_under_asgi_the_middleware_protects_a_plain_async_operation(
@@ -749,4 +747,4 @@ def test_under_asgi_the_middleware_protects_a_plain_async_operation(
     assert retry["Idempotent-Replayed"] == "true"
     assert retry.content == first.content
     assert effects("ninja-mw-async") == 1
-    assert IdempotencyRecord.objects.get().account == str(alice.pk)
+    assert records.get().account == str(alice.pk)

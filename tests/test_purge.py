@@ -36,6 +36,9 @@ from tests.project.factories import IdempotencyRecordFactory
 from tools.server import REPO_ROOT, example_env
 
 State = IdempotencyRecord.State
+pytestmark = pytest.mark.database_store("the purge deletes database rows (Redis expires its keys)")
+
+
 HOUR = timedelta(hours=1)
 FINGERPRINT = "0" * 64
 

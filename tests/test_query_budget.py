@@ -24,7 +24,10 @@ from django.utils import timezone
 
 from tests.conftest import Post, effects
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.database_store("counts SQL queries"),
+]
 
 
 @pytest.fixture(autouse=True)

@@ -22,7 +22,6 @@ from idempotency_django.exceptions import (
     StoreUnavailable,
     WorkNotCommitted,
 )
-from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import (
     NEVER_STORED_HEADERS,
     StoredResponse,
@@ -32,6 +31,7 @@ from idempotency_django.responses import (
     replay,
     stored_header_names,
 )
+from tests import records
 from tests.conftest import Post
 
 if TYPE_CHECKING:
@@ -201,12 +201,10 @@ def test_a_stored_record_replays_without_them(alice: User, post: Post, settings:
     """Through the decorator: the record in the store holds them, the retry gets none."""
     settings.IDEMPOTENCY = {"STORED_HEADERS": ("X-Request-Id",)}
     first = post("/effect/", {"amount": 1})
-    record = IdempotencyRecord.objects.get()
-    record.response_headers = [
-        *record.response_headers,
-        *([name, "stale"] for name in NEVER_REPLAYED),
-    ]
-    record.save(update_fields=["response_headers"])
+    record = records.get()
+    records.update(
+        response_headers=[*record.response_headers, *([name, "stale"] for name in NEVER_REPLAYED)]
+    )
 
     retry = post("/effect/", {"amount": 1})
 

@@ -19,7 +19,10 @@ from idempotency_django.models import IdempotencyRecord
 from tests.conftest import Post
 from tests.models import SideEffect
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "store"])
+pytestmark = [
+    pytest.mark.django_db(transaction=True, databases=["default", "store"]),
+    pytest.mark.database_store("a store in a second database alias"),
+]
 
 
 @pytest.fixture

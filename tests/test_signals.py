@@ -18,6 +18,7 @@ from django.utils.crypto import salted_hmac
 
 from idempotency_django import signals
 from idempotency_django.models import IdempotencyRecord
+from tests import records
 from tests.conftest import Post
 from tests.project import views
 from tests.project.logs import everything_logged
@@ -74,18 +75,19 @@ def test_mismatch_and_released(alice: User, post: Post, sent: Any) -> None:
 
 def test_in_flight_and_lease_taken_over(alice: User, post: Post, sent: Any) -> None:
     post("/effect/", {"amount": 1})
-    IdempotencyRecord.objects.update(
+    records.update(
         state=IdempotencyRecord.State.IN_PROGRESS,
         lease_expires_at=timezone.now() + timedelta(seconds=30),
     )
     post("/effect/", {"amount": 1})
-    IdempotencyRecord.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    records.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     post("/effect/", {"amount": 1})
 
     assert len(sent("in_flight")) == 1
     assert len(sent("lease_taken_over")) == 1
 
 
+@pytest.mark.database_store("injects SQL failures; the Redis store's: test_redis_store")
 def test_store_unavailable_names_the_policy(alice: User, post: Post, sent: Any) -> None:
     def fail(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
         if IdempotencyRecord._meta.db_table in sql:

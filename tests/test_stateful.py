@@ -58,8 +58,14 @@ from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse
 from idempotency_django.store import database as database_store
 from idempotency_django.store import never
+from tests import records
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    # TODO(issue 18 item 5): a fake timezone.now drives leases and TTLs here; the Redis
+    # store's run on Redis's clock, so this model needs a Redis-clock variant to run there.
+    pytest.mark.database_store("its fake clock (timezone.now) does not move Redis's clock"),
+]
 
 LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
 STATEFUL_SETTINGS = settings(
@@ -189,7 +195,7 @@ class EngineMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         CLOCK.now = START
-        IdempotencyRecord.objects.all().delete()
+        records.delete()
         self.heartbeat = ManualHeartbeat()
         self.records: dict[Key, Record] = {}
         self.all_workers: list[Worker] = []
@@ -407,7 +413,7 @@ class EngineMachine(RuleBasedStateMachine):
             older_than=timedelta(seconds=older_than), stale_after=timedelta(seconds=stale_after)
         )
 
-        left = set(IdempotencyRecord.objects.values_list("pk", "token"))
+        left = set(records.values("pk", "token"))
         assert in_use <= left, "the purge deleted a record in use"
         assert (result.expired, result.stale) == (len(expired), len(stale))
         report("purge: none" if not result.total else "purge: some")
@@ -420,7 +426,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     @invariant()
     def the_store_holds_what_the_model_holds(self) -> None:
-        rows = {(row.account, row.key): row for row in IdempotencyRecord.objects.all()}
+        rows = {(row.account, row.key): row for row in records.all()}
         assert rows.keys() == self.records.keys()
         for key, record in self.records.items():
             row = rows[key]
@@ -582,7 +588,7 @@ def test_a_lost_claim_does_not_overwrite_the_new_owner(machine: EngineMachine) -
 
     check(machine)
     assert OUTCOMES == {"complete: lost": 1}
-    body = IdempotencyRecord.objects.get().response_body
+    body = records.get().response_body
     assert body is not None
     assert bytes(body) == b"second"
 
@@ -645,7 +651,7 @@ def test_another_request_does_not_take_over_a_live_claim_past_its_ttl(
     machine.duplicate_arrives(holder=worker, same=False, ttl=5)  # 422, not a claim
 
     check(machine)
-    assert IdempotencyRecord.objects.get().token == worker.claim.token
+    assert records.get().token == worker.claim.token
 
 
 def test_the_purge_keeps_a_live_claim_past_its_ttl(machine: EngineMachine) -> None:
@@ -656,7 +662,7 @@ def test_the_purge_keeps_a_live_claim_past_its_ttl(machine: EngineMachine) -> No
     machine.purge(older_than=0, stale_after=0)
 
     check(machine)
-    assert IdempotencyRecord.objects.get().token == worker.claim.token
+    assert records.get().token == worker.claim.token
 
 
 def test_a_retry_does_not_take_over_a_renewed_claim_past_its_ttl(machine: EngineMachine) -> None:
@@ -669,4 +675,4 @@ def test_a_retry_does_not_take_over_a_renewed_claim_past_its_ttl(machine: Engine
     machine.duplicate_arrives(holder=worker, same=True, ttl=5)  # 409 in flight, not a claim
 
     check(machine)
-    assert IdempotencyRecord.objects.get().token == worker.claim.token
+    assert records.get().token == worker.claim.token

@@ -34,6 +34,7 @@ def keyed_request(user: User, body: dict[str, Any], key: str = "k1") -> Any:
     return request
 
 
+@pytest.mark.database_store("kills or locks the database store's connection or table")
 def test_connection_killed_before_the_claim_costs_one_reconnect(
     alice: User, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -48,6 +49,7 @@ def test_connection_killed_before_the_claim_costs_one_reconnect(
     assert IdempotencyRecord.objects.get().state == IdempotencyRecord.State.COMPLETED
 
 
+@pytest.mark.database_store("kills the database store's connection")
 def test_connection_killed_before_the_completion_still_stores_the_outcome(
     alice: User, post: Post, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -76,6 +78,9 @@ def refused_connections() -> Iterator[None]:
         settings["HOST"], settings["PORT"] = saved
 
 
+@pytest.mark.database_store(
+    "the database server unreachable or its connection killed (Redis down: test_redis_store)"
+)
 def test_store_unreachable_fails_closed_and_the_view_does_not_run(
     alice: User, refused_connections: None
 ) -> None:
@@ -88,12 +93,18 @@ def test_store_unreachable_fails_closed_and_the_view_does_not_run(
     assert json.loads(response.content)["type"].endswith("store-unavailable")
 
 
+@pytest.mark.database_store(
+    "the database server unreachable or its connection killed (Redis down: test_redis_store)"
+)
 def test_store_unreachable_fails_closed_in_atomic_mode(
     alice: User, refused_connections: None
 ) -> None:
     assert views.atomic(keyed_request(alice, {"amount": 1})).status_code == 503
 
 
+@pytest.mark.database_store(
+    "the database server unreachable or its connection killed (Redis down: test_redis_store)"
+)
 def test_a_view_whose_connection_died_keeps_its_key(
     alice: User, post: Post, client: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -119,6 +130,7 @@ def task_dies_mid_write(message_id: str) -> None:
     SideEffect.objects.count()  # raises: the server closed the connection
 
 
+@pytest.mark.database_store("kills or locks the database store's connection or table")
 def test_a_task_whose_connection_died_keeps_its_key() -> None:
     """The same rule for tasks: the write committed unacknowledged, so a redelivery is told
     the work is in flight until the lease lapses, instead of doing it again."""
@@ -176,6 +188,7 @@ def records_table_locked() -> Iterator[Callable[[], None]]:
     unlock()
 
 
+@pytest.mark.database_store("kills or locks the database store's connection or table")
 def test_a_claim_that_times_out_on_a_locked_table_is_a_503_and_signalled(
     alice: User,
     post: Post,

@@ -32,7 +32,10 @@ from tests.test_concurrency import finish, lock_waiters, send, wait_until
 
 State = IdempotencyRecord.State
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.database_store("the database store's SQL (the Redis store's: test_redis_store)"),
+]
 
 
 def _record(**fields: Any) -> IdempotencyRecord:
@@ -194,6 +197,7 @@ def test_the_python_and_sql_definitions_agree_on_every_kind_of_record() -> None:
 # -- races between a read and the write that follows it ------------------------------------------
 
 
+@pytest.mark.database_store("the database store's SQL paths")
 def test_a_lease_renewed_between_the_read_and_the_take_over_is_not_taken_over(
     alice: User, post: Post, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -224,6 +228,7 @@ def test_a_lease_renewed_between_the_read_and_the_take_over_is_not_taken_over(
     assert (record.token, record.state) == ("a" * 32, State.IN_PROGRESS)
 
 
+@pytest.mark.database_store("the database store's SQL paths")
 def test_a_row_that_keeps_vanishing_under_a_request_ends_in_409_not_a_spin(
     alice: User, post: Post, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -243,6 +248,7 @@ def test_a_row_that_keeps_vanishing_under_a_request_ends_in_409_not_a_spin(
 
 
 @pytest.mark.concurrency
+@pytest.mark.database_store("the database store's SQL paths")
 def test_a_claim_that_waited_for_a_concurrent_claim_reads_the_row_it_lost_to(
     alice: User, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -277,6 +283,7 @@ def test_a_claim_that_waited_for_a_concurrent_claim_reads_the_row_it_lost_to(
 
 
 @pytest.mark.concurrency
+@pytest.mark.database_store("the database store's SQL paths")
 def test_a_claim_that_waited_reads_its_own_endpoints_row_not_another_endpoints(
     alice: User,
 ) -> None:

@@ -26,6 +26,7 @@ from tests.test_query_budget import round_trips
 from tests.test_store_hot_path import LOOKUP, _record
 
 pytestmark = [
+    pytest.mark.database_store("prepared SQL statements"),
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(
         connection.vendor != "postgresql", reason="prepared statements: PostgreSQL only"

@@ -37,6 +37,7 @@ from idempotency_django.tasks import (
     idempotent_task,
     task_key,
 )
+from tests import records
 from tests.conftest import effects
 from tests.models import SideEffect
 from tests.project.views import gate
@@ -106,7 +107,7 @@ def _clear_next() -> Iterator[None]:
 
 
 def record() -> IdempotencyRecord:
-    return IdempotencyRecord.objects.get()
+    return records.get()
 
 
 def in_thread(func: Callable[..., Any], *args: Any) -> tuple[threading.Thread, queue.Queue[Any]]:
@@ -235,7 +236,7 @@ def test_a_key_callable_and_a_scope_callable() -> None:
     invoice(2, 7)
 
     assert effects() == 2
-    assert sorted(IdempotencyRecord.objects.values_list("account", "key")) == [
+    assert sorted(records.values("account", "key")) == [
         ("tenant-1", "order-7"),
         ("tenant-2", "order-7"),
     ]
@@ -268,7 +269,7 @@ def test_an_argument_that_cannot_be_fingerprinted_is_named() -> None:
         notify("msg-1", float("nan"))
 
     assert effects() == 0
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_a_fingerprint_that_is_not_json_is_a_type_error() -> None:
@@ -307,7 +308,7 @@ def test_an_exception_releases_the_key_and_the_next_delivery_runs(sent: list[Any
     with pytest.raises(ValueError, match="negative amount"):
         charge("msg-1", -1)
 
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
     assert [name for name, _ in sent] == ["claimed", "released"]
     with pytest.raises(ValueError, match="negative amount"):
         charge("msg-1", -1)
@@ -322,7 +323,7 @@ def test_an_interrupt_releases_the_key_too() -> None:
     with pytest.raises(KeyboardInterrupt):
         interrupted("msg-1")
 
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 @pytest.mark.parametrize(
@@ -341,7 +342,7 @@ def test_a_result_that_is_not_json_raises_type_error_and_releases_the_key(result
     with pytest.raises(TypeError, match=r"not JSON-serialisable.*'msg-1' was released"):
         returns_next("msg-1")
 
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
     assert returns_next("msg-1") == {"ok": True}
     assert effects() == 2
 
@@ -447,10 +448,10 @@ def test_contention_reported_by_the_engine_is_task_in_flight(
 
 def test_a_key_past_its_ttl_runs_again() -> None:
     charge("msg-1", 5)
-    IdempotencyRecord.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    records.update(expires_at=timezone.now() - timedelta(seconds=1))
 
     charge("msg-1", 5)
-    IdempotencyRecord.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    records.update(expires_at=timezone.now() - timedelta(seconds=1))
     charge("msg-1", 6)  # an expired key is absent, whatever its arguments were
 
     assert effects("charge") == 3
@@ -463,22 +464,21 @@ def test_ttl_and_lease_come_from_the_settings_or_the_arguments(settings: Any) ->
 
     @idempotent_task(scope="s", key="message_id")
     def by_settings(message_id: str) -> None:
-        leases.append(record().lease_expires_at - record().created_at)
+        leases.append(records.lasts(record().lease_expires_at, record().created_at, 30))
 
     @idempotent_task(scope="s", key="message_id", ttl_seconds=60, lease_seconds=5)
     def by_arguments(message_id: str) -> None:
-        leases.append(IdempotencyRecord.objects.get(key=message_id).lease_expires_at)
+        leases.append(records.get(key=message_id).lease_expires_at)
 
     by_settings("msg-1")
-    assert leases == [timedelta(seconds=30)]
+    assert leases == [True]
     # The TTL counts from completion.
-    assert record().expires_at - record().completed_at == timedelta(seconds=600)
-    IdempotencyRecord.objects.all().delete()
+    assert records.lasts(record().expires_at, record().completed_at, 600)
+    records.delete()
 
     by_arguments("msg-2")
-    created = record().created_at
-    assert leases[1] - created == timedelta(seconds=5)
-    assert record().expires_at - record().completed_at == timedelta(seconds=60)
+    assert records.lasts(leases[1], record().created_at, 5)
+    assert records.lasts(record().expires_at, record().completed_at, 60)
 
 
 @pytest.mark.concurrency
@@ -589,7 +589,7 @@ def test_a_function_that_lost_its_claim_returns_but_does_not_overwrite(
     @idempotent_task(scope="s", key="message_id", name="lost")
     def loses_its_claim(message_id: str) -> str:
         # Its lease lapsed meanwhile and another worker took the key over.
-        IdempotencyRecord.objects.update(token="f" * 32)
+        records.update(token="f" * 32)
         return "done"
 
     assert loses_its_claim("msg-1") == "done"
@@ -602,6 +602,7 @@ def test_a_function_that_lost_its_claim_returns_but_does_not_overwrite(
 # --- the store failing ------------------------------------------------------------------------
 
 
+@pytest.mark.database_store("injects SQL failures; the Redis store's: test_redis_store")
 def test_a_store_failure_when_claiming_propagates_and_nothing_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -616,6 +617,7 @@ def test_a_store_failure_when_claiming_propagates_and_nothing_runs(
     assert effects() == 0
 
 
+@pytest.mark.database_store("injects SQL failures; the Redis store's: test_redis_store")
 def test_a_store_failure_when_completing_is_logged_and_the_result_returned(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -629,6 +631,7 @@ def test_a_store_failure_when_completing_is_logged_and_the_result_returned(
     assert record().state == State.IN_PROGRESS
 
 
+@pytest.mark.database_store("injects SQL failures; the Redis store's: test_redis_store")
 def test_a_store_failure_when_releasing_is_logged_and_the_error_propagates(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -645,6 +648,7 @@ def test_a_store_failure_when_releasing_is_logged_and_the_error_propagates(
 # --- transactions -----------------------------------------------------------------------------
 
 
+@pytest.mark.database_store("a claim inside the caller's transaction (the Redis store has none)")
 def test_inside_an_open_transaction_it_runs_atomically_and_warns(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -667,22 +671,24 @@ def test_inside_an_open_transaction_it_runs_atomically_and_warns(
     assert "for Task 'tests.test_tasks.charge' inside an open transaction" in caplog.text
     assert renewing == [{}]  # nothing to renew: nobody else can see the claim
     assert effects("charge") == 1
-    assert sorted(IdempotencyRecord.objects.values_list("key", "state")) == [
+    assert sorted(records.values("key", "state")) == [
         ("msg-1", State.COMPLETED),
         ("msg-3", State.COMPLETED),
     ]
 
 
+@pytest.mark.database_store("a claim inside the caller's transaction (the Redis store has none)")
 def test_an_outer_rollback_takes_the_claim_with_it() -> None:
     with transaction.atomic():
         charge("msg-1", 5)
         transaction.set_rollback(True)
 
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
     charge("msg-1", 5)
     assert effects("charge") == 1
 
 
+@pytest.mark.database_store("atomic mode")
 def test_atomic_mode_rolls_back_the_work_with_the_claim(caplog: pytest.LogCaptureFixture) -> None:
     first = charge_atomic("msg-1", 5)
 
@@ -693,10 +699,11 @@ def test_atomic_mode_rolls_back_the_work_with_the_claim(caplog: pytest.LogCaptur
         charge_atomic("msg-1", 6)
 
     assert effects("charge_atomic") == 1
-    assert list(IdempotencyRecord.objects.values_list("key", flat=True)) == ["msg-1"]
+    assert list([r.key for r in records.all()]) == ["msg-1"]
     assert "open transaction" not in caplog.text
 
 
+@pytest.mark.database_store("atomic mode")
 def test_atomic_mode_rolls_back_a_result_that_is_not_json() -> None:
     NEXT.extend([object(), "ok"])
 
@@ -704,10 +711,11 @@ def test_atomic_mode_rolls_back_a_result_that_is_not_json() -> None:
         returns_next_atomic("msg-1")
 
     assert effects() == 0
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
     assert returns_next_atomic("msg-1") == "ok"
 
 
+@pytest.mark.database_store("atomic mode")
 def test_atomic_mode_rolls_back_when_the_result_cannot_be_stored(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -720,9 +728,10 @@ def test_atomic_mode_rolls_back_when_the_result_cannot_be_stored(
         charge_atomic("msg-1", 5)
     monkeypatch.undo()
     assert effects() == 0
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
+@pytest.mark.database_store("atomic mode")
 def test_atomic_mode_from_the_mode_setting(settings: Any) -> None:
     settings.IDEMPOTENCY = {"MODE": "atomic"}
 
@@ -793,7 +802,7 @@ def test_the_name_defaults_to_module_and_qualname_or_is_given() -> None:
     define()("msg-1")
     long_name("msg-2")
 
-    endpoints = dict(IdempotencyRecord.objects.values_list("key", "endpoint"))
+    endpoints = dict(records.values("key", "endpoint"))
     assert endpoints["msg-1"] == (
         "task:tests.test_tasks.test_the_name_defaults_to_module_and_qualname_or_is_given."
         "<locals>.define.<locals>.nested"
@@ -849,7 +858,7 @@ def test_disabled_runs_the_function_unprotected(settings: Any) -> None:
     returns_next("msg-1")
 
     assert effects() == 2
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_signals_name_the_scope_the_task_and_the_key(sent: list[Any]) -> None:
@@ -888,7 +897,7 @@ def test_claim_once_names_separate_blocks_in_one_scope() -> None:
     send_receipt("msg-1", 7, name="sms")
 
     assert effects("receipt") == 2
-    assert sorted(IdempotencyRecord.objects.values_list("endpoint", flat=True)) == [
+    assert sorted([r.endpoint for r in records.all()]) == [
         "task",
         "task:sms",
     ]
@@ -898,7 +907,7 @@ def test_claim_once_releases_on_an_exception() -> None:
     with pytest.raises(RuntimeError, match="smtp down"), claim_once("receipts", "msg-1"):
         raise RuntimeError("smtp down")
 
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
     with claim_once("receipts", "msg-1") as run:
         assert not run.done
 
@@ -933,7 +942,7 @@ def test_claim_once_rejects_a_result_that_is_not_json() -> None:
     ):
         run.result = {"at": object()}
 
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_claim_once_fingerprints_bytes_as_they_are() -> None:
@@ -963,14 +972,14 @@ def test_claim_once_disabled_runs_the_block(settings: Any) -> None:
         run.result = {1, 2}  # not stored, so not checked
 
     assert run.result == {1, 2}
-    assert not IdempotencyRecord.objects.exists()
+    assert not records.exists()
 
 
 def test_claim_once_in_flight_and_options() -> None:
     with claim_once("receipts", "msg-1", lease_seconds=5, ttl_seconds=60, mode="commit"):
         created = record().created_at
-        assert record().lease_expires_at - created == timedelta(seconds=5)
-        assert record().expires_at - created == timedelta(seconds=60)
+        assert records.lasts(record().lease_expires_at, created, 5)
+        assert records.lasts(record().expires_at, created, 60)
         with pytest.raises(TaskInFlight), claim_once("receipts", "msg-1"):
             pass  # pragma: no cover - not entered
 

@@ -19,7 +19,6 @@ from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.test import Client, TestCase, TransactionTestCase, override_settings
 from rest_framework.test import APIClient
 
-from idempotency_django.models import IdempotencyRecord
 from idempotency_django.testing import (
     IdempotencyCheck,
     assert_rejects_changed_body,
@@ -27,6 +26,7 @@ from idempotency_django.testing import (
     assert_replays,
     assert_single_flight,
 )
+from tests import records
 from tests.models import SideEffect
 from tests.project import kit_views
 from tests.project.factories import UserFactory
@@ -129,7 +129,7 @@ def test_replays_counts_several_side_effects_per_run(client: Client, alice: User
 def test_replays_sends_the_key_it_is_given(client: Client, alice: User) -> None:
     assert_replays(client, PLAIN, BODY, side_effects=runs, headers=AS_ALICE, key="order-42")
 
-    assert IdempotencyRecord.objects.get().key == "order-42"
+    assert records.get().key == "order-42"
 
 
 @override_settings(IDEMPOTENCY={"HEADER": "X-Request-Key", "REPLAY_HEADER": "X-Replayed"})

@@ -19,6 +19,7 @@ def atomic_requests(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
 
 
+@pytest.mark.database_store("atomic mode")
 def test_atomic_mode_stores_and_replays(alice: User, post: Post) -> None:
     first = post("/atomic/", {"amount": 1})
     retry = post("/atomic/", {"amount": 1})
@@ -28,6 +29,7 @@ def test_atomic_mode_stores_and_replays(alice: User, post: Post) -> None:
     assert effects() == 1
 
 
+@pytest.mark.database_store("atomic mode")
 def test_atomic_mode_5xx_rolls_back_the_work_and_the_claim(alice: User, post: Post) -> None:
     response = post("/atomic/", {"status": 503})
 
@@ -47,6 +49,7 @@ def test_atomic_mode_exception_rolls_back_the_work_and_the_claim(
     assert not IdempotencyRecord.objects.exists()
 
 
+@pytest.mark.database_store("atomic mode")
 def test_atomic_mode_mismatch_is_422(alice: User, post: Post) -> None:
     post("/atomic/", {"amount": 1})
 
@@ -54,6 +57,7 @@ def test_atomic_mode_mismatch_is_422(alice: User, post: Post) -> None:
     assert effects() == 1
 
 
+@pytest.mark.database_store("a claim inside the request's transaction (the Redis store has none)")
 def test_atomic_requests_commits_the_work_with_the_completion(
     alice: User, post: Post, atomic_requests: None
 ) -> None:
@@ -102,6 +106,7 @@ def test_non_atomic_requests_on_top_of_idempotent_is_not_reopened(
     assert view._non_atomic_requests.to_reopen() == []  # type: ignore[attr-defined]
 
 
+@pytest.mark.database_store("a claim inside the request's transaction (the Redis store has none)")
 def test_commit_mode_inside_an_open_transaction_runs_atomically_and_says_so(
     alice: User, post: Post, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -19,6 +19,7 @@ from django.utils import timezone
 from idempotency_django import signals
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.tasks import TaskInFlight, idempotent_task
+from tests import records
 from tests.conftest import Post, effects
 from tests.models import SideEffect
 from tests.project import unknown_outcome_views
@@ -60,7 +61,7 @@ def losing() -> Iterator[list[type[DatabaseError]]]:
 
 def lapse_the_lease() -> None:
     """What time does to a claim nobody renews (its worker crashed or gave it up)."""
-    IdempotencyRecord.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    records.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
 
 
 @pytest.mark.parametrize("error", ERRORS, ids=lambda error: error.__name__)
@@ -83,7 +84,7 @@ def test_a_view_that_lost_its_connection_keeps_its_key_until_its_lease_lapses(
     assert retry.status_code == 409
     assert retry["Retry-After"] == "1"  # in flight (in the project's format, if it has one)
     assert effects() == 1  # the retry did not run the work again
-    assert IdempotencyRecord.objects.get().state == State.IN_PROGRESS
+    assert records.get().state == State.IN_PROGRESS
 
     lapse_the_lease()
     losing.clear()
@@ -120,6 +121,7 @@ def test_a_task_that_lost_its_connection_keeps_its_key_until_its_lease_lapses(
 # --- work that committed, and whose outcome cannot be stored (issue 21, item 1) ---------------
 
 
+@pytest.mark.database_store("refuses the completion's SQL statement")
 def test_an_outcome_the_store_refuses_after_the_work_committed_is_signalled_and_keeps_the_key(
     alice: User, post: Post
 ) -> None:
@@ -146,6 +148,6 @@ def test_an_outcome_the_store_refuses_after_the_work_committed_is_signalled_and_
 
     assert first.status_code == 201
     assert [(s["key"], s["status"]) for s in sent] == [("k1", 201)]
-    assert IdempotencyRecord.objects.get().state == State.IN_PROGRESS
+    assert records.get().state == State.IN_PROGRESS
     assert retry.status_code == 409
     assert effects() == 1

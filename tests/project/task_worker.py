@@ -31,6 +31,14 @@ def setup() -> None:
 
     settings.DATABASES["default"]["NAME"] = os.environ["TASK_WORKER_DATABASE"]
     django.setup()
+    if os.environ.get("IDEMPOTENCY_TEST_STORE") == "redis":  # as tests/conftest.py does
+        from idempotency_django.conf import DEFAULTS
+
+        DEFAULTS["STORE"] = "idempotency_django.store.redis.RedisStore"
+        DEFAULTS["STORE_OPTIONS"] = {
+            "URL": os.environ.get("IDEMPOTENCY_TEST_REDIS_URL", "redis://127.0.0.1:6379/3"),
+            "KEY_PREFIX": "idemtest",
+        }
 
 
 def command() -> str:

@@ -1,0 +1,254 @@
+"""Seed, read, count, expire and lapse records through the store the suite runs on.
+
+On the database store these are ORM calls on ``IdempotencyRecord``; on the Redis store
+(``IDEMPOTENCY_TEST_STORE=redis``) they read and write the store's keys in its own value
+format (``store/redis.py``), on Redis's clock. A Redis key is a hash of the record's scope,
+so this module remembers the scope of every key the store computes in this process (a
+record written by another process reads with ``account``/``endpoint``/``key`` of None).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from idempotency_django.models import IdempotencyRecord
+from idempotency_django.store import never
+from tests.conftest import ON_REDIS
+
+State = IdempotencyRecord.State
+
+
+@dataclass(frozen=True)
+class Record:
+    """A record as a test observes it, whatever the store (Redis: ``pk`` is its key)."""
+
+    pk: Any
+    account: str | None
+    endpoint: str | None
+    key: str | None
+    state: str
+    token: str
+    fingerprint: str
+    lease_expires_at: datetime | None
+    expires_at: datetime
+    response_status: int | None
+    response_headers: list[list[str]] | None
+    response_body: bytes | None
+    created_at: datetime | None = None  # the Redis store keeps neither: None there
+    completed_at: datetime | None = None
+
+
+FIELDS = [f.name for f in fields(Record)]
+
+
+def _matches(record: Record, filters: dict[str, Any]) -> bool:
+    return not [name for name, value in filters.items() if getattr(record, name) != value]
+
+
+# -- the database store ----------------------------------------------------------------------
+
+
+def _from_row(row: IdempotencyRecord) -> Record:
+    body = row.response_body
+    return Record(
+        pk=row.pk,
+        account=row.account,
+        endpoint=row.endpoint,
+        key=row.key,
+        state=row.state,
+        token=row.token,
+        fingerprint=row.fingerprint,
+        lease_expires_at=row.lease_expires_at,
+        expires_at=row.expires_at,
+        response_status=row.response_status,
+        response_headers=row.response_headers,
+        response_body=None if body is None else bytes(body),
+        created_at=row.created_at,
+        completed_at=row.completed_at,
+    )
+
+
+# -- the Redis store -------------------------------------------------------------------------
+
+_scopes: dict[str, tuple[str, str, str]] = {}
+
+if ON_REDIS:
+    from idempotency_django.store import redis as redis_store
+
+    _record_key = redis_store.record_key
+
+    def _remembering_record_key(prefix: str, lookup: dict[str, str]) -> str:
+        key = _record_key(prefix, lookup)
+        _scopes[key] = (lookup["account"], lookup["endpoint"], lookup["key"])
+        return key
+
+    redis_store.record_key = _remembering_record_key  # type: ignore[assignment]
+
+
+def _redis() -> Any:
+    from idempotency_django.store.redis import store
+
+    return store
+
+
+def _server_ms(client: Any, key: str) -> int:
+    from idempotency_django.store import redis_cluster
+
+    return int(redis_cluster.time_and_get(client, key)[0])
+
+
+def _redis_keys() -> list[str]:
+    store = _redis()
+    client = store.client()
+    pattern = f"{store.options()['KEY_PREFIX']}:*"
+    return sorted({k.decode() if isinstance(k, bytes) else k for k in client.scan_iter(pattern)})
+
+
+def _redis_read(key: str) -> Record | None:
+    from idempotency_django.store.redis import COMPLETED, _parse
+
+    value = _redis().client().get(key)
+    if value is None:
+        return None
+    state, token, lease, expires, meta, body = _parse(bytes(value))
+
+    def at(ms: int) -> datetime:  # Redis runs on this machine: one clock
+        return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+    account, endpoint, scope_key = _scopes.get(key, (None, None, None))
+    completed = state == COMPLETED
+    return Record(
+        pk=key,
+        account=account,
+        endpoint=endpoint,
+        key=scope_key,
+        state=state,
+        token=token,
+        fingerprint=str(meta["f"]),
+        lease_expires_at=None if completed or lease == 0 else at(lease),
+        expires_at=never() if expires == 0 else at(expires),
+        response_status=meta.get("s"),
+        response_headers=[[str(n), str(v)] for n, v in meta.get("h", [])] if completed else None,
+        response_body=body if completed else None,
+    )
+
+
+def _redis_write(record: Record) -> None:
+    """Writes ``record`` as the store would have (its times moved onto Redis's clock); a
+    record past its expiry is kept a minute, as if Redis had not evicted it yet."""
+    client = _redis().client()
+    key = record.pk
+    server_ms = _server_ms(client, key)
+
+    def ms(when: datetime) -> int:  # Redis runs on this machine: one clock
+        return round(when.timestamp() * 1000)
+
+    completed = record.state == State.COMPLETED
+    lease = 0 if completed or record.lease_expires_at is None else ms(record.lease_expires_at)
+    expires = 0 if record.expires_at >= never() else ms(record.expires_at)
+    meta: dict[str, Any] = {"f": record.fingerprint}
+    if completed:
+        meta.update(s=record.response_status, h=[list(h) for h in record.response_headers or []])
+    else:
+        meta.update(s=None, h=[])
+    body = record.response_body
+    head = f"{'c' if completed else 'i'}|{record.token}|{lease}|{expires}|{json.dumps(meta)}"
+    value = head.encode() + (b"\r" if completed and body is None else b"\n" + (body or b""))
+    ttl = 60_000 if expires == 0 else max(60_000, expires - server_ms)
+    if expires == 0 and completed:
+        client.set(key, value)
+    else:
+        client.set(key, value, px=ttl)
+
+
+def lasts(when: datetime | None, since: datetime | None, seconds: float) -> bool:
+    """``when`` is exactly ``seconds`` after ``since`` (a record's ``created_at`` or
+    ``completed_at``); on the Redis store, which keeps neither, ``seconds`` from now (less
+    the few the test took)."""
+    assert when is not None
+    if since is not None:
+        return when - since == timedelta(seconds=seconds)
+    assert ON_REDIS
+    left = (when - timezone.now()).total_seconds()
+    return seconds - 5 < left <= seconds
+
+
+# -- what tests call -------------------------------------------------------------------------
+
+
+def all(**filters: Any) -> list[Record]:
+    if not ON_REDIS:
+        return [_from_row(row) for row in IdempotencyRecord.objects.filter(**filters)]
+    found = [_redis_read(key) for key in _redis_keys()]
+    return [r for r in found if r is not None and _matches(r, filters)]
+
+
+def get(**filters: Any) -> Record:
+    """The one record (that matches ``filters``): fails if there are none or several."""
+    matching = all(**filters)
+    assert len(matching) == 1, f"expected one record, found {len(matching)}"
+    return matching[0]
+
+
+def count(**filters: Any) -> int:
+    return len(all(**filters))
+
+
+def exists(**filters: Any) -> bool:
+    return count(**filters) > 0
+
+
+def values(*names: str, **filters: Any) -> list[tuple[Any, ...]]:
+    return [tuple(getattr(r, name) for name in names) for r in all(**filters)]
+
+
+def create(**values: Any) -> Record:
+    """Seeds a record (``account``, ``endpoint``, ``key``, ``fingerprint``, ``token``, times,
+    and the state and response fields of a completed one)."""
+    if not ON_REDIS:
+        return _from_row(IdempotencyRecord.objects.create(**values))
+    lookup = {name: values[name] for name in ("account", "endpoint", "key")}
+    given = {name: values.get(name) for name in FIELDS if name in values}
+    body = given.get("response_body")
+    record = Record(
+        **{
+            "pk": _redis().key(lookup),
+            "state": State.IN_PROGRESS,
+            "lease_expires_at": None,
+            "expires_at": never(),
+            "response_status": None,
+            "response_headers": None,
+            "response_body": None,
+            **given,
+        }
+    )
+    if body is not None:
+        record = replace(record, response_body=bytes(body))
+    _redis_write(record)
+    return record
+
+
+def update(filters: dict[str, Any] | None = None, **changes: Any) -> int:
+    """Changes every record (matching ``filters``): ``expires_at`` to expire one,
+    ``lease_expires_at`` to lapse one, ``state``, ``token``, … Returns how many."""
+    if not ON_REDIS:
+        return IdempotencyRecord.objects.filter(**(filters or {})).update(**changes)
+    found = all(**(filters or {}))
+    for record in found:
+        _redis_write(replace(record, **changes))
+    return len(found)
+
+
+def delete(**filters: Any) -> int:
+    if not ON_REDIS:
+        return IdempotencyRecord.objects.filter(**filters).delete()[0]
+    found = all(**filters)
+    client = _redis().client()
+    for record in found:
+        client.delete(record.pk)
+    return len(found)
