@@ -236,11 +236,14 @@ def test_eval_per_node_is_one_round_trip_per_node(
 
     monkeypatch.setattr(redis.client.Pipeline, "execute", counted)
     assert redis_store_cluster.eval_per_node(cluster, script, calls) == [1] * 12
-    assert sorted(sent) == sorted(
+    # One pipeline per master that holds any of the keys (random keys may leave one out).
+    per_master = [
         sum(redis_cluster.owner(redis_cluster.keyslot(key)).id == node.id for key in held)
         for node in redis_cluster.masters()
-    )
-    assert len(sent) == 3
+    ]
+    holding = sorted(count for count in per_master if count)
+    assert len(holding) >= 2  # the keys span several masters
+    assert sorted(sent) == holding
 
 
 @pytest.mark.parametrize(
@@ -253,7 +256,7 @@ def test_eval_per_node_is_one_round_trip_per_node(
         ({"URL": "http://127.0.0.1:7100/0"}, "URL 'http://127.0.0.1:7100/0' is not a redis://"),
     ],
 )
-def test_e021_names_a_bad_cluster_or_wait_option(options: dict[str, object], problem: str) -> None:
+def test_e026_names_a_bad_cluster_or_wait_option(options: dict[str, object], problem: str) -> None:
     from idempotency_django.store.redis import RedisStore
 
     (error,) = RedisStore.check_options(options)
@@ -261,7 +264,7 @@ def test_e021_names_a_bad_cluster_or_wait_option(options: dict[str, object], pro
     assert problem in error.msg
 
 
-def test_e021_accepts_a_cluster_url_and_the_wait_options() -> None:
+def test_e026_accepts_a_cluster_url_and_the_wait_options() -> None:
     from idempotency_django.store.redis import RedisStore
 
     options = {"URL": "redis+cluster://127.0.0.1:7100/0", "WAIT_REPLICAS": 1}
