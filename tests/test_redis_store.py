@@ -617,6 +617,29 @@ def test_the_purge_says_the_redis_store_needs_none(capsys: pytest.CaptureFixture
     assert "nothing to purge" in capsys.readouterr().out
 
 
+def test_reseal_says_it_leaves_redis_records_as_they_are(
+    alice: User, post: Post, settings: SettingsWrapper, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rotation must not read "Resealed 0" as "no record needs the old key": the Redis
+    records sealed by it are still there, and the command says so."""
+    from cryptography.fernet import Fernet
+
+    old = Fernet.generate_key().decode()
+    codec = "idempotency_django.codecs.FernetCodec"
+    use_redis(settings, RESPONSE_CODEC=codec, ENCRYPTION_KEYS=[old])
+    post("/effect/", {"n": 1})
+    (key,) = record_keys()
+    sealed = redis_client().get(key)
+    use_redis(settings, RESPONSE_CODEC=codec, ENCRYPTION_KEYS=[Fernet.generate_key().decode(), old])
+
+    call_command("reseal_idempotency_responses")
+
+    out = capsys.readouterr().out
+    assert "are not resealed" in out
+    assert "Resealed" not in out
+    assert redis_client().get(key) == sealed  # left as it is: the old key still opens it
+
+
 @pytest.mark.concurrency
 @pytest.mark.django_db(transaction=True)
 def test_the_test_kit_proves_single_flight_on_redis(alice: User) -> None:

@@ -10,6 +10,15 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from idempotency_django.codecs import Resealed, reseal_records
 from idempotency_django.management import arguments
+from idempotency_django.store.base import get_store
+from idempotency_django.store.database import DatabaseStore
+
+NOT_RESEALED = (
+    "The configured store ({store}) keeps its records outside the database: they are not "
+    "resealed. Each expires by itself within TTL_SECONDS; keep the old key in "
+    "ENCRYPTION_KEYS until TTL_SECONDS after every process runs with the new first key. "
+    "(Records of views that use the database store are resealed with --database.)"
+)
 
 
 def summary(result: Resealed) -> str:
@@ -51,6 +60,16 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["database"] is None:
+            try:
+                store = get_store()
+            except ImproperlyConfigured as error:
+                raise CommandError(str(error)) from error
+            if not isinstance(store, DatabaseStore):
+                # Said, not silently "Resealed 0": a rotation relying on it would drop a
+                # key that the store's records still need.
+                self.stdout.write(NOT_RESEALED.format(store=type(store).__name__))
+                return
         database = arguments.database(options)
         try:
             result = reseal_records(using=database, batch_size=options["batch_size"])
