@@ -1,14 +1,18 @@
 """The documentation is true and complete: every setting, system check, problem type, signal
-and management command option is documented in ``docs/``, and every code snippet the docs
-and the README show runs here (the docs include it from ``tests/docs_snippets``)."""
+and management command option is documented in ``docs/``, every code snippet the docs
+and the README show runs here (the docs include it from ``tests/docs_snippets``), and every
+shell line names commands, options, modules and extras that exist."""
 
 from __future__ import annotations
 
 import base64
 import importlib
+import importlib.metadata
+import importlib.util
 import json
 import pkgutil
 import re
+import shlex
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -177,6 +181,57 @@ def test_the_readmes_links_into_the_repository_resolve() -> None:
     assert "docs/index.md" in links
     for link in links:
         assert (ROOT / link).exists(), link
+
+
+def shell_lines() -> list[tuple[str, str]]:
+    """Every command line of the docs' and the README's shell blocks (``$`` prompts, comments
+    and continuations folded), with the page it is on."""
+    sources = {
+        **{p.name: t for p, t in all_pages().items()},
+        "README.md": (ROOT / "README.md").read_text(),
+    }
+    found = []
+    for name, text in sources.items():
+        for block in re.findall(r"^```(?:sh|bash|console)\n(.*?)^```", text, re.M | re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                line = line.removeprefix("$ ")
+                if line and not line.startswith(("{", "[")):  # console output
+                    found.append((name, line))
+    return found
+
+
+def commands_of(line: str) -> list[list[str]]:
+    return [shlex.split(part, comments=True) for part in line.split("&&")]
+
+
+def test_shell_snippets_name_real_commands_options_modules_and_extras() -> None:
+    """What the shell snippets run exists as written: a management command and its options
+    (parsed by the command's own parser), a ``python -m`` module, an extra of this package."""
+    extras = set(importlib.metadata.metadata("idempotency-django").get_all("Provides-Extra") or ())
+    commands = get_commands()
+    checked = 0
+    for name, line in shell_lines():
+        for words in commands_of(line):
+            if "manage.py" in words:
+                command, *args = words[words.index("manage.py") + 1 :]
+                if command in ("migrate", "runserver"):
+                    continue  # Django's own
+                assert commands.get(command) == "idempotency_django", f"{name}: {line}"
+                parser = load_command_class("idempotency_django", command).create_parser(
+                    "manage.py", command
+                )
+                parser.parse_args(args)  # a wrong option is a CommandError
+                checked += 1
+            elif words[:2] == ["python", "-m"] and words[2] not in ("venv", "pytest"):
+                assert importlib.util.find_spec(words[2]) is not None, f"{name}: {line}"
+                checked += 1
+            for word in words:
+                for group in re.findall(
+                    r"\[([a-z,]+)\]", word if "." in word or "django" in word else ""
+                ):
+                    unknown = set(group.split(",")) - extras
+                    assert not unknown, f"{name}: {line}: no extra {unknown}"
+    assert checked >= 8
 
 
 def basic(user: str) -> dict[str, str]:
