@@ -24,7 +24,9 @@ shared with other work, 52 mutants took 47 minutes, 15 of them the unmutated run
         > mutants-full.log 2>&1 &
 
 ``--jobs 2`` checks two mutants side by side, each job in a copy of its own with databases of
-its own (the URL's name plus ``_1``, ...): on two cores that is CI's setting.
+its own (the URL's name plus ``_1``, ...): on two cores that is CI's setting. The mutants
+whose tests use Redis (one server, throwaway servers on fixed ports, the local cluster that
+tests kill and reshard) all go to the first job, so no two such tests ever overlap.
 
 Exit status: 0 every mutant killed, 1 a mutant survived (or its run errored), 2 the check
 could not run (a snippet not found exactly once, the tests failing unmutated, ...).
@@ -1306,6 +1308,21 @@ def run_all(
     return outcomes
 
 
+def uses_redis(mutant: Mutant) -> bool:
+    """Its tests use the one Redis, its throwaway servers or the one local cluster (which they
+    kill and reshard): two jobs must never run such tests at the same time."""
+    return any("redis" in test.split("::")[0] for test in mutant.tests)
+
+
+def share_out(mutants: list[Mutant], jobs: int) -> list[list[Mutant]]:
+    """The mutants of each job: all the Redis ones in the first, the rest evened out."""
+    groups: list[list[Mutant]] = [[] for _ in range(jobs)]
+    groups[0] = [m for m in mutants if uses_redis(m)]
+    for mutant in (m for m in mutants if not uses_redis(m)):
+        min(groups, key=len).append(mutant)
+    return [group for group in groups if group]
+
+
 def check_group(
     mutants: list[Mutant], url: str, timeout: float | None, full: bool, job: int = 0
 ) -> dict[str, Outcome] | None:
@@ -1371,7 +1388,8 @@ def main() -> int:
     mutants = [m for m in MUTANTS if not args.only or m.id in args.only]
     started = time.monotonic()
     jobs = max(1, min(args.jobs, len(mutants)))
-    groups = [mutants[i::jobs] for i in range(jobs)]
+    groups = share_out(mutants, jobs)
+    jobs = len(groups)
     urls = [args.database_url if i == 0 else f"{args.database_url}_{i}" for i in range(jobs)]
     if jobs == 1:
         outcomes = check_group(groups[0], urls[0], args.timeout, args.full)

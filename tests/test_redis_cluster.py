@@ -301,8 +301,12 @@ def test_wait_replicas_refuses_a_claim_that_was_not_replicated(
     once."""
     settings.IDEMPOTENCY = {
         **settings.IDEMPOTENCY,
-        **store_settings(redis_cluster.cluster_url(), prefix, WAIT_REPLICAS=1, WAIT_TIMEOUT_MS=300),
+        **store_settings(
+            redis_cluster.cluster_url(), prefix, WAIT_REPLICAS=1, WAIT_TIMEOUT_MS=1000
+        ),
     }
+    # A replica restarted by an earlier test may still be syncing: WAIT 1 would time out.
+    redis_cluster.wait_healthy()
     key = f"k-{uuid.uuid4()}"
     assert send("/effect/", {}, key).status_code == 201
     master = redis_cluster.owner(_in_flight_slot(prefix))
