@@ -25,6 +25,7 @@ from tests.project.views import gate
 # skipped there, each with its reason.
 ON_REDIS = os.environ.get("IDEMPOTENCY_TEST_STORE") == "redis"
 REDIS_URL = os.environ.get("IDEMPOTENCY_TEST_REDIS_URL", "redis://127.0.0.1:6379/3")
+PACKAGE_DEFAULTS = dict(DEFAULTS)  # as shipped, before the Redis run changes the store's
 if ON_REDIS:
     DEFAULTS["STORE"] = "idempotency_django.store.redis.RedisStore"
     DEFAULTS["STORE_OPTIONS"] = {"URL": REDIS_URL, "KEY_PREFIX": "idemtest"}

@@ -26,8 +26,9 @@ from django.dispatch import Signal
 from django.test import Client, override_settings
 
 import idempotency_django
-from idempotency_django import checks, conf, exceptions
-from idempotency_django.models import IdempotencyRecord
+from idempotency_django import checks, exceptions
+from tests import records
+from tests.conftest import PACKAGE_DEFAULTS
 from tests.docs_snippets import client as client_snippet
 from tests.docs_snippets import downstream, settings_examples, signals_metrics, tasks
 from tests.models import SideEffect
@@ -63,8 +64,8 @@ def test_every_setting_has_a_row_with_its_default() -> None:
         match[1]: match[2]
         for match in re.finditer(r"^\| `([A-Z_]+)` \| `([^`]*)` \|", page("settings.md"), re.M)
     }
-    assert sorted(rows) == sorted(conf.DEFAULTS), "settings.md rows != conf.DEFAULTS"
-    for name, default in conf.DEFAULTS.items():
+    assert sorted(rows) == sorted(PACKAGE_DEFAULTS), "settings.md rows != conf.DEFAULTS"
+    for name, default in PACKAGE_DEFAULTS.items():
         assert rows[name] == render(default), f"{name}: documented default {rows[name]}"
 
 
@@ -298,7 +299,7 @@ def test_downstream_snippet_sends_the_provider_the_same_key_on_a_rerun(
     downstream.stripe.calls.clear()
     headers = {"Idempotency-Key": "pay-1"}
     docs_client.post(f"/orders/{order.pk}/pay/", headers=headers)
-    IdempotencyRecord.objects.all().delete()  # as after a released key: the view runs again
+    records.delete()  # as after a released key: the view runs again
     docs_client.post(f"/orders/{order.pk}/pay/", headers=headers)
 
     first, second = downstream.stripe.calls

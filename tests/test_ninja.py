@@ -407,6 +407,7 @@ def test_an_api_handler_for_idempotency_errors_answers_them(alice: User) -> None
     assert effects("custom") == 1
 
 
+@pytest.mark.database_store("ATOMIC_REQUESTS: the claim joins the request's database transaction")
 def test_under_atomic_requests_the_operation_runs_once_in_the_request_transaction(
     send: Send, alice: User, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

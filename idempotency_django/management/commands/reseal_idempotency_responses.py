@@ -8,7 +8,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from idempotency_django.codecs import Resealed, reseal_records
+from idempotency_django.codecs import Resealed, get_codec, reseal_records
 from idempotency_django.management import arguments
 from idempotency_django.store.base import get_store
 from idempotency_django.store.database import DatabaseStore
@@ -62,6 +62,10 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["database"] is None:
             try:
+                if get_codec() is None:  # refused whatever the store: nothing to seal with
+                    raise ImproperlyConfigured(
+                        "IDEMPOTENCY RESPONSE_CODEC is not set: nothing to seal with."
+                    )
                 store = get_store()
             except ImproperlyConfigured as error:
                 raise CommandError(str(error)) from error
