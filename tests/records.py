@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, fields, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from typing import Any
 
 from django.utils import timezone
@@ -118,7 +119,7 @@ def _redis_read(key: str) -> Record | None:
     state, token, lease, expires, meta, body = _parse(bytes(value))
 
     def at(ms: int) -> datetime:  # Redis runs on this machine: one clock
-        return datetime.fromtimestamp(ms / 1000, tz=UTC)
+        return datetime.fromtimestamp(ms / 1000, tz=dt_timezone.utc)
 
     account, endpoint, scope_key = _scopes.get(key, (None, None, None))
     completed = state == COMPLETED
