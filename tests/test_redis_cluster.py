@@ -301,8 +301,14 @@ def test_wait_replicas_refuses_a_claim_that_was_not_replicated(
     once."""
     settings.IDEMPOTENCY = {
         **settings.IDEMPOTENCY,
+        # WAIT's timeout well inside the socket's: the refusal must come from the replica
+        # count, not from a read that timed out (an unknown outcome, a 503 too).
         **store_settings(
-            redis_cluster.cluster_url(), prefix, WAIT_REPLICAS=1, WAIT_TIMEOUT_MS=1000
+            redis_cluster.cluster_url(),
+            prefix,
+            WAIT_REPLICAS=1,
+            WAIT_TIMEOUT_MS=1000,
+            SOCKET_TIMEOUT=5.0,
         ),
     }
     # A replica restarted by an earlier test may still be syncing: WAIT 1 would time out.
