@@ -26,7 +26,9 @@ shared with other work, 52 mutants took 47 minutes, 15 of them the unmutated run
 ``--jobs 2`` checks two mutants side by side, each job in a copy of its own with databases of
 its own (the URL's name plus ``_1``, ...): on two cores that is CI's setting. The mutants
 whose tests use Redis (one server, throwaway servers on fixed ports, the local cluster that
-tests kill and reshard) all go to the first job, so no two such tests ever overlap.
+tests kill and reshard), and those whose tests run on the Redis store (``store="redis"``:
+IDEMPOTENCY_TEST_STORE=redis, on db 6 of the local Redis or MUTANTS_REDIS_URL) all go to the
+first job, so no two such tests ever overlap.
 
 Exit status: 0 every mutant killed, 1 a mutant survived (or its run errored), 2 the check
 could not run (a snippet not found exactly once, the tests failing unmutated, ...).
@@ -60,6 +62,18 @@ class Mutant:
     original: str  # must occur exactly once in the file
     replacement: str
     tests: tuple[str, ...]  # pytest node ids or files, under tests/
+    # "redis": its tests run on the Redis store (IDEMPOTENCY_TEST_STORE=redis, REDIS_STORE)
+    store: str = "database"
+
+
+# The Redis store mutants' tests run with the Redis store as the default store, on a Redis
+# database of their own (flushed per test): db 6 of the local Redis unless MUTANTS_REDIS_URL
+# says otherwise.
+REDIS_STORE = {
+    "IDEMPOTENCY_TEST_STORE": "redis",
+    "IDEMPOTENCY_TEST_REDIS_URL": os.environ.get("MUTANTS_REDIS_URL", "redis://127.0.0.1:6379/6"),
+}
+STORE_ENV: dict[str, dict[str, str]] = {"database": {}, "redis": REDIS_STORE}
 
 
 DEC = "test_decorators.py::"
@@ -72,6 +86,7 @@ CUSTOM_FP = FP + "TestCustomFingerprintSetting::"
 CELERY = "test_celery.py::"
 UNKNOWN = "test_unknown_outcomes.py::"
 RCLUSTER = "test_store_redis_cluster.py::"
+STATEFUL = "test_stateful.py::"
 
 MUTANTS = [
     Mutant(
@@ -1131,7 +1146,38 @@ MUTANTS = [
         "store/redis.py",
         "if in_use or not (state == 'i' or expired) then return 0 end",
         "if not (state == 'i' or expired) then return 0 end",
-        (REDIS + "test_a_lease_renewed_between_the_read_and_the_take_over_is_not_taken_over",),
+        (
+            STATEFUL + "test_a_take_over_rechecks_the_record_it_read",
+            STATEFUL + "test_the_engine_follows_the_decision_table",
+            REDIS + "test_a_lease_renewed_between_the_read_and_the_take_over_is_not_taken_over",
+        ),
+        store="redis",
+    ),
+    # The stateful model test on the Redis store (records aged on Redis's clock).
+    Mutant(
+        "redis-renewal-keeps-the-pttl",
+        "a renewed claim keeps its claim's PTTL: Redis expires it in use, and a retry reruns it",
+        "store/redis.py",
+        "        'KEEPTTL')\n      keep(key, lease)\n",
+        "        'KEEPTTL')\n",
+        (
+            STATEFUL + "test_redis_keeps_a_renewed_claim_past_three_leases",
+            STATEFUL + "test_the_engine_follows_the_decision_table",
+        ),
+        store="redis",
+    ),
+    Mutant(
+        "redis-takeover-ignores-the-token",
+        "the Redis take-over does not check the token it read: a held-up request takes over "
+        "another request's record (which owed it a 422)",
+        "store/redis.py",
+        "local state, token, lease, expires = header(old)\nif token ~= ARGV[1] then return 0 end",
+        "local state, token, lease, expires = header(old)",
+        (
+            STATEFUL + "test_a_take_over_rechecks_the_record_it_read",
+            STATEFUL + "test_the_engine_follows_the_decision_table",
+        ),
+        store="redis",
     ),
     Mutant(
         "redis-no-hash-tag",
@@ -1259,20 +1305,31 @@ def drop_test_databases(url: str) -> None:
 def run_all(
     mutants: list[Mutant], copy: Path, env: dict[str, str], timeout: float | None, full: bool
 ) -> dict[str, Outcome] | None:
-    """Each mutant's outcome; None when the selected tests fail unmutated."""
-    selected = ("",) if full else tuple(dict.fromkeys(test for m in mutants for test in m.tests))
+    """Each mutant's outcome; None when the selected tests fail unmutated (on the store
+    each mutant's tests run on: ``Mutant.store``)."""
     extra = FULL if full else []
-    begun = time.monotonic()
-    # Generous: an unmutated run that times out stops the check (exit 2), it kills nothing.
-    first_timeout = 3 * timeout if timeout is not None else 3600.0 if full else 360.0
-    code, output = run_pytest(copy, env, selected, first_timeout, *extra, "--create-db")
-    if code != 0:
-        print(output[-5000:])
-        print("The selected tests fail (or hang) unmutated: the check would mean nothing.")
-        return None
-    took = time.monotonic() - begun
-    what = "the whole suite (but e2e) passes" if full else f"the {len(selected)} selections pass"
-    print(f"Unmutated: {what} ({took:.1f} s)", flush=True)
+    took = 0.0
+    for store in dict.fromkeys(m.store for m in mutants):
+        ours = [m for m in mutants if m.store == store]
+        selected = ("",) if full else tuple(dict.fromkeys(t for m in ours for t in m.tests))
+        begun = time.monotonic()
+        # Generous: an unmutated run that times out stops the check (exit 2), it kills nothing.
+        first_timeout = 3 * timeout if timeout is not None else 3600.0 if full else 360.0
+        code, output = run_pytest(
+            copy, {**env, **STORE_ENV[store]}, selected, first_timeout, *extra, "--create-db"
+        )
+        if code != 0:
+            print(output[-5000:])
+            print(
+                f"The selected tests fail (or hang) unmutated on the {store} store: "
+                "the check would mean nothing."
+            )
+            return None
+        seconds = time.monotonic() - begun
+        took = max(took, seconds)
+        what = "the whole suite (but e2e)" if full else f"the {len(selected)} selections"
+        print(f"Unmutated, {store} store: {what} pass ({seconds:.1f} s)", flush=True)
+    selected = ("",)  # --full: each mutant faces the whole suite
     if timeout is None:  # a survivor of --full runs everything: leave it room under load
         timeout = max(120.0, 3 * took) if full else 120.0
 
@@ -1285,11 +1342,12 @@ def run_all(
         begun = time.monotonic()
         try:
             recreated = ("--create-db",) if recreate else ()
+            store_env = {**env, **STORE_ENV[mutant.store]}
             if full:
-                env[RUN_FIRST] = "\n".join(mutant.tests)
-                code, output = run_pytest(copy, env, selected, timeout, *extra, *recreated)
+                store_env[RUN_FIRST] = "\n".join(mutant.tests)
+                code, output = run_pytest(copy, store_env, selected, timeout, *extra, *recreated)
             else:
-                code, output = run_pytest(copy, env, mutant.tests, timeout, *recreated)
+                code, output = run_pytest(copy, store_env, mutant.tests, timeout, *recreated)
         finally:
             path.write_text(original)
         seconds = time.monotonic() - begun
@@ -1310,8 +1368,9 @@ def run_all(
 
 def uses_redis(mutant: Mutant) -> bool:
     """Its tests use the one Redis, its throwaway servers or the one local cluster (which they
-    kill and reshard): two jobs must never run such tests at the same time."""
-    return any("redis" in test.split("::")[0] for test in mutant.tests)
+    kill and reshard), or run on the Redis store: two jobs must never run such tests at the
+    same time."""
+    return mutant.store == "redis" or any("redis" in test.split("::")[0] for test in mutant.tests)
 
 
 def share_out(mutants: list[Mutant], jobs: int) -> list[list[Mutant]]:

@@ -745,7 +745,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--redis-url",
         default=None,
         help="run on the Redis store at this URL (EXAMPLE_REDIS_URL), e.g. "
-        "redis://127.0.0.1:6379/4 (flushed first); default: the database store",
+        "redis://127.0.0.1:6379/4, or a cluster: redis+cluster://127.0.0.1:7100/0 (its "
+        "records under the key prefix 'soak', deleted first); default: the database store",
     )
     parser.add_argument(
         "--redis-restart-every",
@@ -866,6 +867,30 @@ def database_records(db: Database) -> tuple[list[Any], list[Any]]:
     return live, lapsed
 
 
+# The soak's records on the Redis store are under a key prefix of their own
+# (EXAMPLE_REDIS_KEY_PREFIX): a shared Redis or cluster may hold other keys (a benchmark's),
+# which it neither deletes nor counts.
+REDIS_KEY_PREFIX = "soak"
+
+
+def redis_keys(client: Any) -> list[bytes]:
+    """The soak's record keys (on every master of a cluster)."""
+    pattern = f"{REDIS_KEY_PREFIX}:*"
+    if isinstance(client, redis_cluster.RedisCluster):
+        return list(client.keys(pattern, target_nodes=redis_cluster.RedisCluster.PRIMARIES))
+    return list(client.keys(pattern))
+
+
+def clear_redis_records(url: str) -> None:
+    """Deletes the soak's records of an earlier run, and nothing else."""
+    client = redis_cluster.connect(url)
+    try:
+        for key in redis_keys(client):
+            client.delete(key)
+    finally:
+        client.close()
+
+
 def redis_records(url: str) -> tuple[list[Any], list[Any]]:
     """The same, from the Redis store (``store/redis.py``: a record is one key whose value
     starts ``state|token|lease_ms|expires_ms|``, the lease on Redis's clock). The scope is
@@ -875,11 +900,7 @@ def redis_records(url: str) -> tuple[list[Any], list[Any]]:
     try:
         seconds, micros = client.time()
         now_ms = int(seconds) * 1000 + int(micros) // 1000
-        if isinstance(client, redis_cluster.RedisCluster):
-            keys = client.keys("*", target_nodes=redis_cluster.RedisCluster.PRIMARIES)
-        else:
-            keys = client.keys("*")
-        for key in keys:
+        for key in redis_keys(client):
             value = client.get(key)
             if value is None or not value.startswith(b"i|"):
                 continue
@@ -903,8 +924,8 @@ def soak(run: Run) -> int:
         redis_url = run.redis_server.url
     store = {}
     if redis_url:
-        redis_cluster.flush(redis_url)
-        store = {"EXAMPLE_REDIS_URL": redis_url}
+        clear_redis_records(redis_url)
+        store = {"EXAMPLE_REDIS_URL": redis_url, "EXAMPLE_REDIS_KEY_PREFIX": REDIS_KEY_PREFIX}
     env = project_env(
         SETTINGS,
         db.url,

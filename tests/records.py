@@ -167,6 +167,121 @@ def _redis_write(record: Record) -> None:
         client.set(key, value, px=ttl)
 
 
+# Time on the Redis store: leases and expiry run on Redis's clock, which a test cannot move,
+# so a test that fakes the time ages the records instead (the stateful model test).
+
+# KEYS[1]; ARGV: ms. -> 1 when the key is gone. The record as it would be ``ms`` later: its
+# lease and expiry (0: none) ``ms`` earlier, its PTTL ``ms`` shorter, and the key deleted
+# when its PTTL is no longer than that, as Redis would have expired it by then.
+_AGE = """
+local old = redis.call('GET', KEYS[1])
+if not old then return 1 end
+local pttl = redis.call('PTTL', KEYS[1])
+local ms = tonumber(ARGV[1])
+if pttl >= 0 and pttl <= ms then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+local a = string.find(old, '|', 1, true)
+local b = string.find(old, '|', a + 1, true)
+local c = string.find(old, '|', b + 1, true)
+local d = string.find(old, '|', c + 1, true)
+local function earlier(field)
+  local n = tonumber(field)
+  if n == 0 then return '0' end
+  return string.format('%.0f', n - ms)
+end
+local value = string.sub(old, 1, b) .. earlier(string.sub(old, b + 1, c - 1)) .. '|'
+  .. earlier(string.sub(old, c + 1, d - 1)) .. string.sub(old, d)
+if pttl < 0 then
+  redis.call('SET', KEYS[1], value)
+else
+  redis.call('SET', KEYS[1], value, 'PX', pttl - ms)
+end
+return 0
+"""
+
+# KEYS[1]; ARGV: lease, expiry and PTTL in ms from now by Redis's clock ('': the lease or
+# the expiry field unchanged, no PTTL). -> {now, the value before, its PTTL before}.
+_RETIME = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local old = redis.call('GET', KEYS[1])
+local pttl = redis.call('PTTL', KEYS[1])
+if not old then return {now, false, pttl} end
+local a = string.find(old, '|', 1, true)
+local b = string.find(old, '|', a + 1, true)
+local c = string.find(old, '|', b + 1, true)
+local d = string.find(old, '|', c + 1, true)
+local lease = string.sub(old, b + 1, c - 1)
+local expires = string.sub(old, c + 1, d - 1)
+if ARGV[1] ~= '' then lease = string.format('%.0f', now + tonumber(ARGV[1])) end
+if ARGV[2] ~= '' then expires = string.format('%.0f', now + tonumber(ARGV[2])) end
+local value = string.sub(old, 1, b) .. lease .. '|' .. expires .. string.sub(old, d)
+if ARGV[3] == '' then
+  redis.call('SET', KEYS[1], value)
+else
+  redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
+end
+return {now, old, pttl}
+"""
+
+_scripts: dict[tuple[int, str], Any] = {}
+
+
+def _script(source: str) -> Any:
+    client = _redis().client()
+    found = _scripts.get((id(client), source))
+    if found is None:
+        found = _scripts[(id(client), source)] = client.register_script(source)
+    return found
+
+
+def age(delta: timedelta) -> list[str]:
+    """On the Redis store, every record as Redis would hold it ``delta`` later (``_AGE``);
+    the keys that Redis would have expired by then are deleted, and returned."""
+    assert ON_REDIS
+    ms = round(delta.total_seconds() * 1000)
+    client = _redis().client()
+    run = _script(_AGE)
+    return [key for key in _redis_keys() if run(keys=[key], args=[ms], client=client) == 1]
+
+
+@dataclass(frozen=True)
+class Times:
+    """A Redis record's lease, expiry and PTTL in ms from now by Redis's clock (None: none)."""
+
+    lease: int | None
+    expires: int | None
+    pttl: int | None
+
+
+def retime(key: str, times: Times) -> Times | None:
+    """Sets the Redis record ``key``'s lease, expiry and PTTL to ``times`` from now (a
+    ``None`` lease or expiry is left as it is; a ``None`` PTTL: none), and returns the times
+    it had (None: no such key). A test that ages records gives back, this way, the real time
+    its own steps took on Redis's clock."""
+    assert ON_REDIS
+    from idempotency_django.store.redis import _parse
+
+    def arg(ms: int | None) -> str:
+        return "" if ms is None else str(ms)
+
+    now, old, pttl = _script(_RETIME)(
+        keys=[key],
+        args=[arg(times.lease), arg(times.expires), arg(times.pttl)],
+        client=_redis().client(),
+    )
+    if old is None:
+        return None
+    _state, _token, lease, expires, _meta, _body = _parse(bytes(old))
+    return Times(
+        lease=None if lease == 0 else lease - int(now),
+        expires=None if expires == 0 else expires - int(now),
+        pttl=None if pttl < 0 else int(pttl),
+    )
+
+
 def lasts(when: datetime | None, since: datetime | None, seconds: float) -> bool:
     """``when`` is exactly ``seconds`` after ``since`` (a record's ``created_at`` or
     ``completed_at``); on the Redis store, which keeps neither, ``seconds`` from now (less

@@ -1,6 +1,7 @@
 """A stateful test (Hypothesis ``RuleBasedStateMachine``) of the engine against a model of
 the HTTP contract's decision table (DESIGN.md §2, docs/index.md and docs/http-contract.md), on the
-database in ``DATABASE_URL`` (PostgreSQL, MariaDB) or SQLite.
+database in ``DATABASE_URL`` (PostgreSQL, MariaDB) or SQLite, or on the Redis store
+(``IDEMPOTENCY_TEST_STORE=redis``, a single Redis or a ``redis+cluster://`` one).
 
 Workers claim keys with a fingerprint, complete or release their claims, stall (their
 heartbeat stops) or run past ``max_run``; duplicates arrive while a claim is held; the
@@ -11,8 +12,18 @@ exactly what the model holds, and:
 
 - at most one worker owns a live claim of a key, and it is the record's owner;
 - a completed key replays the stored bytes until it expires;
-- a lost claim never overwrites the new owner (``complete`` returns False);
+- a lost claim never overwrites the new owner (``complete`` returns False), and a take-over
+  held up after its read takes nothing that changed since (a renewal, another take-over);
 - the purge deletes nothing in use (in progress under a live lease).
+
+The Redis store runs its leases and expiry on Redis's clock (``TIME`` in its scripts, ``PX``),
+which the fake clock does not move: there, when the clock moves, every record is aged by as
+much instead (``records.age``: its lease and expiry that much earlier, its PTTL that much
+shorter, the key deleted when its PTTL runs out, as Redis would have), with no change to the
+store's own scripts. The model knows when Redis expires a key (``Record.gone_at``: a claim
+three leases after its claim or last renewal, a completed key at its TTL), and that it never
+expires one in use; nothing is purged there. The store's times are compared with the model's
+by Redis's clock, less the real time a step took, which is then given back (``records.retime``).
 
 Runs deterministically by default (derandomized, a few seconds per database). For a
 longer, randomized search::
@@ -25,17 +36,19 @@ a plain test at the end of this module.
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.utils import timezone
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -56,16 +69,12 @@ from idempotency_django.exceptions import InFlight, KeyMismatch, ResponseNotStor
 from idempotency_django.heartbeat import Heartbeat
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse
+from idempotency_django.store import Snapshot, never
 from idempotency_django.store import database as database_store
-from idempotency_django.store import never
 from tests import records
+from tests.conftest import ON_REDIS
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    # TODO(issue 18 item 5): a fake timezone.now drives leases and TTLs here; the Redis
-    # store's run on Redis's clock, so this model needs a Redis-clock variant to run there.
-    pytest.mark.database_store("its fake clock (timezone.now) does not move Redis's clock"),
-]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
 STATEFUL_SETTINGS = settings(
@@ -77,6 +86,12 @@ STATEFUL_SETTINGS = settings(
 )
 
 LEASE = 10
+# The Redis store keeps a record in progress three leases from its claim, take-over or
+# renewal (two past its lease), whatever its TTL; Redis then expires it (store/redis.py).
+KEPT = timedelta(seconds=3 * LEASE)
+# On the Redis store: how far the store's times may be behind the model's after one step,
+# which takes real time on Redis's clock (the model's times are whole seconds apart).
+STEP_MS = 1000
 # A TTL shorter than the lease (a claim can be past its TTL under a live lease), a longer
 # one, and none.
 TTLS = (5, 30, None)
@@ -133,6 +148,8 @@ class Record:
     completed: bool
     lease_expires_at: datetime | None
     expires_at: datetime
+    # On the Redis store: when Redis expires the key (``never()``: it has no PTTL).
+    gone_at: datetime = field(default_factory=never)
     response: StoredResponse | None = None
     body_stored: bool = True
 
@@ -188,9 +205,19 @@ def expiry(now: datetime, ttl: int | None) -> datetime:
     return never() if ttl is None else now + timedelta(seconds=ttl)
 
 
+@dataclass(eq=False)
+class Read:
+    """What a request read of a record it may take over, before it tries to."""
+
+    key: Key
+    fingerprint: str
+    snapshot: Snapshot
+
+
 class EngineMachine(RuleBasedStateMachine):
     workers = Bundle("workers")  # running: neither completed nor released
     finished = Bundle("finished")
+    reads = Bundle("reads")  # read, their take-over not tried yet
 
     def __init__(self) -> None:
         super().__init__()
@@ -242,16 +269,23 @@ class EngineMachine(RuleBasedStateMachine):
         if actual != "claim":
             return multiple()
         assert isinstance(outcome, engine.Claim)
+        return self.owns(outcome, key, fingerprint, ttl, max_run)
+
+    def owns(
+        self, claim: engine.Claim, key: Key, fingerprint: str, ttl: int | None, max_run: int | None
+    ) -> Worker:
+        """``claim`` of ``key`` is the record now, and a worker runs the view under it."""
         self.records[key] = Record(
-            token=outcome.token,
+            token=claim.token,
             fingerprint=fingerprint,
             completed=False,
             lease_expires_at=self.now + timedelta(seconds=LEASE),
             expires_at=expiry(self.now, ttl),
+            gone_at=self.now + max(KEPT, timedelta(seconds=ttl or 0)),
         )
-        worker = Worker(outcome, key, fingerprint, ttl, self.now + timedelta(seconds=LEASE))
+        worker = Worker(claim, key, fingerprint, ttl, self.now + timedelta(seconds=LEASE))
         if max_run is not None:
-            self.heartbeat.register(outcome, LEASE, max_run)
+            self.heartbeat.register(claim, LEASE, max_run)
             worker.stop_renewing_at = CLOCK.monotonic() + max_run
         self.all_workers.append(worker)
         return worker
@@ -281,6 +315,49 @@ class EngineMachine(RuleBasedStateMachine):
         """The client sends a request again after its first attempt ended (completed,
         released, or lost to a new owner)."""
         return self.begin_request(worker.key, worker.fingerprint, ttl, MAX_RUNS[1])
+
+    @rule(target=reads, holder=workers, same=st.booleans())
+    def duplicate_reads(self, holder: Worker, same: bool) -> Any:
+        """Once ``holder``'s lease lapsed, a request reads the record it would take over
+        (lapsed, or past its TTL and not in use), and is held up before its take-over: a
+        renewal, a completion, a release or another take-over may come first
+        (``late_take_over``)."""
+        self.lease_lapses(holder)
+        key = holder.key
+        record = self.records.get(key)
+        if record is None:
+            return multiple()
+        fingerprint = record.fingerprint if same else other_fingerprint(record.fingerprint)
+        if self.expected_begin(key, fingerprint) != "claim":
+            return multiple()
+        snapshot = options(None).store.read("default", scope(key).lookup(), fingerprint)
+        assert snapshot is not None
+        assert snapshot.token == record.token
+        return Read(key, fingerprint, snapshot)
+
+    @rule(target=workers, read=consumes(reads), ttl=st.sampled_from(TTLS))
+    def late_take_over(self, read: Read, ttl: int | None) -> Any:
+        """The held-up request's take-over: the store re-checks, under the token it read,
+        that the record is still not in use and still lapsed or past its TTL."""
+        record = self.records.get(read.key)
+        expected = (
+            record is not None
+            and record.token == read.snapshot.token
+            and not record.in_use(self.now)
+            and (not record.completed or record.expires_at <= self.now)
+        )
+        token = engine.new_token()
+
+        taken = engine._take_over(
+            read.snapshot, scope(read.key), read.fingerprint, token, self.now, options(ttl)
+        )
+
+        assert taken == expected, f"{read.key}: take-over {taken}, the model's {expected}"
+        report(f"late take-over: {'taken' if taken else 'refused'}")
+        if not taken:
+            return multiple()
+        claim = engine.Claim(scope(read.key), token, "default", ttl, options(ttl).store)
+        return self.owns(claim, read.key, read.fingerprint, ttl, MAX_RUNS[1])
 
     @rule(
         target=finished,
@@ -329,6 +406,7 @@ class EngineMachine(RuleBasedStateMachine):
             record.response = response
             record.body_stored = body_stored
             record.expires_at = expiry(self.now, worker.ttl)  # the TTL counts from here
+            record.gone_at = record.expires_at  # Redis: PX the TTL, or no PTTL
         worker.status = "completed"
 
     @rule(target=finished, worker=consumes(workers))
@@ -362,32 +440,55 @@ class EngineMachine(RuleBasedStateMachine):
             record = self.records.get(worker.key)
             if record is not None and record.token == worker.claim.token and not record.completed:
                 record.lease_expires_at = self.now + timedelta(seconds=LEASE)
+                record.gone_at = max(record.gone_at, self.now + KEPT)
                 worker.lease_until = record.lease_expires_at
                 expected += 1
 
         assert self.heartbeat.renew_once() == expected
         report(f"heartbeat: {expected} renewed")
 
+    def advance(self, to: datetime) -> None:
+        """The clock moves to ``to``. On the Redis store, whose leases and expiry run on
+        Redis's clock, every record is aged by as much instead (``records.age``), and the
+        keys Redis would have expired by then are gone: never one in use, never a
+        completed one before its expiry."""
+        delta = to - CLOCK.now
+        CLOCK.now = to
+        if not ON_REDIS:
+            return
+        records.age(delta)
+        for key, record in list(self.records.items()):
+            if record.gone_at <= self.now:
+                assert not record.in_use(self.now), f"Redis expired {key} in use: {record}"
+                assert record.expires_at <= self.now or not record.completed, (
+                    f"Redis expired {key} before its TTL: {record}"
+                )
+                report("redis: expired natively")
+                del self.records[key]
+
     @rule(seconds=st.integers(1, 40))
     def time_passes(self, seconds: int) -> None:
-        CLOCK.now += timedelta(seconds=seconds)
+        self.advance(self.now + timedelta(seconds=seconds))
 
     @rule(worker=workers)
     def lease_lapses(self, worker: Worker) -> None:
         """The clock reaches the end of the worker's lease, to the microsecond."""
         if self.now < worker.lease_until:
-            CLOCK.now = worker.lease_until
+            self.advance(worker.lease_until)
 
     @rule(key=st.sampled_from(KEYS))
     def ttl_passes(self, key: Key) -> None:
         """The clock reaches the record's expiry, to the microsecond."""
         record = self.records.get(key)
         if record is not None and self.now < record.expires_at != never():
-            CLOCK.now = record.expires_at
+            self.advance(record.expires_at)
 
     @precondition(lambda self: self.records)
     @rule(older_than=st.sampled_from((0, 10)), stale_after=st.sampled_from((0, 20)))
     def purge(self, older_than: int, stale_after: int) -> None:
+        if ON_REDIS:
+            self.purge_on_redis(older_than, stale_after)
+            return
         now = self.now
         cutoff = now - timedelta(seconds=older_than)
         expired = {
@@ -422,6 +523,23 @@ class EngineMachine(RuleBasedStateMachine):
         for key in expired | stale:
             del self.records[key]
 
+    def purge_on_redis(self, older_than: int, stale_after: int) -> None:
+        """The Redis store has nothing to purge (Redis expires its keys): the command says
+        so, exits 0 and deletes nothing, in use or not."""
+        before = set(records.values("pk", "token"))
+        out = io.StringIO()
+
+        call_command(
+            "purge_idempotency_keys",
+            f"--older-than={older_than}s",
+            f"--stale-after={stale_after}s",
+            stdout=out,
+        )
+
+        assert "nothing to purge" in out.getvalue()
+        assert set(records.values("pk", "token")) == before, "the purge deleted a record"
+        report("purge: nothing to purge (Redis)")
+
     # -- invariants -----------------------------------------------------------------------------
 
     @invariant()
@@ -434,14 +552,40 @@ class EngineMachine(RuleBasedStateMachine):
             assert row.token == record.token
             assert row.fingerprint == record.fingerprint
             assert row.state == ("completed" if record.completed else "in_progress")
-            assert row.lease_expires_at == record.lease_expires_at
-            assert row.expires_at == record.expires_at
+            if ON_REDIS:
+                self.check_redis_times(row.pk, record)
+            else:
+                assert row.lease_expires_at == record.lease_expires_at
+                assert row.expires_at == record.expires_at
             if record.completed:
                 assert record.response is not None
                 assert row.response_status == record.response.status
                 assert [tuple(pair) for pair in row.response_headers] == record.response.headers
                 body = None if row.response_body is None else bytes(row.response_body)
                 assert body == (record.response.body if record.body_stored else None)
+
+    def check_redis_times(self, pk: str, record: Record) -> None:
+        """The Redis record's lease, expiry and PTTL are the model's, by Redis's clock: the
+        same, or less by the real time this step took (at most ``STEP_MS``). They are then
+        set to the model's exactly, so that the real time the steps take never adds up."""
+
+        def ms(when: datetime | None) -> int | None:
+            if when is None or when >= never():
+                return None
+            return round((when - self.now).total_seconds() * 1000)
+
+        model = records.Times(
+            lease=None if record.completed else ms(record.lease_expires_at),
+            expires=ms(record.expires_at),
+            pttl=ms(record.gone_at),
+        )
+        stored = records.retime(pk, model)
+        assert stored is not None, f"{pk} vanished"
+        for name in ("lease", "expires", "pttl"):
+            want, got = getattr(model, name), getattr(stored, name)
+            assert (want is None) == (got is None), f"{name}: {got} ms, the model's {want} ms"
+            if want is not None and got is not None:
+                assert 0 <= want - got <= STEP_MS, f"{name}: {got} ms, the model's {want} ms"
 
     @invariant()
     def at_most_one_worker_owns_a_live_claim(self) -> None:
@@ -541,8 +685,7 @@ def test_in_progress_under_a_lapsed_lease(
 def test_in_progress_under_a_lapsed_lease_and_past_its_ttl_is_absent(
     machine: EngineMachine,
 ) -> None:
-    claimed(machine)
-    machine.ttl_passes(key=KEYS[0])
+    machine.lease_lapses(worker=claimed(machine, ttl=5))  # 10 s: lapsed, past its TTL
 
     assert last_begin(machine, B) == "begin: claim (taken over)"
 
@@ -568,7 +711,9 @@ def test_completed_and_past_its_ttl_is_absent(machine: EngineMachine, fingerprin
     completed(machine)
     machine.ttl_passes(key=KEYS[0])
 
-    assert last_begin(machine, fingerprint) == "begin: claim (taken over)"
+    # The database store takes the expired row over; Redis expired the key at its TTL.
+    taken_over = "" if ON_REDIS else " (taken over)"
+    assert last_begin(machine, fingerprint) == f"begin: claim{taken_over}"
 
 
 def test_released_is_absent(machine: EngineMachine) -> None:
@@ -593,6 +738,93 @@ def test_a_lost_claim_does_not_overwrite_the_new_owner(machine: EngineMachine) -
     assert bytes(body) == b"second"
 
 
+def test_a_lost_claim_does_not_overwrite_the_new_owners_claim_in_progress(
+    machine: EngineMachine,
+) -> None:
+    first = claimed(machine)
+    machine.lease_lapses(worker=first)
+    second = machine.duplicate_arrives(holder=first, same=True, ttl=30)
+    OUTCOMES.clear()
+
+    machine.complete(worker=first, status=201, body=b"first", headers=[], body_stored=True)
+
+    check(machine)
+    assert OUTCOMES == {"complete: lost": 1}
+    assert records.get().token == second.claim.token
+    assert records.get().state == "in_progress"
+
+
+def test_a_lost_claims_release_leaves_the_new_owners_record(machine: EngineMachine) -> None:
+    first = claimed(machine)
+    machine.lease_lapses(worker=first)
+    second = machine.duplicate_arrives(holder=first, same=True, ttl=30)
+
+    machine.release(worker=first)  # its view failed: it releases what it no longer owns
+
+    check(machine)
+    assert records.get().token == second.claim.token
+
+
+def raced_by_a_renewal(machine: EngineMachine, holder: Worker, read: Read) -> None:
+    machine.heartbeat_beats()  # the holder's view still runs: leased 10 s more
+
+
+def raced_by_another_take_over(machine: EngineMachine, holder: Worker, read: Read) -> None:
+    other = machine.duplicate_reads(holder=holder, same=True)
+    assert isinstance(other, Read)
+    machine.late_take_over(read=other, ttl=30)
+
+
+def raced_by_another_request(machine: EngineMachine, holder: Worker, read: Read) -> None:
+    other = machine.duplicate_reads(holder=holder, same=False)  # past the 5 s TTL: anyone's
+    assert isinstance(other, Read)
+    new_owner = machine.late_take_over(read=other, ttl=30)
+    assert isinstance(new_owner, Worker)
+    machine.lease_lapses(worker=new_owner)  # 20 s: lapsed too, but another request's (422)
+
+
+def raced_by_the_completion(machine: EngineMachine, holder: Worker, read: Read) -> None:
+    machine.complete(worker=holder, status=201, body=b"{}", headers=[], body_stored=True)
+
+
+def raced_by_the_release(machine: EngineMachine, holder: Worker, read: Read) -> None:
+    machine.release(worker=holder)
+
+
+def raced_by_nothing(machine: EngineMachine, holder: Worker, read: Read) -> None:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("race", "outcome"),
+    [
+        (raced_by_a_renewal, "refused"),
+        (raced_by_another_take_over, "refused"),
+        (raced_by_another_request, "refused"),
+        (raced_by_the_completion, "refused"),
+        (raced_by_the_release, "refused"),
+        (raced_by_nothing, "taken"),
+    ],
+    ids=lambda value: value.__name__.removeprefix("raced_by_") if callable(value) else value,
+)
+def test_a_take_over_rechecks_the_record_it_read(
+    machine: EngineMachine, race: Any, outcome: str
+) -> None:
+    """Between a request's read of a lapsed record and its take-over, something changed it
+    (or nothing did): the store's take-over re-checks, fenced by the token it read."""
+    holder = claimed(machine, ttl=5, max_run=300)
+    read = machine.duplicate_reads(holder=holder, same=True)  # 10 s: the lease lapsed
+    assert isinstance(read, Read)
+    race(machine, holder, read)
+    check(machine)
+    OUTCOMES.clear()
+
+    machine.late_take_over(read=read, ttl=30)
+
+    check(machine)
+    assert list(OUTCOMES.items()) == [(f"late take-over: {outcome}", 1)]
+
+
 def test_the_heartbeat_stops_renewing_after_max_run(machine: EngineMachine) -> None:
     worker = claimed(machine, max_run=15)
     for _ in range(3):
@@ -603,6 +835,7 @@ def test_the_heartbeat_stops_renewing_after_max_run(machine: EngineMachine) -> N
     assert last_begin(machine, A) == "begin: claim (taken over)"
 
 
+@pytest.mark.database_store("Redis expires its keys: test_redis_expires_what_is_not_in_use")
 @pytest.mark.parametrize(
     ("ttl", "stale_after", "outcome"),
     [(5, 0, "purge: expired"), (None, 0, "purge: stale"), (None, 20, "purge: none")],
@@ -676,3 +909,53 @@ def test_a_retry_does_not_take_over_a_renewed_claim_past_its_ttl(machine: Engine
 
     check(machine)
     assert records.get().token == worker.claim.token
+
+
+# -- the Redis store: Redis expires the keys ------------------------------------------------
+#
+# Nothing is purged there: a completed key is gone at its TTL, a claim three leases after its
+# claim or last renewal (whatever its TTL), never while it is in use.
+
+on_redis = pytest.mark.skipif(not ON_REDIS, reason="the Redis store's expiry (Redis's PX)")
+
+
+@on_redis
+@pytest.mark.parametrize("ttl", [5, None], ids=["ttl", "forever"])
+def test_redis_expires_what_is_not_in_use(machine: EngineMachine, ttl: int | None) -> None:
+    machine.lease_lapses(worker=claimed(machine, ttl=ttl))
+    machine.time_passes(seconds=2 * LEASE - 1)  # 29 s: lapsed, kept
+    check(machine)
+    assert records.count() == 1
+    OUTCOMES.clear()
+
+    machine.time_passes(seconds=1)  # 30 s: three leases after the claim
+
+    check(machine)
+    assert OUTCOMES == {"redis: expired natively": 1}
+    assert records.count() == 0
+    assert last_begin(machine, B) == "begin: claim"  # another request's: no 422 any more
+
+
+@on_redis
+def test_redis_keeps_a_renewed_claim_past_three_leases(machine: EngineMachine) -> None:
+    worker = claimed(machine, ttl=5, max_run=300)
+    for _ in range(5):  # 40 s, renewed every 8 s: past its TTL and three leases of its claim
+        machine.time_passes(seconds=LEASE - 2)
+        machine.heartbeat_beats()
+
+    check(machine)
+    assert records.get().token == worker.claim.token
+    assert last_begin(machine, B) == "begin: mismatch"
+
+
+@on_redis
+def test_redis_replays_a_completed_key_until_its_ttl(machine: EngineMachine) -> None:
+    completed(machine)  # expires at 39 s
+    machine.time_passes(seconds=29)
+    assert last_begin(machine, A) == "begin: replay"
+    OUTCOMES.clear()
+
+    machine.time_passes(seconds=1)
+
+    assert OUTCOMES == {"redis: expired natively": 1}
+    assert last_begin(machine, A) == "begin: claim"
