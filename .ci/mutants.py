@@ -136,7 +136,7 @@ MUTANTS = [
     Mutant(
         "engine-live-lease-lapsed",
         "the engine treats a live lease as lapsed and tries to take it over",
-        "engine.py",
+        "claims.py",
         "lapsed = is_lapsed(record, now)",
         "lapsed = record.state == State.IN_PROGRESS",
         ("test_query_budget.py::test_an_in_flight_conflict_costs_what_a_replay_costs",),
@@ -459,7 +459,7 @@ MUTANTS = [
     Mutant(
         "lapsed-mismatch-taken-over",
         "a lapsed lease is taken over by a different request instead of answering 422",
-        "engine.py",
+        "claims.py",
         "if expired or (lapsed and same):",
         "if expired or lapsed:",
         (DEC + "test_lapsed_lease_with_another_body_is_still_422",),
@@ -483,7 +483,7 @@ MUTANTS = [
     Mutant(
         "completed-runs-again",
         "a completed key runs the view again instead of replaying",
-        "engine.py",
+        "claims.py",
         "if record.state == State.COMPLETED:\n",
         "if record.state == State.COMPLETED:\n"
         "            return Claim(scope, token, options.alias, options.ttl)\n",
@@ -492,7 +492,7 @@ MUTANTS = [
     Mutant(
         "in-flight-runs",
         "a duplicate of a request still running runs the view too (in-flight policy ignored)",
-        "engine.py",
+        "claims.py",
         "assert is_in_use(record, now)",
         "return Claim(scope, token, options.alias, options.ttl)",
         (DEC + "test_in_flight_duplicate_gets_409_with_retry_after",),
@@ -500,7 +500,7 @@ MUTANTS = [
     Mutant(
         "any-in-progress-is-ours",
         "any in-progress record is taken for this request's own unacknowledged claim",
-        "engine.py",
+        "claims.py",
         "if record.token == token and is_in_use(record, now):",
         "if is_in_use(record, now):",
         (DEC + "test_in_flight_duplicate_gets_409_with_retry_after",),
@@ -508,7 +508,7 @@ MUTANTS = [
     Mutant(
         "own-lapsed-claim-kept-lapsed",
         "a claim retried with its own token keeps a lapsed lease (a duplicate can take it)",
-        "engine.py",
+        "claims.py",
         "if record.token == token and is_in_use(record, now):",
         "if record.token == token and record.state == State.IN_PROGRESS:",
         (ATOM + "test_a_claim_retried_with_its_own_token_after_its_lease_lapsed_renews_it",),
@@ -543,7 +543,7 @@ MUTANTS = [
     Mutant(
         "ttl-from-claim",
         "the TTL counts from the claim, not from the completion",
-        "engine.py",
+        "claims.py",
         '"expires_at": expiry(now, claim.ttl),',
         "",
         (ATOM + "test_the_ttl_counts_from_completion",),

@@ -52,7 +52,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
-from idempotency_django import codecs, engine, signals
+from idempotency_django import claims, codecs, signals
 from idempotency_django.conf import DEFAULTS, conf
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.purge import purge_records
@@ -327,7 +327,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[IdempotencyRecord]:
         # The store may live in a database of its own (IDEMPOTENCY["DATABASE"]).
-        return super().get_queryset(request).using(engine.store_alias())
+        return super().get_queryset(request).using(claims.store_alias())
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return RecordChangeList

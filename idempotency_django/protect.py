@@ -21,7 +21,7 @@ from django.db import connections
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 
-from idempotency_django import engine, keys, lifecycle, signals
+from idempotency_django import claims, keys, lifecycle, signals
 from idempotency_django.conf import (
     check_argument,
     check_durations,
@@ -149,7 +149,7 @@ class ViewOptions:
         return request.headers.get(self.resolved().header)
 
     def policy(self) -> lifecycle.Policy:
-        return self.resolved().policy(engine.store_alias())
+        return self.resolved().policy(claims.store_alias())
 
 
 _settings_generation = 0
@@ -167,7 +167,7 @@ class Resolved:
     """One view's options merged with the ``IDEMPOTENCY`` setting. Cheap values are read
     at once; callables are imported on first use (a bad dotted path raises then, on every
     request, as before); the policy is built once per store alias. The alias itself is
-    looked up per request (``engine.store_alias``): a database router may depend on the
+    looked up per request (``claims.store_alias``): a database router may depend on the
     request (a tenant), so it is never cached."""
 
     def __init__(self, options: ViewOptions, generation: int) -> None:
@@ -227,7 +227,7 @@ def policy_for(pick: Callable[[str, str], Any], alias: str, label: str) -> lifec
             f"{type(store).__name__} and the database): use MODE 'commit' with this store."
         )
     return lifecycle.Policy(
-        options=engine.Options(
+        claiming=claims.ClaimPolicy(
             alias=alias,
             lease=float(pick("lease_seconds", "LEASE_SECONDS")),
             ttl=None if ttl is None else float(ttl),
@@ -312,7 +312,7 @@ def _atomic_requests(excluding: Collection[str]) -> list[str]:
 class Guard:
     """One protected request: its scope, fingerprint and policy."""
 
-    scope: engine.Scope
+    scope: claims.Scope
     fingerprint: str
     policy: lifecycle.Policy
     store_statuses: Callable[[int], bool]
@@ -343,7 +343,7 @@ class Guard:
                 "The request body is larger than DATA_UPLOAD_MAX_MEMORY_SIZE."
             ) from exc
         return cls(
-            scope=engine.Scope(
+            scope=claims.Scope(
                 account=keys.fit(str(account), ACCOUNT_MAX_LENGTH),
                 endpoint=keys.fit(endpoint, ENDPOINT_MAX_LENGTH),
                 key=key,
@@ -355,7 +355,7 @@ class Guard:
                 if resolved.fingerprint is keys.default_fingerprint
                 else keys.custom_fingerprint(fingerprint)
             ),
-            policy=resolved.policy(engine.store_alias()),
+            policy=resolved.policy(claims.store_alias()),
             store_statuses=resolved.store_statuses,
             max_response_bytes=resolved.max_response_bytes,
         )
@@ -471,16 +471,16 @@ async def aprotect(
 # refused. A layer of another scope claims its own key, as any caller would.
 
 
-def _claims_held(request: HttpRequest) -> dict[engine.Scope, bool]:
+def _claims_held(request: HttpRequest) -> dict[claims.Scope, bool]:
     """Scope → whether an inner layer has already run under that claim."""
     inner = getattr(request, "_request", None)
     base = inner if isinstance(inner, HttpRequest) else request
-    held: dict[engine.Scope, bool] = base.__dict__.setdefault("_idempotency_claims", {})
+    held: dict[claims.Scope, bool] = base.__dict__.setdefault("_idempotency_claims", {})
     return held
 
 
 @contextlib.contextmanager
-def _holding(held: dict[engine.Scope, bool], scope: engine.Scope) -> Iterator[None]:
+def _holding(held: dict[claims.Scope, bool], scope: claims.Scope) -> Iterator[None]:
     held[scope] = False
     try:
         yield
@@ -489,7 +489,7 @@ def _holding(held: dict[engine.Scope, bool], scope: engine.Scope) -> Iterator[No
 
 
 @contextlib.contextmanager
-def _inner(held: dict[engine.Scope, bool], scope: engine.Scope) -> Iterator[None]:
+def _inner(held: dict[claims.Scope, bool], scope: claims.Scope) -> Iterator[None]:
     """An inner layer running under the outer claim; layers within it pass too (a decorated
     view calling a decorated function), but once it has returned the work is done."""
     try:

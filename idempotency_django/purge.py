@@ -41,7 +41,7 @@ from django.db.models import Q, QuerySet
 from django.dispatch import Signal
 from django.utils import timezone
 
-from idempotency_django import engine
+from idempotency_django import claims
 from idempotency_django.conf import conf, problem
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store.base import expired_q
@@ -222,7 +222,7 @@ def purge_records(
         raise ValueError(f"limit must be a positive integer, not {limit}")
     if pacing is None:
         pacing = Pacing.from_settings()
-    alias = using or engine.store_alias()
+    alias = using or claims.store_alias()
     connection = connections[alias]
     max_params = connection.features.max_query_params
     if max_params is not None:  # SQLite: at most 999 parameters in one statement

@@ -31,7 +31,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from django.core.exceptions import ImproperlyConfigured
 
-from idempotency_django import engine, keys, lifecycle, signals
+from idempotency_django import claims, keys, lifecycle, signals
 from idempotency_django.conf import check_argument, check_durations, conf
 from idempotency_django.exceptions import (
     InFlight,
@@ -140,7 +140,7 @@ class TaskOptions:
 
     def policy(self, label: str) -> lifecycle.Policy:
         conf.checked("MAX_RESPONSE_BYTES")  # read after the work: refused before the claim
-        return policy_for(self.pick, engine.store_alias(), label)
+        return policy_for(self.pick, claims.store_alias(), label)
 
 
 class TaskRun:
@@ -172,7 +172,7 @@ class ClaimOnce:
     """The context manager ``claim_once`` returns; one ``with`` per instance."""
 
     def __init__(
-        self, scope: engine.Scope, fingerprint: str, options: TaskOptions, label: str
+        self, scope: claims.Scope, fingerprint: str, options: TaskOptions, label: str
     ) -> None:
         self.scope = scope
         self.fingerprint = fingerprint
@@ -318,7 +318,7 @@ def claim_once(
         label=label,
     )
     endpoint = _endpoint(name)
-    task_scope = engine.Scope(_account(scope), endpoint, task_key(key))
+    task_scope = claims.Scope(_account(scope), endpoint, task_key(key))
     work = keys.task_fingerprint(endpoint, fingerprint, label)
     return ClaimOnce(task_scope, work, options, label)
 
@@ -383,7 +383,7 @@ def idempotent_task(
             )
         endpoint = _endpoint(task_name)
 
-        def describe(*args: Any, **kwargs: Any) -> tuple[engine.Scope, str]:
+        def describe(*args: Any, **kwargs: Any) -> tuple[claims.Scope, str]:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             raw_key = bound.arguments[key] if isinstance(key, str) else key(*args, **kwargs)
@@ -394,7 +394,7 @@ def idempotent_task(
                 work = {arg: bound.arguments[arg] for arg in fingerprint_args}
             else:
                 work = {arg: value for arg, value in bound.arguments.items() if arg != key}
-            task_scope = engine.Scope(_account(raw_scope), endpoint, task_key(raw_key))
+            task_scope = claims.Scope(_account(raw_scope), endpoint, task_key(raw_key))
             return task_scope, keys.task_fingerprint(endpoint, work, label)
 
         @functools.wraps(func)

@@ -50,7 +50,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from idempotency_django import engine, purge
+from idempotency_django import claims, purge
 from idempotency_django import heartbeat as heartbeat_module
 from idempotency_django.exceptions import InFlight, KeyMismatch, ResponseNotStored
 from idempotency_django.heartbeat import Heartbeat
@@ -152,7 +152,7 @@ class Record:
 class Worker:
     """One request that claimed a key, and what it believes of its claim."""
 
-    claim: engine.Claim
+    claim: claims.Claim
     key: Key
     fingerprint: str
     ttl: int | None
@@ -173,13 +173,13 @@ def report(what: str) -> None:
     OUTCOMES[what] += 1
 
 
-def scope(key: Key) -> engine.Scope:
+def scope(key: Key) -> claims.Scope:
     account, name = key
-    return engine.Scope(account, ENDPOINT, name)
+    return claims.Scope(account, ENDPOINT, name)
 
 
-def options(ttl: int | None) -> engine.Options:
-    return engine.Options(
+def options(ttl: int | None) -> claims.ClaimPolicy:
+    return claims.ClaimPolicy(
         alias="default", lease=LEASE, ttl=ttl, in_flight="conflict", wait_seconds=0, retry_after=1
     )
 
@@ -225,7 +225,7 @@ class EngineMachine(RuleBasedStateMachine):
         expected = self.expected_begin(key, fingerprint)
         previous = self.records.get(key)
         try:
-            outcome = engine.begin(scope(key), fingerprint, options(ttl))
+            outcome = claims.claim_or_replay(scope(key), fingerprint, options(ttl))
         except InFlight:
             actual = "in flight"
         except KeyMismatch:
@@ -233,7 +233,7 @@ class EngineMachine(RuleBasedStateMachine):
         except ResponseNotStored:
             actual = "not stored"
         else:
-            actual = "claim" if isinstance(outcome, engine.Claim) else "replay"
+            actual = "claim" if isinstance(outcome, claims.Claim) else "replay"
         assert actual == expected, f"{key}: {expected} expected from {previous}, got {actual}"
         report(f"begin: {actual}" + (" (taken over)" if actual == "claim" and previous else ""))
         if actual == "replay":
@@ -241,7 +241,7 @@ class EngineMachine(RuleBasedStateMachine):
             assert outcome == previous.response  # the stored bytes, status and headers
         if actual != "claim":
             return multiple()
-        assert isinstance(outcome, engine.Claim)
+        assert isinstance(outcome, claims.Claim)
         self.records[key] = Record(
             token=outcome.token,
             fingerprint=fingerprint,
@@ -315,7 +315,7 @@ class EngineMachine(RuleBasedStateMachine):
         record = self.records.get(worker.key)
         owner = record is not None and record.token == worker.claim.token
 
-        stored = engine.complete(worker.claim, response, body_stored=body_stored)
+        stored = claims.complete(worker.claim, response, body_stored=body_stored)
 
         assert stored == owner, "a completion is fenced by its claim's token"
         report(f"complete: {'stored' if stored else 'lost'}")
@@ -334,7 +334,7 @@ class EngineMachine(RuleBasedStateMachine):
     @rule(target=finished, worker=consumes(workers))
     def release(self, worker: Worker) -> Worker:
         """The view failed (a 5xx, an exception): the key is released."""
-        engine.release(worker.claim)
+        claims.release(worker.claim)
         self.heartbeat.unregister(worker.claim)
         worker.stop_renewing_at = None
         worker.status = "released"
@@ -465,7 +465,7 @@ def other_fingerprint(fingerprint: str) -> str:
 @pytest.fixture
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     # The engine, the purge and the store's renewal all call django.utils.timezone.now().
-    for module in (engine, purge, database_store):
+    for module in (claims, purge, database_store):
         assert module.timezone is timezone
     monkeypatch.setattr(timezone, "now", CLOCK)
     monkeypatch.setattr(heartbeat_module, "time", SimpleNamespace(monotonic=CLOCK.monotonic))

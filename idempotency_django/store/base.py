@@ -1,6 +1,6 @@
 """What every store shares: the interface, the record's states, and the failure kinds.
 
-The lifecycle (``lifecycle.py``) and the engine's decision table (``engine.py``) talk to a
+The lifecycle (``lifecycle.py``) and the engine's decision table (``claims.py``) talk to a
 store only through ``Store``; each store keeps records its own way (``database.py``: rows
 of ``IdempotencyRecord``; ``redis.py``: one Redis key per record) and translates its own
 errors into the failure kinds below, so that the one failure policy (fail open only when

@@ -261,7 +261,7 @@ class RedisStore:
 
     def _connect(self, options: dict[str, Any]) -> Any:
         """A client that never retries on its own: a command that timed out may have run,
-        and the lifecycle decides (``engine.reconnecting`` retries a lost connection once)."""
+        and the lifecycle decides (``claims.reconnecting`` retries a lost connection once)."""
         client = redis_cluster.connect(
             options["URL"],
             cluster=bool(options["CLUSTER"]),
