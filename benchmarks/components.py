@@ -93,7 +93,8 @@ def measure(calls: int, profile: bool) -> list[Row]:
     from django.test import RequestFactory
 
     from idempotency_django import claims
-    from idempotency_django.protect import Guard, ViewOptions
+    from idempotency_django.options import Options
+    from idempotency_django.protect import Guard
     from idempotency_django.store import store
 
     call_command("migrate", "--noinput", verbosity=0)
@@ -103,7 +104,7 @@ def measure(calls: int, profile: bool) -> list[Row]:
     handler = WSGIHandler()
     factory = RequestFactory()
     alice = User.objects.get(username="alice")
-    options = ViewOptions()
+    options = Options()
 
     def request(key: str, path: str = "/commit/") -> HttpRequest:
         made = factory.post(

@@ -77,6 +77,7 @@ class Policy:
     on_store_error: str
     on_disconnect: str = "finish"
     label: str = "view"  # names the view or task in warnings
+    max_response_bytes: int = 1024 * 1024  # a larger outcome is kept without its body
 
     @property
     def alias(self) -> str:
@@ -97,6 +98,29 @@ class Outcome:
     response: StoredResponse | None
     body_stored: bool = True
     unknown: BaseException | None = None
+
+
+def definitive(
+    status: int,
+    body: bytes | None,
+    headers: Callable[[], list[tuple[str, str]]],
+    policy: Policy,
+    scope: claims.Scope,
+) -> Outcome:
+    """The outcome to store for a definitive answer (``body`` ``None``: it was streamed).
+    One rule for views and tasks: a body larger than ``max_response_bytes`` (or streamed)
+    is not stored, only that the work ran, so a repeat of the key is told so
+    (``ResponseNotStored``) and never runs it again."""
+    if body is not None and len(body) <= policy.max_response_bytes:
+        return Outcome(StoredResponse(status, body, headers()))
+    logger.warning(
+        "%s: idempotency response not stored (streamed, or over MAX_RESPONSE_BYTES: %d "
+        "bytes); a repeat of the key will be told the work ran, not run it again.",
+        policy.label,
+        policy.max_response_bytes,
+        extra=signals.log_fields(**scope.lookup()),
+    )
+    return Outcome(StoredResponse(status, b""), body_stored=False)
 
 
 def outcome_unknown(error: BaseException) -> bool:
