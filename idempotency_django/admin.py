@@ -1,7 +1,7 @@
 """The Django admin for idempotency records: read-only, plus three actions.
 
 - **Release** deletes stuck *in-progress* records whose lease has lapsed, so that the next
-  retry with their key runs the view (what the engine does when a view fails). A record
+  retry with their key runs the view (what the lifecycle does when a view fails). A record
   whose lease is live is skipped: its worker is alive and renewing it, and a retry now
   would run alongside the first attempt. Completed records are never released from here:
   that would let a retry repeat a side effect that already happened.
@@ -77,7 +77,7 @@ else:  # ModelAdmin is generic for type checkers only
 
 
 class ExpiredListFilter(admin.SimpleListFilter):
-    """Past its TTL (``expires_at <= now``): the engine already treats the key as absent."""
+    """Past its TTL (``expires_at <= now``): a claim already treats the key as absent."""
 
     title = "expired"
     parameter_name = "expired"
@@ -286,7 +286,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         ("response_status", RecentValuesListFilter),
         ExpiredListFilter,
     )
-    # Exact, case-sensitive matches, as the engine compares keys: keys are opaque, and
+    # Exact, case-sensitive matches, as claims compare keys: keys are opaque, and
     # ``key = …`` and ``account = …`` use an index where ``LIKE '%…%'`` would read the whole
     # table. A term ending in ``*`` also finds the keys that start with it (get_search_results).
     search_fields = ("key__exact", "account__exact")

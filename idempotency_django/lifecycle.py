@@ -371,7 +371,7 @@ class Protected:
 
     def _store_failed(self, error: BaseException) -> Refused | None:
         """Fail open only when the store cannot be reached; otherwise 503. (Contention never
-        gets here: the engine answers it as a request in flight.)"""
+        gets here: ``claims.claim_or_replay`` answers it as a request in flight.)"""
         kind = self.store.failure_kind(self.alias, error)
         policy = self.policy.on_store_error if kind == "unreachable" else "closed"
         logger.error(

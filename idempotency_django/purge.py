@@ -1,6 +1,6 @@
 """Delete expired records, in small batches, while traffic flows.
 
-Records past their TTL already count as absent (the engine takes them over); purging only
+Records past their TTL already count as absent (a claim takes them over); purging only
 bounds the table. ``purge_records`` is the one implementation behind the
 ``purge_idempotency_keys`` command, the admin's "delete expired" action and any scheduled
 task of your own (Celery beat, …).
@@ -239,7 +239,7 @@ def purge_records(
     now = timezone.now()
     cutoff = now - older_than
     base = (queryset if queryset is not None else IdempotencyRecord.objects.all()).using(alias)
-    # The engine's own definition: a view still running under its claim is never deleted,
+    # The claims' own definition: a view still running under its claim is never deleted,
     # even past its TTL.
     expired = expired_q(now, expired_by=cutoff)
     stale = Q(
