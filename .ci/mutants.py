@@ -151,7 +151,7 @@ MUTANTS = [
     Mutant(
         "engine-live-lease-lapsed",
         "the engine treats a live lease as lapsed and tries to take it over",
-        "engine.py",
+        "claims.py",
         "lapsed = is_lapsed(record, now)",
         "lapsed = record.state == State.IN_PROGRESS",
         ("test_query_budget.py::test_an_in_flight_conflict_costs_what_a_replay_costs",),
@@ -474,7 +474,7 @@ MUTANTS = [
     Mutant(
         "lapsed-mismatch-taken-over",
         "a lapsed lease is taken over by a different request instead of answering 422",
-        "engine.py",
+        "claims.py",
         "if expired or (lapsed and same):",
         "if expired or lapsed:",
         (DEC + "test_lapsed_lease_with_another_body_is_still_422",),
@@ -498,7 +498,7 @@ MUTANTS = [
     Mutant(
         "completed-runs-again",
         "a completed key runs the view again instead of replaying",
-        "engine.py",
+        "claims.py",
         "if record.state == State.COMPLETED:\n",
         "if record.state == State.COMPLETED:\n"
         "            return Claim(scope, token, options.alias, options.ttl)\n",
@@ -507,7 +507,7 @@ MUTANTS = [
     Mutant(
         "in-flight-runs",
         "a duplicate of a request still running runs the view too (in-flight policy ignored)",
-        "engine.py",
+        "claims.py",
         "assert is_in_use(record, now)",
         "return Claim(scope, token, options.alias, options.ttl)",
         (DEC + "test_in_flight_duplicate_gets_409_with_retry_after",),
@@ -515,7 +515,7 @@ MUTANTS = [
     Mutant(
         "any-in-progress-is-ours",
         "any in-progress record is taken for this request's own unacknowledged claim",
-        "engine.py",
+        "claims.py",
         "if record.token == token and is_in_use(record, now):",
         "if is_in_use(record, now):",
         (DEC + "test_in_flight_duplicate_gets_409_with_retry_after",),
@@ -523,7 +523,7 @@ MUTANTS = [
     Mutant(
         "own-lapsed-claim-kept-lapsed",
         "a claim retried with its own token keeps a lapsed lease (a duplicate can take it)",
-        "engine.py",
+        "claims.py",
         "if record.token == token and is_in_use(record, now):",
         "if record.token == token and record.state == State.IN_PROGRESS:",
         (ATOM + "test_a_claim_retried_with_its_own_token_after_its_lease_lapsed_renews_it",),
@@ -558,7 +558,7 @@ MUTANTS = [
     Mutant(
         "ttl-from-claim",
         "the TTL counts from the claim, not from the completion",
-        "engine.py",
+        "claims.py",
         '"expires_at": expiry(now, claim.ttl),',
         "",
         (ATOM + "test_the_ttl_counts_from_completion",),
@@ -629,7 +629,7 @@ MUTANTS = [
     Mutant(
         "view-options-unchecked",
         "per-view arguments are no longer validated when the view is decorated",
-        "protect.py",
+        "options.py",
         "    def __post_init__(self) -> None:\n",
         "    def __post_init__(self) -> None:\n        return\n",
         (ATOM + "test_idempotent_validates_every_argument_naming_the_view",),
@@ -647,7 +647,7 @@ MUTANTS = [
         "the middleware claims DRF views itself, before DRF authenticates the caller",
         "middleware.py",
         "return _Plan(_DRF, view=_with_mixin(view, cls), exempt_methods=exempt)",
-        "return _Plan(_PLAIN, options=ViewOptions(label='x'), exempt_methods=exempt)",
+        "return _Plan(_PLAIN, options=Options(label='x'), exempt_methods=exempt)",
         ("test_middleware.py::test_drf_views_are_scoped_to_the_token_user",),
     ),
     Mutant(
@@ -872,7 +872,7 @@ MUTANTS = [
         "stored-headers-after-the-work",
         "a bad STORED_HEADERS is met only by the capture, after the view: the key is released "
         "and the retry runs the view again",
-        "protect.py",
+        "options.py",
         'conf.checked("STORED_HEADERS")  # read after the work',
         'conf.get("STORED_HEADERS")  # read after the work',
         ("test_conf.py::test_a_setting_its_check_refuses_fails_the_request_before_the_view_runs",),
@@ -880,8 +880,8 @@ MUTANTS = [
     Mutant(
         "on-disconnect-unchecked",
         'an unknown ON_DISCONNECT reaches the lifecycle, which treats it as "release"',
-        "protect.py",
-        'on_disconnect=str(pick("on_disconnect", "ON_DISCONNECT")),',
+        "options.py",
+        'on_disconnect=str(checked("on_disconnect")),',
         'on_disconnect=str(conf.get("ON_DISCONNECT")),',
         ("test_conf.py::test_a_setting_its_check_refuses_fails_the_request_before_the_view_runs",),
     ),
@@ -1059,19 +1059,66 @@ MUTANTS = [
     ),
     Mutant(
         "task-ttl-none-uses-the-setting",
-        "a task's ttl_seconds=None takes the TTL_SECONDS setting instead of keeping keys forever",
-        "tasks.py",
-        'if value is _UNSET or (value is None and name != "ttl_seconds"):',
-        "if value is _UNSET or value is None:",
+        "a task's (or a DRF view's) ttl_seconds=None takes the TTL_SECONDS setting instead "
+        "of keeping keys forever",
+        "options.py",
+        "if value is not _UNSET and (value is not None or accepted[name].nullable)",
+        "if value is not _UNSET and value is not None",
         ("test_adapters_agree.py::test_ttl_seconds_none_keeps_the_key_forever_in_every_adapter",),
     ),
     Mutant(
         "async-atomic-accepted",
         "an async view in atomic mode is declared, and silently runs in commit mode",
-        "protect.py",
-        'if options.mode == "atomic":',
+        "options.py",
+        'if self.mode == "atomic":',
         "if False:",
         ("test_adapters_agree.py::test_an_async_view_in_atomic_mode_is_refused_when_declared",),
+    ),
+    Mutant(
+        "too-big-stored",
+        "a response or task result over max_response_bytes is stored with its body all the same",
+        "lifecycle.py",
+        "if body is not None and len(body) <= policy.max_response_bytes:",
+        "if body is not None:",
+        (
+            "test_tasks.py::test_a_result_over_max_response_bytes_completes_without_it",
+            "test_adapters_agree.py::"
+            "test_a_views_max_response_bytes_overrides_the_setting_in_every_adapter",
+        ),
+    ),
+    Mutant(
+        "own-max-response-bytes-ignored",
+        "a view's or task's own max_response_bytes is ignored for the MAX_RESPONSE_BYTES setting",
+        "options.py",
+        'max_response_bytes=int(checked("max_response_bytes")),',
+        'max_response_bytes=int(conf.checked("MAX_RESPONSE_BYTES")),',
+        (
+            "test_adapters_agree.py::"
+            "test_a_views_max_response_bytes_overrides_the_setting_in_every_adapter",
+            "test_adapters_agree.py::test_a_tasks_max_response_bytes_overrides_the_setting",
+        ),
+    ),
+    Mutant(
+        "protect-claims-every-method",
+        "protect() claims a key for a method (or with ENABLED off) that its options leave alone",
+        "protect.py",
+        "    if not options.protects(request.method):\n        return lifecycle.unprotected(",
+        "    if False:\n        return lifecycle.unprotected(",
+        (
+            DEC + "test_safe_methods_are_not_protected",
+            DEC + "test_disabled_switch_turns_protection_off",
+        ),
+    ),
+    Mutant(
+        "aprotect-claims-every-method",
+        "aprotect() claims a key for a method (or with ENABLED off) that its options leave alone",
+        "protect.py",
+        "    if not options.protects(request.method):\n        return await call_view()",
+        "    if False:\n        return await call_view()",
+        (
+            "test_ninja.py::"
+            "test_an_async_operations_http_error_is_stored_and_the_switch_turns_it_off",
+        ),
     ),
     # The Redis store on a cluster (issue 18 §3): its tests need the local cluster
     # (python -m tools.redis_cluster start; .ci/run starts it before this check).

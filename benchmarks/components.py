@@ -92,8 +92,9 @@ def measure(calls: int, profile: bool) -> list[Row]:
     from django.http import HttpRequest
     from django.test import RequestFactory
 
-    from idempotency_django import engine
-    from idempotency_django.protect import Guard, ViewOptions
+    from idempotency_django import claims
+    from idempotency_django.options import Options
+    from idempotency_django.protect import Guard
     from idempotency_django.store import store
 
     call_command("migrate", "--noinput", verbosity=0)
@@ -103,7 +104,7 @@ def measure(calls: int, profile: bool) -> list[Row]:
     handler = WSGIHandler()
     factory = RequestFactory()
     alice = User.objects.get(username="alice")
-    options = ViewOptions()
+    options = Options()
 
     def request(key: str, path: str = "/commit/") -> HttpRequest:
         made = factory.post(
@@ -199,16 +200,18 @@ def measure(calls: int, profile: bool) -> list[Row]:
         assert made is not None
         return made
 
-    def claim() -> engine.Claim:
+    def claim() -> claims.Claim:
         g = guard()
-        began = engine.begin(g.scope, g.fingerprint, g.policy.options)
-        assert isinstance(began, engine.Claim)
+        began = claims.claim_or_replay(g.scope, g.fingerprint, g.policy.claiming)
+        assert isinstance(began, claims.Claim)
         return began
 
     replayed = Guard.for_request(request(REPLAY_KEY), options)
     assert replayed is not None
-    outcome_of = engine.begin(replayed.scope, replayed.fingerprint, replayed.policy.options)
-    assert not isinstance(outcome_of, engine.Claim)
+    outcome_of = claims.claim_or_replay(
+        replayed.scope, replayed.fingerprint, replayed.policy.claiming
+    )
+    assert not isinstance(outcome_of, claims.Claim)
     nothing: Callable[[], None] = lambda: None  # noqa: E731
 
     cpu(
@@ -217,15 +220,17 @@ def measure(calls: int, profile: bool) -> list[Row]:
         lambda: request(new_key()),
     )
     cpu(
-        "  engine.begin, new key: the claim",
-        lambda g: engine.begin(g.scope, g.fingerprint, g.policy.options),
+        "  claims.claim_or_replay, new key: the claim",
+        lambda g: claims.claim_or_replay(g.scope, g.fingerprint, g.policy.claiming),
         guard,
     )
-    cpu("  engine.complete: the completion", lambda c: engine.complete(c, outcome_of), claim)
-    cpu("  engine.release: the release", engine.release, claim)
+    cpu("  claims.complete: the completion", lambda c: claims.complete(c, outcome_of), claim)
+    cpu("  claims.release: the release", claims.release, claim)
     cpu(
-        "  engine.begin, replay: claim attempt + read",
-        lambda _: engine.begin(replayed.scope, replayed.fingerprint, replayed.policy.options),
+        "  claims.claim_or_replay, replay: claim attempt + read",
+        lambda _: claims.claim_or_replay(
+            replayed.scope, replayed.fingerprint, replayed.policy.claiming
+        ),
         nothing,
     )
 
@@ -237,7 +242,7 @@ def measure(calls: int, profile: bool) -> list[Row]:
         **replayed.scope.lookup(),
         "fingerprint": replayed.fingerprint,
         "state": "in_progress",
-        "token": engine.new_token(),
+        "token": claims.new_token(),
         "lease_expires_at": None,
         "response_headers": [],
         "created_at": None,

@@ -1,7 +1,7 @@
 """The Django admin for idempotency records: read-only, plus three actions.
 
 - **Release** deletes stuck *in-progress* records whose lease has lapsed, so that the next
-  retry with their key runs the view (what the engine does when a view fails). A record
+  retry with their key runs the view (what the lifecycle does when a view fails). A record
   whose lease is live is skipped: its worker is alive and renewing it, and a retry now
   would run alongside the first attempt. Completed records are never released from here:
   that would let a retry repeat a side effect that already happened.
@@ -52,7 +52,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
-from idempotency_django import codecs, engine, signals
+from idempotency_django import claims, codecs, signals
 from idempotency_django.conf import DEFAULTS, conf
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.purge import purge_records
@@ -77,7 +77,7 @@ else:  # ModelAdmin is generic for type checkers only
 
 
 class ExpiredListFilter(admin.SimpleListFilter):
-    """Past its TTL (``expires_at <= now``): the engine already treats the key as absent."""
+    """Past its TTL (``expires_at <= now``): a claim already treats the key as absent."""
 
     title = "expired"
     parameter_name = "expired"
@@ -286,7 +286,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         ("response_status", RecentValuesListFilter),
         ExpiredListFilter,
     )
-    # Exact, case-sensitive matches, as the engine compares keys: keys are opaque, and
+    # Exact, case-sensitive matches, as claims compare keys: keys are opaque, and
     # ``key = …`` and ``account = …`` use an index where ``LIKE '%…%'`` would read the whole
     # table. A term ending in ``*`` also finds the keys that start with it (get_search_results).
     search_fields = ("key__exact", "account__exact")
@@ -327,7 +327,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[IdempotencyRecord]:
         # The store may live in a database of its own (IDEMPOTENCY["DATABASE"]).
-        return super().get_queryset(request).using(engine.store_alias())
+        return super().get_queryset(request).using(claims.store_alias())
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return RecordChangeList

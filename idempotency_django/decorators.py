@@ -11,15 +11,8 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponseBase
 
-from idempotency_django.lifecycle import unprotected
-from idempotency_django.protect import (
-    _UNSET,
-    RequestTransactions,
-    aprotect,
-    options_from,
-    protect,
-    refuse_async_atomic,
-)
+from idempotency_django.options import _UNSET, VIEW, Options
+from idempotency_django.protect import RequestTransactions, aprotect, protect
 from idempotency_django.store.base import Store
 
 View = TypeVar("View", bound=Callable[..., Any])
@@ -39,7 +32,7 @@ def idempotent(
     in_flight: str = ...,
     wait_seconds: float = ...,
     lease_seconds: float = ...,
-    ttl_seconds: float = ...,
+    ttl_seconds: float | None = ...,
     account: Callable[[HttpRequest], str | None] | str = ...,
     endpoint: Callable[[HttpRequest], str] | str = ...,
     fingerprint_fields: Sequence[str] | None = ...,
@@ -48,6 +41,7 @@ def idempotent(
     on_store_error: str = ...,
     on_disconnect: str = ...,
     max_run_seconds: float = ...,
+    max_response_bytes: int = ...,
     store: str | Store = ...,
 ) -> Callable[[View], View]: ...
 
@@ -55,17 +49,18 @@ def idempotent(
 def idempotent(view: Any = None, **kwargs: Any) -> Any:
     """Decorate a function view, sync or async (or, with ``method_decorator``, a class-based
     view's ``dispatch``). Keyword arguments override the ``IDEMPOTENCY`` setting for this
-    view; each is validated as its setting is, here, naming the view."""
+    view; each is validated as its setting is, here, naming the view (``options.Options``:
+    the overloads above spell the same list out for type checkers)."""
     given = {name: value for name, value in kwargs.items() if value is not _UNSET}
 
     def decorator(view_func: View) -> View:
         label = f"@idempotent on {_name(view_func)}"
         _refuse_unsupported(view_func, label)
-        options = options_from(given, label)
+        options = Options.given(given, label, VIEW)
         transactions = RequestTransactions()
         wrapper: Callable[..., Any]
         if iscoroutinefunction(view_func):
-            refuse_async_atomic(options)
+            options.refuse_async_atomic()
 
             @functools.wraps(view_func)
             async def async_wrapper(
@@ -76,8 +71,6 @@ def idempotent(view: Any = None, **kwargs: Any) -> Any:
                 async def call_view() -> HttpResponseBase:
                     return await view_func(request, *args, **kw)  # type: ignore[no-any-return]
 
-                if not options.protects(request.method):
-                    return await call_view()
                 return await aprotect(request, call_view, options)
 
             markcoroutinefunction(async_wrapper)
@@ -92,8 +85,6 @@ def idempotent(view: Any = None, **kwargs: Any) -> Any:
                     return view_func(request, *args, **kw)  # type: ignore[no-any-return]
 
                 reopen = transactions.to_reopen()
-                if not options.protects(request.method):
-                    return unprotected(reopen, call_view)
                 return protect(request, call_view, options, request_transactions=reopen)
 
             wrapper = sync_wrapper

@@ -20,10 +20,9 @@ from rest_framework.viewsets import ModelViewSet, ViewSetMixin
 from idempotency_django.conf import conf, resolve_callable
 from idempotency_django.exceptions import IdempotencyError
 from idempotency_django.lifecycle import unprotected
+from idempotency_django.options import _UNSET, DRF, OPTIONS, Options
 from idempotency_django.protect import (
-    _UNSET,
     RequestTransactions,
-    ViewOptions,
     answered,
     protect,
     request_transactions,
@@ -43,21 +42,8 @@ class IdempotencyAPIException(exceptions.APIException):
         super().__init__(detail=error.detail, code=error.slug)
 
 
-# Class attribute → ``@idempotent`` argument. ``None`` on the class means "use the setting".
-_OPTION_ATTRIBUTES = {
-    "idempotency_required": "required",
-    "idempotency_methods": "methods",
-    "idempotency_mode": "mode",
-    "idempotency_in_flight": "in_flight",
-    "idempotency_wait_seconds": "wait_seconds",
-    "idempotency_lease_seconds": "lease_seconds",
-    "idempotency_ttl_seconds": "ttl_seconds",
-    "idempotency_max_run_seconds": "max_run_seconds",
-    "idempotency_fingerprint_fields": "fingerprint_fields",
-    "idempotency_store_statuses": "store_statuses",
-    "idempotency_on_store_error": "on_store_error",
-    "idempotency_store": "store",
-}
+# Class attribute → option (``options.Options``). ``None`` on the class means "use the setting".
+_OPTION_ATTRIBUTES = {option.attribute: option.name for option in OPTIONS if DRF in option.where}
 
 # Every other ``idempotency_*`` or ``get_idempotency_*`` name on a view is a misspelling, which
 # would leave the view on defaults (or protect nothing, for idempotency_actions) without a word.
@@ -120,6 +106,7 @@ class IdempotentMixin:
     idempotency_lease_seconds: float | None = None
     idempotency_ttl_seconds: float | None = _UNSET  # None keeps keys forever, as TTL_SECONDS
     idempotency_max_run_seconds: float | None = None
+    idempotency_max_response_bytes: int | None = None
     idempotency_fingerprint_fields: Iterable[str] | None = None
     idempotency_store_statuses: Callable[[int], bool] | Iterable[int] | str | None = None
     idempotency_on_store_error: str | None = None
@@ -201,18 +188,13 @@ class IdempotentMixin:
         return None
 
     @classmethod
-    def _idempotency_options(cls, label: str, **extra: Any) -> ViewOptions:
-        values: dict[str, Any] = {
-            argument: getattr(cls, attribute)
-            for attribute, argument in _OPTION_ATTRIBUTES.items()
-            if getattr(cls, attribute) is not _UNSET
-            and (getattr(cls, attribute) is not None or argument == "ttl_seconds")
-        }
-        if "fingerprint_fields" in values:
+    def _idempotency_options(cls, label: str, **extra: Any) -> Options:
+        values = {name: getattr(cls, attribute) for attribute, name in _OPTION_ATTRIBUTES.items()}
+        if values["fingerprint_fields"] is not None:
             values["fingerprint_fields"] = list(values["fingerprint_fields"])
-        return ViewOptions(**values, **extra, label=label, anonymous_detail=_ANONYMOUS)
+        return Options.given(values, label, DRF, **extra, anonymous_detail=_ANONYMOUS)
 
-    def get_idempotency_options(self) -> ViewOptions:
+    def get_idempotency_options(self) -> Options:
         """The options for the current request; override to vary them per action."""
         extra: dict[str, Any] = {}
         if (
@@ -228,7 +210,9 @@ class IdempotentMixin:
             **extra,
         )
 
-    def idempotency_applies(self, request: Request, options: ViewOptions) -> bool:
+    def idempotency_applies(self, request: Request, options: Options) -> bool:
+        """Whether to protect this request: decided before the handler is put in place,
+        with the one answer every adapter gives (``Options.protects``), then the actions."""
         if not options.protects(request.method):
             return False
         if self.idempotency_actions is None:

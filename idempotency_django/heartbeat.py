@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from django.db import connections
 
 from idempotency_django import signals
-from idempotency_django.engine import Claim
+from idempotency_django.claims import Claim
 from idempotency_django.store.base import Store
 
 logger = logging.getLogger("idempotency_django")

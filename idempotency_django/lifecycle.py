@@ -49,7 +49,7 @@ from typing import Any, Generic, TypeVar
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 
-from idempotency_django import engine, signals
+from idempotency_django import claims, signals
 from idempotency_django.exceptions import (
     IdempotencyError,
     InFlight,
@@ -71,20 +71,21 @@ R = TypeVar("R")
 class Policy:
     """Everything that decides how one protected run goes, resolved for this call."""
 
-    options: engine.Options
+    claiming: claims.ClaimPolicy
     mode: str
     max_run: float
     on_store_error: str
     on_disconnect: str = "finish"
     label: str = "view"  # names the view or task in warnings
+    max_response_bytes: int = 1024 * 1024  # a larger outcome is kept without its body
 
     @property
     def alias(self) -> str:
-        return self.options.alias
+        return self.claiming.alias
 
     @property
     def store(self) -> Store:
-        return self.options.store
+        return self.claiming.store
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,29 @@ class Outcome:
     response: StoredResponse | None
     body_stored: bool = True
     unknown: BaseException | None = None
+
+
+def definitive(
+    status: int,
+    body: bytes | None,
+    headers: Callable[[], list[tuple[str, str]]],
+    policy: Policy,
+    scope: claims.Scope,
+) -> Outcome:
+    """The outcome to store for a definitive answer (``body`` ``None``: it was streamed).
+    One rule for views and tasks: a body larger than ``max_response_bytes`` (or streamed)
+    is not stored, only that the work ran, so a repeat of the key is told so
+    (``ResponseNotStored``) and never runs it again."""
+    if body is not None and len(body) <= policy.max_response_bytes:
+        return Outcome(StoredResponse(status, body, headers()))
+    logger.warning(
+        "%s: idempotency response not stored (streamed, or over MAX_RESPONSE_BYTES: %d "
+        "bytes); a repeat of the key will be told the work ran, not run it again.",
+        policy.label,
+        policy.max_response_bytes,
+        extra=signals.log_fields(**scope.lookup()),
+    )
+    return Outcome(StoredResponse(status, b""), body_stored=False)
 
 
 def outcome_unknown(error: BaseException) -> bool:
@@ -144,7 +168,7 @@ class _CommitFailed(Exception):
 
 
 def run(
-    scope: engine.Scope,
+    scope: claims.Scope,
     fingerprint: str,
     policy: Policy,
     work: Callable[[], V],
@@ -173,7 +197,7 @@ def run(
 
 
 async def arun(
-    scope: engine.Scope,
+    scope: claims.Scope,
     fingerprint: str,
     policy: Policy,
     work: Callable[[], Awaitable[V]],
@@ -237,7 +261,7 @@ class Protected:
 
     def __init__(
         self,
-        scope: engine.Scope,
+        scope: claims.Scope,
         fingerprint: str,
         policy: Policy,
         request_transactions: Sequence[str] = (),
@@ -253,7 +277,7 @@ class Protected:
             alias for alias in request_transactions if not connections[alias].in_atomic_block
         ]
         self.mode = mode or self._mode()
-        self.claim: engine.Claim | None = None
+        self.claim: claims.Claim | None = None
         self._stack = ExitStack()
         self._opened: list[str] = []
         self._committed: list[str] = []  # left without an error, in order
@@ -284,13 +308,13 @@ class Protected:
         if self.mode == "atomic":
             return self._start_atomic()
         try:
-            began = self._begin(reconnect=True)
+            began = self._claim_or_replay(reconnect=True)
         except self.store.errors as error:
             return self._store_failed(error)
-        if not isinstance(began, engine.Claim):
+        if not isinstance(began, claims.Claim):
             return began
         self.claim = began
-        heartbeat.register(began, self.policy.options.lease, self.policy.max_run)
+        heartbeat.register(began, self.policy.claiming.lease, self.policy.max_run)
         try:
             # The store's transaction outermost: the work's databases commit before it.
             self._open(sorted(self.reopen, key=lambda alias: alias != self.alias))
@@ -304,12 +328,12 @@ class Protected:
         try:
             # Connect first, so that a store that is down is told apart from a failure
             # inside the transaction.
-            engine.reconnecting(self.alias, connections[self.alias].ensure_connection, self.store)
+            claims.reconnecting(self.alias, connections[self.alias].ensure_connection, self.store)
         except self.store.errors as error:
             return self._store_failed(error)
         self._open([self.alias])
         try:
-            began = self._begin(reconnect=False)
+            began = self._claim_or_replay(reconnect=False)
         except IdempotencyError as error:
             self._discard()
             return Refused(error)
@@ -319,7 +343,7 @@ class Protected:
         except BaseException:
             self._stack.__exit__(*sys.exc_info())
             raise
-        if not isinstance(began, engine.Claim):
+        if not isinstance(began, claims.Claim):
             self._discard()
             return began
         self.claim = began
@@ -331,14 +355,14 @@ class Protected:
             raise
         return None
 
-    def _begin(self, *, reconnect: bool) -> engine.Claim | Replayed | Refused:
-        token = engine.new_token()  # the same on a reconnected retry: see engine.begin
+    def _claim_or_replay(self, *, reconnect: bool) -> claims.Claim | Replayed | Refused:
+        token = claims.new_token()  # the same on a reconnected retry: see claims.claim_or_replay
 
-        def begin() -> engine.Claim | StoredResponse:
-            return engine.begin(self.scope, self.fingerprint, self.policy.options, token)
+        def attempt() -> claims.Claim | StoredResponse:
+            return claims.claim_or_replay(self.scope, self.fingerprint, self.policy.claiming, token)
 
         try:
-            began = engine.reconnecting(self.alias, begin, self.store) if reconnect else begin()
+            began = claims.reconnecting(self.alias, attempt, self.store) if reconnect else attempt()
         except IdempotencyError as error:
             return Refused(error)
         if isinstance(began, StoredResponse):
@@ -347,7 +371,7 @@ class Protected:
 
     def _store_failed(self, error: BaseException) -> Refused | None:
         """Fail open only when the store cannot be reached; otherwise 503. (Contention never
-        gets here: the engine answers it as a request in flight.)"""
+        gets here: ``claims.claim_or_replay`` answers it as a request in flight.)"""
         kind = self.store.failure_kind(self.alias, error)
         policy = self.policy.on_store_error if kind == "unreachable" else "closed"
         logger.error(
@@ -404,7 +428,7 @@ class Protected:
             return Refused(
                 InFlight(
                     "This request lost its claim to a retry and was rolled back.",
-                    retry_after=self.policy.options.retry_after,
+                    retry_after=self.policy.claiming.retry_after,
                 )
             )
         if outcome.response is None:
@@ -436,14 +460,14 @@ class Protected:
             return
         _release_quietly(claim)
 
-    def _complete(self, claim: engine.Claim, outcome: Outcome) -> bool:
+    def _complete(self, claim: claims.Claim, outcome: Outcome) -> bool:
         assert outcome.response is not None
         try:
-            return engine.complete(claim, outcome.response, body_stored=outcome.body_stored)
+            return claims.complete(claim, outcome.response, body_stored=outcome.body_stored)
         except self.store.errors as error:
             raise _StoreError(error, claiming=False) from error
 
-    def _complete_after(self, claim: engine.Claim, outcome: Outcome) -> None:
+    def _complete_after(self, claim: claims.Claim, outcome: Outcome) -> None:
         """Store the outcome of work that committed already (or ran without a transaction
         of ours): the answer stands whatever happens here."""
         response = outcome.response
@@ -453,17 +477,17 @@ class Protected:
                 # The work asked for its transaction to be rolled back, and the claim went
                 # with it: claim the key again to store the (definitive) outcome. If a
                 # duplicate claimed it in between, that one runs: this work rolled back.
-                again = engine.reconnecting(
+                again = claims.reconnecting(
                     claim.alias,
-                    lambda: engine.claim_again(self.scope, self.fingerprint, self.policy.options),
+                    lambda: claims.claim_again(self.scope, self.fingerprint, self.policy.claiming),
                     self.store,
                 )
                 if again is None:
                     return
                 claim = again
-            engine.reconnecting(
+            claims.reconnecting(
                 claim.alias,
-                lambda: engine.complete(claim, response, body_stored=outcome.body_stored),
+                lambda: claims.complete(claim, response, body_stored=outcome.body_stored),
                 claim.store,
             )
         except self.store.errors as error:
@@ -482,7 +506,7 @@ class Protected:
                     response.status,
                 )
 
-    def _not_committed(self, claim: engine.Claim, failure: _StoreError | _CommitFailed) -> Refused:
+    def _not_committed(self, claim: claims.Claim, failure: _StoreError | _CommitFailed) -> Refused:
         """The work's transaction did not commit, or the store's failed after it: never a
         2xx. Three cases:
 
@@ -540,7 +564,7 @@ class Protected:
     def _unavailable(self, what: str) -> StoreUnavailable:
         return StoreUnavailable(
             f"{what}; retry it with the same Idempotency-Key.",
-            retry_after=self.policy.options.retry_after,
+            retry_after=self.policy.claiming.retry_after,
         )
 
     def _emit_released(self, message: str) -> None:
@@ -587,7 +611,7 @@ def _in_transactions(aliases: Sequence[str], work: Callable[[], V]) -> V:
         return work()
 
 
-def _outcome_not_stored(claim: engine.Claim, message: str, status: int | None) -> None:
+def _outcome_not_stored(claim: claims.Claim, message: str, status: int | None) -> None:
     """Work that may have committed, and whose outcome is not stored: the key is kept (not
     released), and operators are told loudly (``outcome_not_stored``)."""
     signals.emit(
@@ -595,9 +619,9 @@ def _outcome_not_stored(claim: engine.Claim, message: str, status: int | None) -
     )
 
 
-def _release_quietly(claim: engine.Claim) -> None:
+def _release_quietly(claim: claims.Claim) -> None:
     try:
-        engine.reconnecting(claim.alias, lambda: engine.release(claim), claim.store)
+        claims.reconnecting(claim.alias, lambda: claims.release(claim), claim.store)
     except claim.store.errors:
         logger.exception(
             "Idempotency store unavailable while releasing a key; it frees itself when its "

@@ -36,7 +36,8 @@ from django.http import HttpRequest, HttpResponseBase
 from django.utils.module_loading import import_string
 
 from idempotency_django.conf import conf
-from idempotency_django.protect import ViewOptions, aprotect, protect, request_transactions
+from idempotency_django.options import Options
+from idempotency_django.protect import aprotect, protect, request_transactions
 
 GetResponse = Callable[[HttpRequest], Any]
 View = Callable[..., Any]
@@ -52,7 +53,7 @@ _DRF = "drf"  # a DRF view without the mixin: run through a subclass that has it
 @dataclass(frozen=True)
 class _Plan:
     action: str
-    options: ViewOptions | None = None
+    options: Options | None = None
     view: View | None = None  # the DRF view with the mixin, for _DRF
     exempt_methods: frozenset[str] = frozenset()  # whose handler is @idempotency_exempt
 
@@ -64,6 +65,8 @@ _ANONYMOUS = (
 )
 
 _plans: weakref.WeakKeyDictionary[Any, _Plan] = weakref.WeakKeyDictionary()
+# The settings alone, for the "applies?" answer before a view's plan is looked up.
+_SETTINGS = Options(label="IdempotencyMiddleware")
 
 
 class IdempotencyMiddleware:
@@ -141,7 +144,7 @@ def _protect_view(
     view: View,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    options: ViewOptions,
+    options: Options,
 ) -> HttpResponseBase:
     def call_view() -> HttpResponseBase:
         return view(request, *args, **kwargs)  # type: ignore[no-any-return]
@@ -154,7 +157,7 @@ async def _aprotect_view(
     view: View,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    options: ViewOptions,
+    options: Options,
 ) -> HttpResponseBase:
     def call_view() -> Awaitable[HttpResponseBase]:
         return view(request, *args, **kwargs)  # type: ignore[no-any-return]
@@ -208,7 +211,7 @@ def _has_process_view(middleware: Any) -> bool:
 
 def _plan_for(request: HttpRequest, view: View) -> _Plan | None:
     """The plan for this request, or ``None`` when the middleware leaves it alone."""
-    if not conf.ENABLED or not _protected_method(request.method):
+    if not _SETTINGS.protects(request.method):  # before any other work
         return None
     if _exempt_by_name(request):
         return None
@@ -221,10 +224,6 @@ def _plan_for(request: HttpRequest, view: View) -> _Plan | None:
     if plan.action == _LEAVE or (request.method or "").upper() in plan.exempt_methods:
         return None
     return plan
-
-
-def _protected_method(method: str | None) -> bool:
-    return (method or "").upper() in {name.upper() for name in conf.checked("METHODS")}
 
 
 def _exempt_by_name(request: HttpRequest) -> bool:
@@ -263,7 +262,7 @@ def _make_plan(view: View) -> _Plan:
             return _Plan(_LEAVE)
         return _Plan(_DRF, view=_with_mixin(view, cls), exempt_methods=exempt)
     label = f"IdempotencyMiddleware on {_name(view)}"
-    options = ViewOptions(label=label, anonymous_detail=_ANONYMOUS)
+    options = Options(label=label, anonymous_detail=_ANONYMOUS)
     return _Plan(_PLAIN, options=options, exempt_methods=exempt)
 
 

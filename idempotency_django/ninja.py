@@ -49,15 +49,8 @@ from ninja.utils import contribute_operation_callback
 from idempotency_django import contract, keys
 from idempotency_django.conf import DEFAULTS, conf, status_predicate
 from idempotency_django.exceptions import IdempotencyError
-from idempotency_django.protect import (
-    _UNSET,
-    ViewOptions,
-    answered,
-    aprotect,
-    options_from,
-    protect,
-    refuse_async_atomic,
-)
+from idempotency_django.options import _UNSET, VIEW, Options
+from idempotency_django.protect import answered, aprotect, protect
 from idempotency_django.responses import problem_response
 
 Func = TypeVar("Func", bound=Callable[..., Any])
@@ -107,12 +100,12 @@ def _account(request: HttpRequest) -> str | None:
     return conf.ACCOUNT(request)  # type: ignore[no-any-return]
 
 
-def _options(given: Mapping[str, Any], label: str) -> ViewOptions:
+def _options(given: Mapping[str, Any], label: str) -> Options:
     """``@idempotent``'s options, validated as its are; the account defaults to ``_account``."""
-    values = {name: value for name, value in given.items() if value is not _UNSET}
-    values.setdefault("account", _account)
-    values.setdefault("anonymous_detail", _ANONYMOUS)
-    return options_from(values, label)
+    values = dict(given)
+    if values.get("account") in (None, _UNSET):
+        values["account"] = _account
+    return Options.given(values, label, VIEW, anonymous_detail=_ANONYMOUS)
 
 
 def idempotent(view: Func | None = None, **given: Any) -> Any:
@@ -127,7 +120,7 @@ def idempotent(view: Func | None = None, **given: Any) -> Any:
         label = f"ninja @idempotent on {getattr(func, '__qualname__', repr(func))}"
         options = _options(given, label)  # a bad argument fails at import, naming the operation
         if iscoroutinefunction(func):
-            refuse_async_atomic(options)
+            options.refuse_async_atomic()
         func.__dict__[_MARK] = (given, label)
         contribute_operation_callback(func, _install)
         return func
@@ -159,7 +152,7 @@ class IdempotentRouter(Router):
         if _MARK not in view_func.__dict__ and protected & {m.upper() for m in methods}:
             label = f"IdempotentRouter operation {getattr(view_func, '__qualname__', path)}"
             if iscoroutinefunction(view_func):
-                refuse_async_atomic(_options(self.idempotency, label))
+                _options(self.idempotency, label).refuse_async_atomic()
             view_func.__dict__[_MARK] = (self.idempotency, label)
             _install(operation)
 
@@ -263,8 +256,6 @@ def _protected(
                 except Exception as exc:  # ninja's handlers answer it, or it propagates
                     return answered(exc, operation.api.on_exception(request, exc))
 
-            if not options.protects(request.method):
-                return await call_view()
             errors = functools.partial(error_response, operation, request)
             return await aprotect(request, call_view, options, errors)
 
@@ -280,8 +271,6 @@ def _protected(
             except Exception as exc:  # ninja's handlers answer it, or it propagates
                 return answered(exc, operation.api.on_exception(request, exc))
 
-        if not options.protects(request.method):
-            return call_view()
         return protect(
             request, call_view, options, functools.partial(error_response, operation, request)
         )
@@ -397,7 +386,7 @@ class _SchemaExtra(Mapping[str, Any]):
         options = _options(self.given, self.label)
         if not any(options.protects(method) for method in self.operation.methods):
             return dict(self.own)
-        ttl = options.pick("ttl_seconds", "TTL_SECONDS")
+        ttl = options.pick("ttl_seconds")
         declared = [s for s in self.operation.response_models if isinstance(s, int)]
         # The author's openapi_extra first, so that its responses get the contract too.
         extra = copy.deepcopy(self.own)
@@ -406,9 +395,9 @@ class _SchemaExtra(Mapping[str, Any]):
             responses.setdefault(status, {})
         return contract.document(
             extra,
-            required=bool(options.pick("required", "REQUIRED")),
+            required=bool(options.pick("required")),
             ttl=None if ttl is None else float(ttl),
-            stored=status_predicate(options.pick("store_statuses", "STORE_STATUSES")),
+            stored=status_predicate(options.pick("store_statuses")),
         )
 
     def __getitem__(self, name: str) -> Any:

@@ -30,12 +30,12 @@ def document(view: Any, method: str, operation: dict[str, Any]) -> dict[str, Any
     actions = view.idempotency_actions
     if actions is not None and getattr(view, "action", None) not in actions:
         return operation
-    ttl = options.pick("ttl_seconds", "TTL_SECONDS")
+    ttl = options.pick("ttl_seconds")
     return contract.document(
         operation,
-        required=bool(options.pick("required", "REQUIRED")),
+        required=bool(options.pick("required")),
         ttl=None if ttl is None else float(ttl),
-        stored=status_predicate(options.pick("store_statuses", "STORE_STATUSES")),
+        stored=status_predicate(options.pick("store_statuses")),
     )
 
 

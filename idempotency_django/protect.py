@@ -9,26 +9,16 @@ lifecycle's result back into a response.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass, fields
-from functools import cached_property
+from dataclasses import dataclass
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
-from django.core.signals import setting_changed
+from django.core.exceptions import RequestDataTooBig
 from django.db import connections
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 
-from idempotency_django import engine, keys, lifecycle, signals
-from idempotency_django.conf import (
-    check_argument,
-    check_durations,
-    conf,
-    resolve_callable,
-    status_predicate,
-)
+from idempotency_django import claims, keys, lifecycle
 from idempotency_django.exceptions import (
     AnonymousNotAllowed,
     BodyTooLarge,
@@ -37,230 +27,12 @@ from idempotency_django.exceptions import (
     KeyMissing,
 )
 from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH
-from idempotency_django.responses import StoredResponse, capture, problem_response, replay
-from idempotency_django.store.base import Store, check_store, get_store
-
-logger = logging.getLogger("idempotency_django")
+from idempotency_django.options import Options
+from idempotency_django.responses import problem_response, replay, stored_headers
 
 ViewCall = Callable[[], HttpResponseBase]
 AsyncViewCall = Callable[[], Awaitable[HttpResponseBase]]
 ErrorResponse = Callable[[IdempotencyError], HttpResponseBase]
-
-_UNSET: Any = object()
-
-# ViewOptions field → the setting it overrides, for the ones validated as their setting is.
-_VALIDATED = {
-    "required": "REQUIRED",
-    "methods": "METHODS",
-    "mode": "MODE",
-    "in_flight": "IN_FLIGHT",
-    "wait_seconds": "WAIT_SECONDS",
-    "lease_seconds": "LEASE_SECONDS",
-    "ttl_seconds": "TTL_SECONDS",
-    "max_run_seconds": "MAX_RUN_SECONDS",
-    "on_store_error": "ON_STORE_ERROR",
-    "on_disconnect": "ON_DISCONNECT",
-}
-
-
-@dataclass(frozen=True)
-class ViewOptions:
-    """Per-view overrides; anything left unset falls back to the ``IDEMPOTENCY`` setting
-    at request time. Every value is validated as its setting is, when the view is
-    decorated (or the DRF view class is created), naming the view."""
-
-    required: bool = _UNSET
-    methods: Iterable[str] = _UNSET
-    mode: str = _UNSET
-    in_flight: str = _UNSET
-    wait_seconds: float = _UNSET
-    lease_seconds: float = _UNSET
-    ttl_seconds: float | None = _UNSET
-    max_run_seconds: float = _UNSET
-    # Callables take the request the adapter has: an HttpRequest, or DRF's Request.
-    account: Callable[[Any], str | None] | str = _UNSET
-    endpoint: Callable[[Any], str] | str = _UNSET
-    fingerprint_fields: Sequence[str] | None = None
-    fingerprint: Callable[[Any], str | bytes | None] | str | None = None
-    store_statuses: Callable[[int], bool] | Iterable[int] | str = _UNSET
-    on_store_error: str = _UNSET
-    key: Callable[[Any], str | None] | None = None
-    on_disconnect: str = _UNSET
-    store: str | Store = _UNSET  # a dotted path to a store class, or a store
-    label: str = "@idempotent"
-    # The 403's detail: where the account comes from differs per adapter (set by each).
-    anonymous_detail: str = (
-        "Authenticate to use an Idempotency-Key on this endpoint. (If the view does "
-        "authenticate, apply its authentication outside @idempotent, so that it runs first.)"
-    )
-
-    def __post_init__(self) -> None:
-        for name, setting in _VALIDATED.items():
-            value = getattr(self, name)
-            if value is not _UNSET:
-                check_argument(setting, value, self.label)
-        durations = {
-            name: getattr(self, name)
-            for name in ("lease_seconds", "ttl_seconds", "max_run_seconds")
-            if getattr(self, name) is not _UNSET
-        }
-        if durations:
-            check_durations(durations, self.label)
-        if self.store_statuses is not _UNSET:
-            try:
-                status_predicate(self.store_statuses, "store_statuses")
-            except (ImproperlyConfigured, TypeError, ValueError) as error:
-                raise ImproperlyConfigured(f"{self.label}: {error}") from error
-        if self.store is not _UNSET:
-            check_store(self.store, self.mode, self.label)
-        if self.fingerprint_fields is not None and self.fingerprint is not None:
-            raise ImproperlyConfigured(
-                f"{self.label}: give fingerprint_fields or fingerprint, not both"
-            )
-
-    def pick(self, name: str, setting: str) -> Any:
-        value = getattr(self, name)
-        return conf.get(setting) if value is _UNSET else value
-
-    def checked(self, name: str, setting: str) -> Any:
-        """``pick``, with the setting refused as its system check refuses it (the view's
-        own value was checked when it was declared): see ``conf.checked``."""
-        value = getattr(self, name)
-        return conf.checked(setting) if value is _UNSET else value
-
-    def resolved(self) -> Resolved:
-        """This view's settings, resolved on first use and kept until a setting changes
-        (``setting_changed``: ``override_settings`` and pytest-django's ``settings`` send
-        it), rather than looked up in ``settings.IDEMPOTENCY`` a score of times per request."""
-        cached = self.__dict__.get("_resolved")
-        if cached is None or cached.generation != _settings_generation:
-            cached = Resolved(self, _settings_generation)
-            object.__setattr__(self, "_resolved", cached)  # frozen: a cache, not a field
-        return cached
-
-    def protects(self, method: str | None) -> bool:
-        resolved = self.resolved()
-        return resolved.enabled and (method or "").upper() in resolved.methods
-
-    def raw_key(self, request: HttpRequest) -> str | None:
-        """The unparsed key: the ``HEADER`` header, or what the ``key`` callable returns."""
-        if self.key is not None:
-            return self.key(request)
-        return request.headers.get(self.resolved().header)
-
-    def policy(self) -> lifecycle.Policy:
-        return self.resolved().policy(engine.store_alias())
-
-
-_settings_generation = 0
-
-
-def _settings_changed(**kwargs: Any) -> None:
-    global _settings_generation
-    _settings_generation += 1
-
-
-setting_changed.connect(_settings_changed, dispatch_uid="idempotency_django.protect")
-
-
-class Resolved:
-    """One view's options merged with the ``IDEMPOTENCY`` setting. Cheap values are read
-    at once; callables are imported on first use (a bad dotted path raises then, on every
-    request, as before); the policy is built once per store alias. The alias itself is
-    looked up per request (``engine.store_alias``): a database router may depend on the
-    request (a tenant), so it is never cached."""
-
-    def __init__(self, options: ViewOptions, generation: int) -> None:
-        self.options = options
-        self.generation = generation
-        self.enabled = conf.ENABLED
-        self.methods = frozenset(m.upper() for m in options.checked("methods", "METHODS"))
-        self.header = conf.HEADER
-        # Only False lets a keyless request through unprotected (a non-bool setting is E014).
-        self.required = options.pick("required", "REQUIRED") is not False
-        self.anonymous = conf.ANONYMOUS
-        self.max_response_bytes = int(conf.checked("MAX_RESPONSE_BYTES"))
-        conf.checked("STORED_HEADERS")  # read after the work, by capture: refused before it
-        self._policies: dict[str, lifecycle.Policy] = {}
-
-    @cached_property
-    def account(self) -> Callable[..., Any]:
-        return resolve_callable(self.options.pick("account", "ACCOUNT"), "ACCOUNT")
-
-    @cached_property
-    def endpoint(self) -> Callable[..., Any]:
-        return resolve_callable(self.options.pick("endpoint", "ENDPOINT"), "ENDPOINT")
-
-    @cached_property
-    def fingerprint(self) -> Callable[..., Any]:
-        return resolve_callable(conf.get("FINGERPRINT"), "FINGERPRINT")
-
-    @cached_property
-    def body(self) -> Callable[..., Any] | None:
-        body = self.options.fingerprint
-        return resolve_callable(body, "fingerprint") if body is not None else None
-
-    @cached_property
-    def store_statuses(self) -> Callable[[int], bool]:
-        return status_predicate(self.options.pick("store_statuses", "STORE_STATUSES"))
-
-    def policy(self, alias: str) -> lifecycle.Policy:
-        policy = self._policies.get(alias)
-        if policy is None:
-            policy = self._policies[alias] = self._policy(alias)
-        return policy
-
-    def _policy(self, alias: str) -> lifecycle.Policy:
-        return policy_for(self.options.checked, alias, self.options.label)
-
-
-def policy_for(pick: Callable[[str, str], Any], alias: str, label: str) -> lifecycle.Policy:
-    """The per-run policy, for views and tasks alike: ``pick(option, setting)`` is the
-    view's or task's own value, or the setting refused as its system check refuses it.
-    An own ``ttl_seconds=None`` keeps keys forever, as ``TTL_SECONDS = None`` does."""
-    ttl = pick("ttl_seconds", "TTL_SECONDS")
-    store = get_store(pick("store", "STORE"))
-    mode = str(pick("mode", "MODE"))
-    if mode == "atomic" and not store.transactional:
-        raise ImproperlyConfigured(
-            f"{label}: mode 'atomic' needs a store in the database (no transaction spans "
-            f"{type(store).__name__} and the database): use MODE 'commit' with this store."
-        )
-    return lifecycle.Policy(
-        options=engine.Options(
-            alias=alias,
-            lease=float(pick("lease_seconds", "LEASE_SECONDS")),
-            ttl=None if ttl is None else float(ttl),
-            in_flight=str(pick("in_flight", "IN_FLIGHT")),
-            wait_seconds=float(pick("wait_seconds", "WAIT_SECONDS")),
-            retry_after=int(conf.checked("RETRY_AFTER_SECONDS")),
-            store=store,
-        ),
-        mode=mode,
-        max_run=float(pick("max_run_seconds", "MAX_RUN_SECONDS")),
-        on_store_error=str(pick("on_store_error", "ON_STORE_ERROR")),
-        on_disconnect=str(pick("on_disconnect", "ON_DISCONNECT")),
-        label=label,
-    )
-
-
-def refuse_async_atomic(options: ViewOptions) -> None:
-    """An async view given ``mode="atomic"`` is refused where it is declared, naming it, by
-    every adapter: Django has no async transactions, and running it in ``commit`` mode
-    instead would silently drop what its author asked for."""
-    if options.mode == "atomic":
-        raise ImproperlyConfigured(
-            f"{options.label}: mode='atomic' on an async view: Django has no async "
-            "transactions; async views run in 'commit' mode."
-        )
-
-
-def options_from(values: dict[str, Any], label: str) -> ViewOptions:
-    known = {field.name for field in fields(ViewOptions)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ImproperlyConfigured(f"{label}: unknown argument {unknown[0]!r}")
-    return ViewOptions(**{**values, "label": label})
 
 
 class RequestTransactions:
@@ -312,16 +84,16 @@ def _atomic_requests(excluding: Collection[str]) -> list[str]:
 class Guard:
     """One protected request: its scope, fingerprint and policy."""
 
-    scope: engine.Scope
+    scope: claims.Scope
     fingerprint: str
     policy: lifecycle.Policy
     store_statuses: Callable[[int], bool]
-    max_response_bytes: int = 1024 * 1024
 
     @classmethod
-    def for_request(cls, request: HttpRequest, options: ViewOptions) -> Guard | None:
+    def for_request(cls, request: HttpRequest, options: Options) -> Guard | None:
         """Parse, scope and fingerprint ``request``; ``None`` when it runs unprotected."""
         resolved = options.resolved()
+        resolved.stored_headers  # noqa: B018 - read after the work, refused before it
         raw = options.raw_key(request)
         if raw is None:
             if resolved.required:
@@ -343,7 +115,7 @@ class Guard:
                 "The request body is larger than DATA_UPLOAD_MAX_MEMORY_SIZE."
             ) from exc
         return cls(
-            scope=engine.Scope(
+            scope=claims.Scope(
                 account=keys.fit(str(account), ACCOUNT_MAX_LENGTH),
                 endpoint=keys.fit(endpoint, ENDPOINT_MAX_LENGTH),
                 key=key,
@@ -355,28 +127,28 @@ class Guard:
                 if resolved.fingerprint is keys.default_fingerprint
                 else keys.custom_fingerprint(fingerprint)
             ),
-            policy=resolved.policy(engine.store_alias()),
+            policy=resolved.policy(claims.store_alias()),
             store_statuses=resolved.store_statuses,
-            max_response_bytes=resolved.max_response_bytes,
         )
 
     def outcome(self, response: HttpResponseBase) -> lifecycle.Outcome:
         """What to keep of the view's response: a definitive one is stored (its body only
-        when it fits and is not streamed); anything else releases the key, unless it is the
-        framework's answer to an error that leaves the outcome unknown (``answered``)."""
+        when it fits and is not streamed: ``lifecycle.definitive``); anything else releases
+        the key, unless it is the framework's answer to an error that leaves the outcome
+        unknown (``answered``)."""
         unknown = getattr(response, _UNKNOWN, None)
         if unknown is not None:
             return lifecycle.Outcome(None, unknown=unknown)
         if not self.store_statuses(response.status_code):
             return lifecycle.Outcome(None)
-        if isinstance(response, HttpResponse) and len(response.content) <= self.max_response_bytes:
-            return lifecycle.Outcome(capture(response))
-        logger.warning(
-            "Idempotency response not stored (streaming or over MAX_RESPONSE_BYTES); "
-            "a retry will be told the request was processed.",
-            extra=signals.log_fields(**self.scope.lookup()),
+        body = response.content if isinstance(response, HttpResponse) else None
+        return lifecycle.definitive(
+            response.status_code,
+            body,
+            lambda: stored_headers(response),
+            self.policy,
+            self.scope,
         )
-        return lifecycle.Outcome(StoredResponse(response.status_code, b""), body_stored=False)
 
 
 _UNKNOWN = "_idempotency_unknown_outcome"
@@ -394,15 +166,18 @@ def answered(error: Exception, response: HttpResponseBase) -> HttpResponseBase:
 def protect(
     request: HttpRequest,
     call_view: ViewCall,
-    options: ViewOptions,
+    options: Options,
     error_response: ErrorResponse = problem_response,
     request_transactions: Sequence[str] = (),
 ) -> HttpResponseBase:
-    """Run ``call_view`` at most once per key, or answer without running it.
+    """Run ``call_view`` at most once per key, or answer without running it; a request
+    the options do not protect (its method, ``ENABLED``) runs as it is.
 
     ``error_response`` turns the app's own errors (400, 409, 422, 503 …) into responses;
     adapters pass their framework's error handling here.
     """
+    if not options.protects(request.method):
+        return lifecycle.unprotected(request_transactions, call_view)
     try:
         guard = Guard.for_request(request, options)
     except IdempotencyError as error:
@@ -430,12 +205,14 @@ def protect(
 async def aprotect(
     request: HttpRequest,
     call_view: AsyncViewCall,
-    options: ViewOptions,
+    options: Options,
     error_response: ErrorResponse = problem_response,
 ) -> HttpResponseBase:
     """``protect`` for async views: every database call runs off the event loop."""
     from asgiref.sync import sync_to_async
 
+    if not options.protects(request.method):
+        return await call_view()
     try:
         guard = await sync_to_async(Guard.for_request)(request, options)
     except IdempotencyError as error:
@@ -471,16 +248,16 @@ async def aprotect(
 # refused. A layer of another scope claims its own key, as any caller would.
 
 
-def _claims_held(request: HttpRequest) -> dict[engine.Scope, bool]:
+def _claims_held(request: HttpRequest) -> dict[claims.Scope, bool]:
     """Scope → whether an inner layer has already run under that claim."""
     inner = getattr(request, "_request", None)
     base = inner if isinstance(inner, HttpRequest) else request
-    held: dict[engine.Scope, bool] = base.__dict__.setdefault("_idempotency_claims", {})
+    held: dict[claims.Scope, bool] = base.__dict__.setdefault("_idempotency_claims", {})
     return held
 
 
 @contextlib.contextmanager
-def _holding(held: dict[engine.Scope, bool], scope: engine.Scope) -> Iterator[None]:
+def _holding(held: dict[claims.Scope, bool], scope: claims.Scope) -> Iterator[None]:
     held[scope] = False
     try:
         yield
@@ -489,7 +266,7 @@ def _holding(held: dict[engine.Scope, bool], scope: engine.Scope) -> Iterator[No
 
 
 @contextlib.contextmanager
-def _inner(held: dict[engine.Scope, bool], scope: engine.Scope) -> Iterator[None]:
+def _inner(held: dict[claims.Scope, bool], scope: claims.Scope) -> Iterator[None]:
     """An inner layer running under the outer claim; layers within it pass too (a decorated
     view calling a decorated function), but once it has returned the work is done."""
     try:

@@ -1,6 +1,6 @@
 """Delete expired records, in small batches, while traffic flows.
 
-Records past their TTL already count as absent (the engine takes them over); purging only
+Records past their TTL already count as absent (a claim takes them over); purging only
 bounds the table. ``purge_records`` is the one implementation behind the
 ``purge_idempotency_keys`` command, the admin's "delete expired" action and any scheduled
 task of your own (Celery beat, …).
@@ -41,7 +41,7 @@ from django.db.models import Q, QuerySet
 from django.dispatch import Signal
 from django.utils import timezone
 
-from idempotency_django import engine
+from idempotency_django import claims
 from idempotency_django.conf import conf, problem
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store.base import expired_q
@@ -222,7 +222,7 @@ def purge_records(
         raise ValueError(f"limit must be a positive integer, not {limit}")
     if pacing is None:
         pacing = Pacing.from_settings()
-    alias = using or engine.store_alias()
+    alias = using or claims.store_alias()
     connection = connections[alias]
     max_params = connection.features.max_query_params
     if max_params is not None:  # SQLite: at most 999 parameters in one statement
@@ -239,7 +239,7 @@ def purge_records(
     now = timezone.now()
     cutoff = now - older_than
     base = (queryset if queryset is not None else IdempotencyRecord.objects.all()).using(alias)
-    # The engine's own definition: a view still running under its claim is never deleted,
+    # The claims' own definition: a view still running under its claim is never deleted,
     # even past its TTL.
     expired = expired_q(now, expired_by=cutoff)
     stale = Q(

@@ -78,15 +78,19 @@ def _connection_options(response: HttpResponseBase) -> frozenset[str]:
 
 def capture(response: HttpResponse) -> StoredResponse:
     """The parts of a response that a replay needs: status, body bytes, allow-listed headers."""
+    return StoredResponse(
+        status=response.status_code, body=bytes(response.content), headers=stored_headers(response)
+    )
+
+
+def stored_headers(response: HttpResponseBase) -> list[tuple[str, str]]:
+    """The allow-listed headers of ``response`` that a replay carries."""
     hop_by_hop = _connection_options(response)
-    headers = [
+    return [
         (name, response[name])
         for name in stored_header_names()
         if response.has_header(name) and name.lower() not in hop_by_hop
     ]
-    return StoredResponse(
-        status=response.status_code, body=bytes(response.content), headers=headers
-    )
 
 
 def replay(stored: StoredResponse) -> HttpResponse:

@@ -24,15 +24,14 @@ import inspect
 import json
 import logging
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, cast
 
 from django.core.exceptions import ImproperlyConfigured
 
-from idempotency_django import engine, keys, lifecycle, signals
-from idempotency_django.conf import check_argument, check_durations, conf
+from idempotency_django import claims, keys, lifecycle, signals
+from idempotency_django.conf import conf
 from idempotency_django.exceptions import (
     InFlight,
     KeyMalformed,
@@ -42,9 +41,8 @@ from idempotency_django.exceptions import (
     WorkNotCommitted,
 )
 from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH
-from idempotency_django.protect import _UNSET, policy_for
-from idempotency_django.responses import StoredResponse
-from idempotency_django.store.base import Store, check_store
+from idempotency_django.options import _UNSET, TASK, Options, names
+from idempotency_django.store.base import Store
 
 logger = logging.getLogger("idempotency_django")
 
@@ -92,57 +90,6 @@ class TaskWorkNotCommitted(WorkNotCommitted):
     again most likely fails the same way: not a failure to retry blindly."""
 
 
-@dataclass(frozen=True)
-class TaskOptions:
-    """Per-task overrides; one left out falls back to the ``IDEMPOTENCY`` setting when the
-    task is called (``None`` too, but for ``ttl_seconds``: keep forever). Validated as the
-    settings are, when the task is declared."""
-
-    in_flight: str | None = None
-    wait_seconds: float | None = None
-    lease_seconds: float | None = None
-    ttl_seconds: float | None = _UNSET  # None keeps keys forever, as TTL_SECONDS = None
-    max_run_seconds: float | None = None
-    mode: str | None = None
-    store: str | Store | None = None  # a dotted path to a store class, or a store
-    label: str = "idempotent task"
-
-    def __post_init__(self) -> None:
-        for name in (
-            "in_flight",
-            "wait_seconds",
-            "lease_seconds",
-            "ttl_seconds",
-            "max_run_seconds",
-            "mode",
-        ):
-            value = getattr(self, name)
-            if value is not None and value is not _UNSET:
-                check_argument(name.upper(), value, self.label)
-        durations = {
-            name: getattr(self, name)
-            for name in ("lease_seconds", "ttl_seconds", "max_run_seconds")
-            if getattr(self, name) is not None and getattr(self, name) is not _UNSET
-        }
-        if durations:
-            check_durations(durations, self.label)
-        if self.store is not None:
-            check_store(self.store, self.mode, self.label)
-
-    def pick(self, name: str, setting: str) -> Any:
-        """The task's own value, or the setting, refused as its system check refuses it:
-        before the claim, not after the work (see ``conf.checked``). ``None`` is "not
-        given", except for ``ttl_seconds``, where it keeps keys forever (as for a view)."""
-        value = getattr(self, name, _UNSET)
-        if value is _UNSET or (value is None and name != "ttl_seconds"):
-            return conf.checked(setting)
-        return value
-
-    def policy(self, label: str) -> lifecycle.Policy:
-        conf.checked("MAX_RESPONSE_BYTES")  # read after the work: refused before the claim
-        return policy_for(self.pick, engine.store_alias(), label)
-
-
 class TaskRun:
     """What ``claim_once`` yields: ``done`` says the work already ran for this key, and
     ``result`` is its stored result; otherwise run the work and set ``result``."""
@@ -171,9 +118,7 @@ class TaskRun:
 class ClaimOnce:
     """The context manager ``claim_once`` returns; one ``with`` per instance."""
 
-    def __init__(
-        self, scope: engine.Scope, fingerprint: str, options: TaskOptions, label: str
-    ) -> None:
+    def __init__(self, scope: claims.Scope, fingerprint: str, options: Options, label: str) -> None:
         self.scope = scope
         self.fingerprint = fingerprint
         self._options = options
@@ -189,9 +134,7 @@ class ClaimOnce:
         if not conf.ENABLED:
             self._run = TaskRun(done=False)
             return self._run
-        protected = lifecycle.Protected(
-            self.scope, self.fingerprint, self._options.policy(self._label)
-        )
+        protected = lifecycle.Protected(self.scope, self.fingerprint, self._options.policy())
         started = protected.start()
         if isinstance(started, lifecycle.Replayed):
             self._run = TaskRun(done=True, result=json.loads(started.stored.body))
@@ -220,16 +163,8 @@ class ClaimOnce:
         except TypeError as error:
             protected.fail(error)
             raise
-        storable = len(body) <= conf.MAX_RESPONSE_BYTES
-        if not storable:
-            logger.warning(
-                "%s: result not stored (over MAX_RESPONSE_BYTES); a repeat of the key will "
-                "raise TaskResultNotStored.",
-                self._label,
-                extra=signals.log_fields(**self.scope.lookup()),
-            )
-        outcome = lifecycle.Outcome(
-            StoredResponse(RESULT_STATUS, body, list(RESULT_HEADERS)), body_stored=storable
+        outcome = lifecycle.definitive(
+            RESULT_STATUS, body, lambda: list(RESULT_HEADERS), protected.policy, self.scope
         )
         refused = protected.finish(outcome)
         if refused is not None:
@@ -290,6 +225,7 @@ def claim_once(
     lease_seconds: float | None = None,
     ttl_seconds: float | None = _UNSET,
     max_run_seconds: float | None = None,
+    max_response_bytes: int | None = None,
     mode: str | None = None,
     store: str | Store | None = None,
 ) -> ClaimOnce:
@@ -306,19 +242,11 @@ def claim_once(
     ``run.result`` is the stored (JSON round-tripped) result. The other arguments override
     the ``IDEMPOTENCY`` settings of the same name.
     """
+    given = _options_among(locals())
     label = f"claim_once({scope!r}, name={name!r})" if name else f"claim_once({scope!r})"
-    options = TaskOptions(
-        in_flight=in_flight,
-        wait_seconds=wait_seconds,
-        lease_seconds=lease_seconds,
-        ttl_seconds=ttl_seconds,
-        max_run_seconds=max_run_seconds,
-        mode=mode,
-        store=store,
-        label=label,
-    )
+    options = Options.given(given, label, TASK)
     endpoint = _endpoint(name)
-    task_scope = engine.Scope(_account(scope), endpoint, task_key(key))
+    task_scope = claims.Scope(_account(scope), endpoint, task_key(key))
     work = keys.task_fingerprint(endpoint, fingerprint, label)
     return ClaimOnce(task_scope, work, options, label)
 
@@ -335,6 +263,7 @@ def idempotent_task(
     lease_seconds: float | None = None,
     ttl_seconds: float | None = _UNSET,
     max_run_seconds: float | None = None,
+    max_response_bytes: int | None = None,
     mode: str | None = None,
     store: str | Store | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
@@ -349,18 +278,9 @@ def idempotent_task(
     instead computes a JSON-serialisable value from the arguments. The rest override the
     ``IDEMPOTENCY`` settings of the same name.
     """
-    task_options = functools.partial(
-        TaskOptions,
-        in_flight=in_flight,
-        wait_seconds=wait_seconds,
-        lease_seconds=lease_seconds,
-        ttl_seconds=ttl_seconds,
-        max_run_seconds=max_run_seconds,
-        mode=mode,
-        store=store,
-    )
+    given = _options_among(locals())
     if name is not None:
-        task_options(label=f"Task {name!r}")  # validate now, not at the first call
+        Options.given(given, f"Task {name!r}", TASK)  # validate now, not at the first call
     if fingerprint_args is not None and fingerprint is not None:
         raise ImproperlyConfigured(
             "idempotent_task: give fingerprint_args or fingerprint, not both"
@@ -369,7 +289,7 @@ def idempotent_task(
     def decorator(func: Callable[P, R]) -> Callable[P, R]:
         task_name = name or f"{func.__module__}.{func.__qualname__}"
         label = f"Task {task_name!r}"
-        options = task_options(label=label)
+        options = Options.given(given, label, TASK)
         if inspect.iscoroutinefunction(func):
             raise ImproperlyConfigured(f"{label}: async functions are not supported")
         signature = inspect.signature(func)
@@ -383,7 +303,7 @@ def idempotent_task(
             )
         endpoint = _endpoint(task_name)
 
-        def describe(*args: Any, **kwargs: Any) -> tuple[engine.Scope, str]:
+        def describe(*args: Any, **kwargs: Any) -> tuple[claims.Scope, str]:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             raw_key = bound.arguments[key] if isinstance(key, str) else key(*args, **kwargs)
@@ -394,7 +314,7 @@ def idempotent_task(
                 work = {arg: bound.arguments[arg] for arg in fingerprint_args}
             else:
                 work = {arg: value for arg, value in bound.arguments.items() if arg != key}
-            task_scope = engine.Scope(_account(raw_scope), endpoint, task_key(raw_key))
+            task_scope = claims.Scope(_account(raw_scope), endpoint, task_key(raw_key))
             return task_scope, keys.task_fingerprint(endpoint, work, label)
 
         @functools.wraps(func)
@@ -410,6 +330,12 @@ def idempotent_task(
         return wrapper
 
     return decorator
+
+
+def _options_among(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The task options among an entry point's arguments (its ``locals()`` on entry): the
+    signatures spell them out for type checkers, ``options.Options`` defines them."""
+    return {name: arguments[name] for name in names(TASK)}
 
 
 def task_key(value: object) -> str:

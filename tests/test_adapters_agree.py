@@ -3,6 +3,7 @@ adapter that has it, so one adapter cannot drift from the others unnoticed."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -66,11 +67,41 @@ def task_forever(message_id: str) -> None: ...
 def task_by_setting(message_id: str) -> None: ...
 
 
+# --- max_response_bytes per view or task: over it, the outcome is kept without its body -----
+
+BIG = "x" * 64  # over the MAX_RESPONSE_BYTES the tests set (32), under a limit of 1000
+
+
+@idempotent(max_response_bytes=10)
+def view_small_limit(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(BIG, status=201)
+
+
+@idempotent(max_response_bytes=1000)
+def view_large_limit(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(BIG, status=201)
+
+
+class DRFSmallLimit(_DRFView):
+    idempotency_max_response_bytes = 10
+
+    def post(self, request: Request) -> Response:
+        return Response(BIG, status=201)
+
+
+class DRFLargeLimit(DRFSmallLimit):
+    idempotency_max_response_bytes = 1000
+
+
 urlpatterns = [
     path("view-forever/", view_forever),
     path("view-by-setting/", view_by_setting),
     path("drf-forever/", DRFForever.as_view()),
     path("drf-by-setting/", DRFBySetting.as_view()),
+    path("view-small-limit/", view_small_limit),
+    path("view-large-limit/", view_large_limit),
+    path("drf-small-limit/", DRFSmallLimit.as_view()),
+    path("drf-large-limit/", DRFLargeLimit.as_view()),
 ]
 
 
@@ -137,6 +168,160 @@ def test_ttl_seconds_none_keeps_the_key_forever_in_every_adapter(
     else:
         assert record.completed_at is not None
         assert record.expires_at - record.completed_at == timedelta(seconds=600)
+
+
+def _posted_twice(url: str) -> Callable[[Any, User], tuple[Any, Any]]:
+    def run(client: Any, user: User) -> tuple[Any, Any]:
+        def post() -> Any:
+            return client.post(
+                url,
+                data="{}",
+                content_type="application/json",
+                headers={"Idempotency-Key": "k1", "X-User": user.username},
+            )
+
+        return post(), post()
+
+    return run
+
+
+def _ninja_twice(limit: int, *, router: bool) -> Callable[[Any, User], tuple[Any, Any]]:
+    def run(client: Any, user: User) -> tuple[Any, Any]:
+        from ninja import Router
+        from ninja.testing import TestClient
+
+        from idempotency_django.ninja import IdempotentRouter
+        from idempotency_django.ninja import idempotent as ninja_idempotent
+
+        operations: Router
+        if router:
+            operations = IdempotentRouter(idempotency={"max_response_bytes": limit})
+
+            @operations.post("/big/")
+            def by_router(request: Any) -> HttpResponse:
+                return HttpResponse(BIG, status=201)
+
+        else:
+            operations = Router()
+
+            @operations.post("/big/")
+            @ninja_idempotent(max_response_bytes=limit)
+            def by_decorator(request: Any) -> HttpResponse:
+                return HttpResponse(BIG, status=201)
+
+        test_client = TestClient(operations)
+
+        def post() -> Any:
+            return test_client.post("/big/", json={}, headers={"Idempotency-Key": "k1"}, user=user)
+
+        return post(), post()
+
+    return run
+
+
+@pytest.mark.urls("tests.test_adapters_agree")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("run", "stored"),
+    [
+        (_posted_twice("/view-small-limit/"), False),
+        (_posted_twice("/view-large-limit/"), True),
+        (_posted_twice("/drf-small-limit/"), False),
+        (_posted_twice("/drf-large-limit/"), True),
+        (_ninja_twice(10, router=False), False),
+        (_ninja_twice(1000, router=False), True),
+        (_ninja_twice(10, router=True), False),
+        (_ninja_twice(1000, router=True), True),
+    ],
+    ids=[
+        "view-below",
+        "view-above",
+        "drf-below",
+        "drf-above",
+        "ninja-below",
+        "ninja-above",
+        "ninja-router-below",
+        "ninja-router-above",
+    ],
+)
+def test_a_views_max_response_bytes_overrides_the_setting_in_every_adapter(
+    client: Any, alice: User, settings: Any, run: Callable[[Any, User], Any], stored: bool
+) -> None:
+    settings.IDEMPOTENCY = {"MAX_RESPONSE_BYTES": 32}
+
+    first, again = run(client, alice)
+
+    assert first.status_code == 201
+    record = records.get()
+    assert record.state == IdempotencyRecord.State.COMPLETED
+    if stored:
+        assert record.response_body is not None
+        assert again.content == first.content
+        assert again["Idempotent-Replayed"] == "true"
+    else:
+        assert record.response_body is None
+        assert again.status_code == 409
+        assert json.loads(again.content)["type"].endswith("response-not-stored")
+
+
+@idempotent_task(scope="s", key="message_id", max_response_bytes=10)
+def task_small_limit(message_id: str) -> str:
+    return BIG
+
+
+@idempotent_task(scope="s", key="message_id", max_response_bytes=1000)
+def task_large_limit(message_id: str) -> str:
+    return BIG
+
+
+def _claim_once_big(limit: int) -> Callable[[], Any]:
+    def run() -> Any:
+        with claim_once("s", "k1", max_response_bytes=limit) as block:
+            if not block.done:
+                block.result = BIG
+        return block.result
+
+    return run
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("run", "stored"),
+    [
+        (lambda: task_small_limit("k1"), False),
+        (lambda: task_large_limit("k1"), True),
+        (_claim_once_big(10), False),
+        (_claim_once_big(1000), True),
+    ],
+    ids=["task-below", "task-above", "claim_once-below", "claim_once-above"],
+)
+def test_a_tasks_max_response_bytes_overrides_the_setting(
+    settings: Any, run: Callable[[], Any], stored: bool
+) -> None:
+    from idempotency_django.tasks import TaskResultNotStored
+
+    settings.IDEMPOTENCY = {"MAX_RESPONSE_BYTES": 32}
+
+    assert run() == BIG
+    if stored:
+        assert run() == BIG
+        assert records.get().response_body is not None
+    else:
+        with pytest.raises(TaskResultNotStored):
+            run()
+        assert records.get().response_body is None
+
+
+def test_a_bad_max_response_bytes_is_refused_where_it_is_declared() -> None:
+    with pytest.raises(ImproperlyConfigured, match=r"max_response_bytes=-1: expected a number"):
+        idempotent(max_response_bytes=-1)(view_by_setting)
+    with pytest.raises(ImproperlyConfigured, match=r"BadLimit.*max_response_bytes='big'"):
+
+        class BadLimit(_DRFView):
+            idempotency_max_response_bytes: Any = "big"
+
+    with pytest.raises(ImproperlyConfigured, match=r"claim_once\('s'\).*max_response_bytes"):
+        claim_once("s", "k1", max_response_bytes=-1)
 
 
 # --- async views and mode="atomic": refused where declared, naming the view -----------------

@@ -21,7 +21,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 
 from idempotency_django import admin as idempotency_admin
-from idempotency_django import codecs, engine, purge, signals
+from idempotency_django import claims, codecs, purge, signals
 from idempotency_django.exceptions import InFlight
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse
@@ -413,8 +413,8 @@ def test_release_deletes_an_abandoned_key_so_the_next_retry_runs(
     client_: Client, superuser: User, released_reports: list[dict[str, Any]]
 ) -> None:
     record = abandoned(key="order-42", account="7", endpoint="POST /charges/")
-    scope = engine.Scope("7", "POST /charges/", "order-42")
-    options = engine.Options("default", 10, 86400, "conflict", 0, 1)
+    scope = claims.Scope("7", "POST /charges/", "order-42")
+    options = claims.ClaimPolicy("default", 10, 86400, "conflict", 0, 1)
 
     response = run_action(client_, "release", record)
 
@@ -432,7 +432,7 @@ def test_release_deletes_an_abandoned_key_so_the_next_retry_runs(
         "order-42 (7, POST /charges/)",
     )
     # The next retry with the key claims it and runs.
-    assert isinstance(engine.begin(scope, record.fingerprint, options), engine.Claim)
+    assert isinstance(claims.claim_or_replay(scope, record.fingerprint, options), claims.Claim)
 
 
 def test_release_skips_a_key_whose_lease_is_live(
@@ -440,8 +440,8 @@ def test_release_skips_a_key_whose_lease_is_live(
 ) -> None:
     """A live lease: a worker is renewing it. A retry would run alongside it."""
     running = stuck(key="order-42", account="7", endpoint="POST /charges/")
-    scope = engine.Scope("7", "POST /charges/", "order-42")
-    options = engine.Options("default", 10, 86400, "conflict", 0, 1)
+    scope = claims.Scope("7", "POST /charges/", "order-42")
+    options = claims.ClaimPolicy("default", 10, 86400, "conflict", 0, 1)
 
     response = run_action(client_, "release", running)
 
@@ -458,7 +458,7 @@ def test_release_skips_a_key_whose_lease_is_live(
     assert released_reports == []
     assert not LogEntry.objects.exists()
     with pytest.raises(InFlight):  # the key is still the running attempt's
-        engine.begin(scope, running.fingerprint, options)
+        claims.claim_or_replay(scope, running.fingerprint, options)
 
 
 def test_release_frees_a_record_without_a_lease(client_: Client) -> None:

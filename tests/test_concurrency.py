@@ -230,7 +230,7 @@ def test_atomic_requests_view_that_lost_its_claim_rolls_back(
 
     from django.utils import timezone
 
-    from idempotency_django import engine
+    from idempotency_django import claims
 
     monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
     first: queue.Queue[Any] = queue.Queue()
@@ -239,11 +239,11 @@ def test_atomic_requests_view_that_lost_its_claim_rolls_back(
     assert gate.entered.wait(20)
     record = records.get()
     records.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    options = engine.Options(
+    options = claims.ClaimPolicy(
         "default", lease=30, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1
     )
-    scope = engine.Scope(record.account, record.endpoint, record.key)
-    assert isinstance(engine.begin(scope, record.fingerprint, options), engine.Claim)
+    scope = claims.Scope(record.account, record.endpoint, record.key)
+    assert isinstance(claims.claim_or_replay(scope, record.fingerprint, options), claims.Claim)
     finish([thread])
 
     response = first.get(timeout=5)

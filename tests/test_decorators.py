@@ -671,26 +671,26 @@ def test_claim_lost_completion_does_not_overwrite_the_new_owner(
     alice: User, post: Post, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A view that outlives its lease (no heartbeat here) and is taken over does not store."""
-    from idempotency_django import engine
+    from idempotency_django import claims
 
-    scope = engine.Scope(str(alice.pk), "POST /effect/", "k1")
-    options = engine.Options(
+    scope = claims.Scope(str(alice.pk), "POST /effect/", "k1")
+    options = claims.ClaimPolicy(
         "default", lease=10, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1
     )
-    first = engine.begin(scope, "f" * 64, options)
-    assert isinstance(first, engine.Claim)
+    first = claims.claim_or_replay(scope, "f" * 64, options)
+    assert isinstance(first, claims.Claim)
     records.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    second = engine.begin(scope, "f" * 64, options)
-    assert isinstance(second, engine.Claim)
+    second = claims.claim_or_replay(scope, "f" * 64, options)
+    assert isinstance(second, claims.Claim)
 
     from idempotency_django.responses import StoredResponse
 
     with caplog.at_level(logging.ERROR, logger="idempotency_django"):
-        assert engine.complete(first, StoredResponse(201, b"first")) is False
+        assert claims.complete(first, StoredResponse(201, b"first")) is False
     assert "claim lost" in caplog.text
-    assert engine.complete(second, StoredResponse(201, b"second")) is True
+    assert claims.complete(second, StoredResponse(201, b"second")) is True
     assert bytes(records.get().response_body) == b"second"
-    engine.release(first)
+    claims.release(first)
     assert records.count() == 1
 
 
@@ -741,37 +741,37 @@ def test_keys_compare_exactly_on_every_database(alice: User, post: Post, other: 
 
 def test_a_retried_claim_recognises_its_own_unacknowledged_row(alice: User) -> None:
     """A claim that committed while its connection died is this request's, on the retry."""
-    from idempotency_django import engine
+    from idempotency_django import claims
     from idempotency_django.exceptions import InFlight
 
-    scope = engine.Scope(str(alice.pk), "POST /effect/", "k1")
-    options = engine.Options(
+    scope = claims.Scope(str(alice.pk), "POST /effect/", "k1")
+    options = claims.ClaimPolicy(
         "default", lease=10, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1
     )
-    first = engine.begin(scope, "f" * 64, options, token="t" * 32)
-    again = engine.begin(scope, "f" * 64, options, token="t" * 32)
+    first = claims.claim_or_replay(scope, "f" * 64, options, token="t" * 32)
+    again = claims.claim_or_replay(scope, "f" * 64, options, token="t" * 32)
 
-    assert isinstance(again, engine.Claim)
+    assert isinstance(again, claims.Claim)
     assert again.token == first.token == "t" * 32  # type: ignore[union-attr]
     with pytest.raises(InFlight):
-        engine.begin(scope, "f" * 64, options)
+        claims.claim_or_replay(scope, "f" * 64, options)
 
 
 def test_a_retried_completion_is_not_reported_lost(
     alice: User, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from idempotency_django import engine
+    from idempotency_django import claims
     from idempotency_django.responses import StoredResponse
 
-    scope = engine.Scope(str(alice.pk), "POST /effect/", "k1")
-    options = engine.Options(
+    scope = claims.Scope(str(alice.pk), "POST /effect/", "k1")
+    options = claims.ClaimPolicy(
         "default", lease=10, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1
     )
-    claim = engine.begin(scope, "f" * 64, options)
-    assert isinstance(claim, engine.Claim)
-    assert engine.complete(claim, StoredResponse(201, b"{}"))
+    claim = claims.claim_or_replay(scope, "f" * 64, options)
+    assert isinstance(claim, claims.Claim)
+    assert claims.complete(claim, StoredResponse(201, b"{}"))
     with caplog.at_level(logging.ERROR, logger="idempotency_django"):
-        assert engine.complete(claim, StoredResponse(201, b"{}"))
+        assert claims.complete(claim, StoredResponse(201, b"{}"))
     assert "claim lost" not in caplog.text
 
 

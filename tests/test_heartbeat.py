@@ -20,7 +20,7 @@ from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from idempotency_django import engine, signals
+from idempotency_django import claims, signals
 from idempotency_django import heartbeat as heartbeat_module
 from idempotency_django.heartbeat import THREAD_NAME, Heartbeat, heartbeat
 from idempotency_django.models import IdempotencyRecord
@@ -29,14 +29,14 @@ from tests.project.logs import everything_logged
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-OPTIONS = engine.Options(
+OPTIONS = claims.ClaimPolicy(
     "default", lease=5, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1
 )
 
 
-def claim(key: str) -> engine.Claim:
-    began = engine.begin(engine.Scope("1", "POST /x/", key), "f" * 64, OPTIONS)
-    assert isinstance(began, engine.Claim)
+def claim(key: str) -> claims.Claim:
+    began = claims.claim_or_replay(claims.Scope("1", "POST /x/", key), "f" * 64, OPTIONS)
+    assert isinstance(began, claims.Claim)
     return began
 
 
@@ -106,7 +106,7 @@ def test_a_beat_never_renews_a_completed_record(beat: Heartbeat) -> None:
 
     finished = claim("k")
     beat.register(finished, lease=30, max_run=60)
-    assert engine.complete(finished, StoredResponse(201, b"{}"))
+    assert claims.complete(finished, StoredResponse(201, b"{}"))
 
     assert beat.renew_once() == 0
     assert records.get().lease_expires_at is None
@@ -307,7 +307,7 @@ def test_a_failed_statement_for_several_claims_renews_them_one_by_one(
     beat.register(good, lease=30, max_run=60)
     real = heartbeat_module._renew
 
-    def fails_with_bad(alias: str, lease: float, claims: list[engine.Claim], *a: Any) -> int:
+    def fails_with_bad(alias: str, lease: float, claims: list[claims.Claim], *a: Any) -> int:
         if bad in claims:
             raise RuntimeError("a row that cannot be renewed")
         return real(alias, lease, claims, *a)
@@ -339,7 +339,7 @@ def test_a_lost_connection_is_not_retried_claim_by_claim(
     beat.register(claim("b"), lease=30, max_run=60)
     calls: list[int] = []
 
-    def lost(alias: str, lease: float, claims: list[engine.Claim], *a: Any) -> int:
+    def lost(alias: str, lease: float, claims: list[claims.Claim], *a: Any) -> int:
         calls.append(len(claims))
         raise OperationalError("server closed the connection unexpectedly")
 
@@ -372,7 +372,7 @@ def test_a_forked_child_starts_empty(beat: Heartbeat) -> None:
             state = [took_lock, len(beat._entries), beat._thread is None]
             if took_lock:
                 beat._lock.release()
-                beat.register(engine.Claim(engine.Scope("1", "POST /x/", "c"), "t", "x"), 30, 60)
+                beat.register(claims.Claim(claims.Scope("1", "POST /x/", "c"), "t", "x"), 30, 60)
                 state.append(beat._thread is not None and beat._thread.is_alive())
             os.write(write_end, repr(state).encode())
         finally:

@@ -23,7 +23,7 @@ from django.db import OperationalError, connection, connections
 from django.test import Client
 from django.utils import timezone
 
-from idempotency_django import engine
+from idempotency_django import claims
 from idempotency_django.decorators import idempotent
 from idempotency_django.exceptions import InFlight, KeyMismatch
 from idempotency_django.models import IdempotencyRecord
@@ -137,7 +137,7 @@ def test_a_completion_that_fails_without_a_transaction_still_sends_the_committed
 # --- 2. a TTL shorter than a running request --------------------------------------------------
 
 
-def options(**overrides: Any) -> engine.Options:
+def options(**overrides: Any) -> claims.ClaimPolicy:
     values: dict[str, Any] = {
         "alias": "default",
         "lease": 10,
@@ -146,17 +146,17 @@ def options(**overrides: Any) -> engine.Options:
         "wait_seconds": 0,
         "retry_after": 1,
     }
-    return engine.Options(**{**values, **overrides})
+    return claims.ClaimPolicy(**{**values, **overrides})
 
 
-SCOPE = engine.Scope("1", "POST /charges/", "long-running")
+SCOPE = claims.Scope("1", "POST /charges/", "long-running")
 FINGERPRINT = "2:" + "a" * 64
 OTHER = "2:" + "b" * 64
 
 
-def claim_past_its_ttl() -> engine.Claim:
-    claim = engine.begin(SCOPE, FINGERPRINT, options())
-    assert isinstance(claim, engine.Claim)
+def claim_past_its_ttl() -> claims.Claim:
+    claim = claims.claim_or_replay(SCOPE, FINGERPRINT, options())
+    assert isinstance(claim, claims.Claim)
     # The TTL has passed; the lease is live (the heartbeat renews it while the view runs).
     records.update(expires_at=timezone.now() - timedelta(seconds=30))
     return claim
@@ -166,9 +166,9 @@ def test_a_live_lease_is_never_taken_over_whatever_the_ttl() -> None:
     claim_past_its_ttl()
 
     with pytest.raises(InFlight):
-        engine.begin(SCOPE, FINGERPRINT, options())
+        claims.claim_or_replay(SCOPE, FINGERPRINT, options())
     with pytest.raises(KeyMismatch):
-        engine.begin(SCOPE, OTHER, options())
+        claims.claim_or_replay(SCOPE, OTHER, options())
     assert records.get().token is not None
 
 
@@ -183,8 +183,8 @@ def test_after_the_lease_lapses_an_expired_claim_counts_as_absent() -> None:
     claim_past_its_ttl()
     records.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
 
-    taken = engine.begin(SCOPE, OTHER, options())
-    assert isinstance(taken, engine.Claim)
+    taken = claims.claim_or_replay(SCOPE, OTHER, options())
+    assert isinstance(taken, claims.Claim)
 
 
 def test_a_view_running_past_its_ttl_keeps_its_key(alice: User, post: Post, settings: Any) -> None:
@@ -601,11 +601,11 @@ def test_under_the_wait_policy_a_contended_claim_waits_then_replays(
     def first_attempt() -> None:
         try:
             with transaction.atomic():
-                claim = engine.begin(SCOPE, FINGERPRINT, options())
-                assert isinstance(claim, engine.Claim)
+                claim = claims.claim_or_replay(SCOPE, FINGERPRINT, options())
+                assert isinstance(claim, claims.Claim)
                 holding.set()
                 release.wait(10)
-                assert engine.complete(claim, StoredResponse(201, b"first"))
+                assert claims.complete(claim, StoredResponse(201, b"first"))
         finally:
             connections.close_all()
 
@@ -623,7 +623,9 @@ def test_under_the_wait_policy_a_contended_claim_waits_then_replays(
             raise
 
     with connection.execute_wrapper(let_go_after_the_first_timeout):
-        outcome = engine.begin(SCOPE, FINGERPRINT, options(in_flight="wait", wait_seconds=10))
+        outcome = claims.claim_or_replay(
+            SCOPE, FINGERPRINT, options(in_flight="wait", wait_seconds=10)
+        )
     thread.join(10)
 
     assert contended.is_set()
@@ -633,13 +635,13 @@ def test_under_the_wait_policy_a_contended_claim_waits_then_replays(
 def test_a_claim_retried_with_its_own_token_after_its_lease_lapsed_renews_it() -> None:
     """A reconnect slower than the lease must not hand out a claim under a lapsed lease,
     which a duplicate could take over at once (both would run)."""
-    first = engine.begin(SCOPE, FINGERPRINT, options(), token="t" * 32)
-    assert isinstance(first, engine.Claim)
+    first = claims.claim_or_replay(SCOPE, FINGERPRINT, options(), token="t" * 32)
+    assert isinstance(first, claims.Claim)
     records.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
 
-    again = engine.begin(SCOPE, FINGERPRINT, options(), token="t" * 32)
+    again = claims.claim_or_replay(SCOPE, FINGERPRINT, options(), token="t" * 32)
 
-    assert isinstance(again, engine.Claim)
+    assert isinstance(again, claims.Claim)
     assert records.get().lease_expires_at > timezone.now()
     with pytest.raises(InFlight):
-        engine.begin(SCOPE, FINGERPRINT, options())
+        claims.claim_or_replay(SCOPE, FINGERPRINT, options())

@@ -27,7 +27,7 @@ from django.db import DatabaseError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from idempotency_django import engine, purge
+from idempotency_django import claims, purge
 from idempotency_django.management.commands import purge_idempotency_keys as command_module
 from idempotency_django.management.commands.purge_idempotency_keys import Command
 from idempotency_django.models import IdempotencyRecord
@@ -101,7 +101,7 @@ def in_list_size(sql: str) -> int:
     return sql[start : sql.index(")", start)].count(",") + 1
 
 
-def claim_options(**kwargs: Any) -> engine.Options:
+def claim_options(**kwargs: Any) -> claims.ClaimPolicy:
     values: dict[str, Any] = {
         "alias": "default",
         "lease": 10.0,
@@ -111,11 +111,11 @@ def claim_options(**kwargs: Any) -> engine.Options:
         "retry_after": 1,
         **kwargs,
     }
-    return engine.Options(**values)
+    return claims.ClaimPolicy(**values)
 
 
-def scope_of(record: IdempotencyRecord) -> engine.Scope:
-    return engine.Scope(record.account, record.endpoint, record.key)
+def scope_of(record: IdempotencyRecord) -> claims.Scope:
+    return claims.Scope(record.account, record.endpoint, record.key)
 
 
 @pytest.fixture
@@ -330,13 +330,13 @@ def test_a_key_taken_over_between_read_and_delete_is_not_deleted(
     records = bulk_expired(3)
     target = records[1]
     delete = purge._delete
-    claims: list[engine.Claim] = []
+    taken: list[claims.Claim] = []
 
     def take_over_then_delete(alias: str, pks: list[int], condition: Any) -> int:
         assert target.pk in pks  # the purge read it as expired
-        claim = engine.begin(scope_of(target), FINGERPRINT, claim_options())
-        assert isinstance(claim, engine.Claim)
-        claims.append(claim)
+        claim = claims.claim_or_replay(scope_of(target), FINGERPRINT, claim_options())
+        assert isinstance(claim, claims.Claim)
+        taken.append(claim)
         return delete(alias, pks, condition)
 
     monkeypatch.setattr(purge, "_delete", take_over_then_delete)
@@ -345,7 +345,7 @@ def test_a_key_taken_over_between_read_and_delete_is_not_deleted(
     assert result.expired == 2
     survivor = IdempotencyRecord.objects.get()
     assert survivor.key == target.key
-    assert (survivor.state, survivor.token) == (State.IN_PROGRESS, claims[0].token)
+    assert (survivor.state, survivor.token) == (State.IN_PROGRESS, taken[0].token)
 
 
 @pytest.mark.django_db
@@ -978,7 +978,7 @@ def test_between_batches_the_purge_holds_nothing_and_claims_go_through() -> None
     records = bulk_expired(30)
     later = records[25]  # in the last batch
     pauses: list[bool] = []
-    claims: list[Any] = []
+    taken: list[Any] = []
 
     def between_batches(result: PurgeResult) -> None:
         if result.batches != 1:
@@ -988,19 +988,19 @@ def test_between_batches_the_purge_holds_nothing_and_claims_go_through() -> None
         def claim() -> Any:
             with lock_waits_limited(1):
                 started = time.monotonic()
-                outcome = engine.begin(scope_of(later), FINGERPRINT, claim_options())
+                outcome = claims.claim_or_replay(scope_of(later), FINGERPRINT, claim_options())
                 return outcome, time.monotonic() - started
 
         thread, outcome = in_thread(claim)
         thread.join(30)
-        claims.extend(outcome)
+        taken.extend(outcome)
 
     result = purge_records(batch_size=10, progress=between_batches)
 
     assert pauses == [False]
-    assert len(claims) == 1
-    claim, seconds = claims[0]
-    assert isinstance(claim, engine.Claim)
+    assert len(taken) == 1
+    claim, seconds = taken[0]
+    assert isinstance(claim, claims.Claim)
     assert seconds < 2
     assert result.expired == 29
     survivor = IdempotencyRecord.objects.get()
@@ -1040,9 +1040,9 @@ def test_claims_during_a_purge_are_not_blocked_and_keep_their_records() -> None:
             if purge_done.is_set() and number < 0:
                 return done
             key = f"exp-{number}" if number >= 0 else f"fresh-{-number}"
-            scope = engine.Scope("1", "POST /effect/", key)
+            scope = claims.Scope("1", "POST /effect/", key)
             started = time.monotonic()
-            outcome = engine.begin(scope, FINGERPRINT, claim_options())
+            outcome = claims.claim_or_replay(scope, FINGERPRINT, claim_options())
             done.append((key, outcome, time.monotonic() - started))
             if len(done) == 5:
                 claims_started.release()
@@ -1067,23 +1067,23 @@ def test_claims_during_a_purge_are_not_blocked_and_keep_their_records() -> None:
     assert all(len(outcome) == 1 and isinstance(outcome[0], list) for outcome in outcomes), [
         outcome[0] for outcome in outcomes if not isinstance(outcome[0], list)
     ]
-    claims = [claim for outcome in outcomes for claim in outcome[0]]
-    assert all(isinstance(outcome, engine.Claim) for _, outcome, _ in claims)
-    slowest = max(seconds for _, _, seconds in claims)
+    taken = [claim for outcome in outcomes for claim in outcome[0]]
+    assert all(isinstance(outcome, claims.Claim) for _, outcome, _ in taken)
+    slowest = max(seconds for _, _, seconds in taken)
     assert slowest < 2, slowest
 
     # Every claimed record is there, still owned by its claim; nothing expired is left.
     tokens = dict(IdempotencyRecord.objects.values_list("key", "token"))
-    claimed_expired = {key for key, _, _ in claims if key.startswith("exp-")}
+    claimed_expired = {key for key, _, _ in taken if key.startswith("exp-")}
     assert claimed_expired  # the claims did meet the purge's keys
-    for key, claim, _ in claims:
+    for key, claim, _ in taken:
         assert tokens.get(key) == claim.token, key
     assert tokens[keep.key] == keep.token
     assert not IdempotencyRecord.objects.filter(expires_at__lt=started_at).exists()
     # Each expired record was either deleted by the purge or taken over by a claim first.
     assert result.expired + len(claimed_expired) >= total
     assert result.expired <= total
-    assert set(tokens) == {keep.key} | {key for key, _, _ in claims}
+    assert set(tokens) == {keep.key} | {key for key, _, _ in taken}
 
 
 @pytest.mark.concurrency
@@ -1097,9 +1097,9 @@ def test_a_claim_held_open_in_atomic_mode_does_not_block_the_purge() -> None:
     release = threading.Event()
 
     def hold_a_claim() -> Any:
-        scope = engine.Scope("1", "POST /effect/", "held")
+        scope = claims.Scope("1", "POST /effect/", "held")
         with transaction.atomic():
-            claim = engine.begin(scope, FINGERPRINT, claim_options())
+            claim = claims.claim_or_replay(scope, FINGERPRINT, claim_options())
             claimed.set()
             release.wait(30)
         return claim
@@ -1114,5 +1114,5 @@ def test_a_claim_held_open_in_atomic_mode_does_not_block_the_purge() -> None:
         thread.join(30)
 
     assert result.expired == 60
-    assert isinstance(outcome[0], engine.Claim)
+    assert isinstance(outcome[0], claims.Claim)
     assert keys() == {"held"}

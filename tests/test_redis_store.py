@@ -25,7 +25,7 @@ from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
-from idempotency_django import engine, signals
+from idempotency_django import claims, signals
 from idempotency_django.checks import check_settings
 from idempotency_django.heartbeat import Heartbeat
 from idempotency_django.models import IdempotencyRecord
@@ -384,8 +384,8 @@ def test_the_heartbeat_renews_every_claim_in_one_round_trip(
     beat = Heartbeat()
     for index in range(3):
         beat.register(
-            engine.Claim(
-                engine.Scope("1", "POST /effect/", f"k{index}"),
+            claims.Claim(
+                claims.Scope("1", "POST /effect/", f"k{index}"),
                 f"{index}" * 32,
                 "default",
                 3600,

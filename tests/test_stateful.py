@@ -63,7 +63,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from idempotency_django import engine, purge
+from idempotency_django import claims, purge
 from idempotency_django import heartbeat as heartbeat_module
 from idempotency_django.exceptions import InFlight, KeyMismatch, ResponseNotStored
 from idempotency_django.heartbeat import Heartbeat
@@ -169,7 +169,7 @@ class Record:
 class Worker:
     """One request that claimed a key, and what it believes of its claim."""
 
-    claim: engine.Claim
+    claim: claims.Claim
     key: Key
     fingerprint: str
     ttl: int | None
@@ -190,13 +190,13 @@ def report(what: str) -> None:
     OUTCOMES[what] += 1
 
 
-def scope(key: Key) -> engine.Scope:
+def scope(key: Key) -> claims.Scope:
     account, name = key
-    return engine.Scope(account, ENDPOINT, name)
+    return claims.Scope(account, ENDPOINT, name)
 
 
-def options(ttl: int | None) -> engine.Options:
-    return engine.Options(
+def options(ttl: int | None) -> claims.ClaimPolicy:
+    return claims.ClaimPolicy(
         alias="default", lease=LEASE, ttl=ttl, in_flight="conflict", wait_seconds=0, retry_after=1
     )
 
@@ -252,7 +252,7 @@ class EngineMachine(RuleBasedStateMachine):
         expected = self.expected_begin(key, fingerprint)
         previous = self.records.get(key)
         try:
-            outcome = engine.begin(scope(key), fingerprint, options(ttl))
+            outcome = claims.claim_or_replay(scope(key), fingerprint, options(ttl))
         except InFlight:
             actual = "in flight"
         except KeyMismatch:
@@ -260,7 +260,7 @@ class EngineMachine(RuleBasedStateMachine):
         except ResponseNotStored:
             actual = "not stored"
         else:
-            actual = "claim" if isinstance(outcome, engine.Claim) else "replay"
+            actual = "claim" if isinstance(outcome, claims.Claim) else "replay"
         assert actual == expected, f"{key}: {expected} expected from {previous}, got {actual}"
         report(f"begin: {actual}" + (" (taken over)" if actual == "claim" and previous else ""))
         if actual == "replay":
@@ -268,11 +268,11 @@ class EngineMachine(RuleBasedStateMachine):
             assert outcome == previous.response  # the stored bytes, status and headers
         if actual != "claim":
             return multiple()
-        assert isinstance(outcome, engine.Claim)
+        assert isinstance(outcome, claims.Claim)
         return self.owns(outcome, key, fingerprint, ttl, max_run)
 
     def owns(
-        self, claim: engine.Claim, key: Key, fingerprint: str, ttl: int | None, max_run: int | None
+        self, claim: claims.Claim, key: Key, fingerprint: str, ttl: int | None, max_run: int | None
     ) -> Worker:
         """``claim`` of ``key`` is the record now, and a worker runs the view under it."""
         self.records[key] = Record(
@@ -346,9 +346,9 @@ class EngineMachine(RuleBasedStateMachine):
             and not record.in_use(self.now)
             and (not record.completed or record.expires_at <= self.now)
         )
-        token = engine.new_token()
+        token = claims.new_token()
 
-        taken = engine._take_over(
+        taken = claims._take_over(
             read.snapshot, scope(read.key), read.fingerprint, token, self.now, options(ttl)
         )
 
@@ -356,7 +356,7 @@ class EngineMachine(RuleBasedStateMachine):
         report(f"late take-over: {'taken' if taken else 'refused'}")
         if not taken:
             return multiple()
-        claim = engine.Claim(scope(read.key), token, "default", ttl, options(ttl).store)
+        claim = claims.Claim(scope(read.key), token, "default", ttl, options(ttl).store)
         return self.owns(claim, read.key, read.fingerprint, ttl, MAX_RUNS[1])
 
     @rule(
@@ -392,7 +392,7 @@ class EngineMachine(RuleBasedStateMachine):
         record = self.records.get(worker.key)
         owner = record is not None and record.token == worker.claim.token
 
-        stored = engine.complete(worker.claim, response, body_stored=body_stored)
+        stored = claims.complete(worker.claim, response, body_stored=body_stored)
 
         assert stored == owner, "a completion is fenced by its claim's token"
         report(f"complete: {'stored' if stored else 'lost'}")
@@ -412,7 +412,7 @@ class EngineMachine(RuleBasedStateMachine):
     @rule(target=finished, worker=consumes(workers))
     def release(self, worker: Worker) -> Worker:
         """The view failed (a 5xx, an exception): the key is released."""
-        engine.release(worker.claim)
+        claims.release(worker.claim)
         self.heartbeat.unregister(worker.claim)
         worker.stop_renewing_at = None
         worker.status = "released"
@@ -609,7 +609,7 @@ def other_fingerprint(fingerprint: str) -> str:
 @pytest.fixture
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     # The engine, the purge and the store's renewal all call django.utils.timezone.now().
-    for module in (engine, purge, database_store):
+    for module in (claims, purge, database_store):
         assert module.timezone is timezone
     monkeypatch.setattr(timezone, "now", CLOCK)
     monkeypatch.setattr(heartbeat_module, "time", SimpleNamespace(monotonic=CLOCK.monotonic))

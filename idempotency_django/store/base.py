@@ -1,6 +1,6 @@
 """What every store shares: the interface, the record's states, and the failure kinds.
 
-The lifecycle (``lifecycle.py``) and the engine's decision table (``engine.py``) talk to a
+The lifecycle (``lifecycle.py``) and the decision table (``claims.py``) talk to a
 store only through ``Store``; each store keeps records its own way (``database.py``: rows
 of ``IdempotencyRecord``; ``redis.py``: one Redis key per record) and translates its own
 errors into the failure kinds below, so that the one failure policy (fail open only when
@@ -144,7 +144,7 @@ gone again when read (released or taken over in between), a race to try again.""
 
 
 class Store(Protocol):
-    """What the engine, the lifecycle and the heartbeat need of a store.
+    """What ``claims``, the lifecycle and the heartbeat need of a store.
 
     ``alias`` is the database alias the request's work runs on (``store_alias``); the
     database store keeps its records there, a store outside the database ignores it.

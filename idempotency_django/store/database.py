@@ -351,7 +351,7 @@ _READ_FIELDS = (
     "response_headers",
     "response_body",
 )
-# What a claim writes (``engine``): the rest of the row starts empty.
+# What a claim writes (``claims``): the rest of the row starts empty.
 _CLAIM_FIELDS = frozenset(
     {
         "account",

@@ -261,7 +261,7 @@ class RedisStore:
 
     def _connect(self, options: dict[str, Any]) -> Any:
         """A client that never retries on its own: a command that timed out may have run,
-        and the lifecycle decides (``engine.reconnecting`` retries a lost connection once)."""
+        and the lifecycle decides (``claims.reconnecting`` retries a lost connection once)."""
         client = redis_cluster.connect(
             options["URL"],
             cluster=bool(options["CLUSTER"]),
@@ -575,7 +575,7 @@ def _stored(meta: dict[str, Any], body: bytes | None) -> Stored:
 
 
 def _snapshot(key: str, value: bytes, server_ms: int, fingerprint: str) -> Snapshot:
-    """The record as the engine reads it, its lease and expiry moved onto this process's
+    """The record as ``claims`` reads it, its lease and expiry moved onto this process's
     clock (``now`` + what is left of them by Redis's clock)."""
     state, token, lease, expires, meta, body = _parse(value)
     now = timezone.now()

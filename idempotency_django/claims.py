@@ -64,7 +64,9 @@ class Scope:
 
 
 @dataclass(frozen=True)
-class Options:
+class ClaimPolicy:
+    """How one claim is made: the store, its lease and TTL, and the in-flight policy."""
+
     alias: str
     lease: float
     ttl: float | None  # None: keep records forever
@@ -111,8 +113,8 @@ def new_token() -> str:
     return uuid.uuid4().hex
 
 
-def begin(
-    scope: Scope, fingerprint: str, options: Options, token: str | None = None
+def claim_or_replay(
+    scope: Scope, fingerprint: str, options: ClaimPolicy, token: str | None = None
 ) -> Claim | StoredResponse:
     """Claim ``scope`` for this request, or return the stored outcome of an earlier one.
 
@@ -210,7 +212,7 @@ def begin(
         delay = min(delay * 2, 0.5)
 
 
-def claim_again(scope: Scope, fingerprint: str, options: Options) -> Claim | None:
+def claim_again(scope: Scope, fingerprint: str, options: ClaimPolicy) -> Claim | None:
     """Claim an absent key outright, or ``None``: for an outcome whose transaction rolled
     back with its claim, but which is definitive and so must still be stored."""
     token = new_token()
@@ -223,7 +225,7 @@ def _claim_or_read(
     fingerprint: str,
     token: str,
     now: datetime,
-    options: Options,
+    options: ClaimPolicy,
     *,
     read: bool = True,
 ) -> Claim | Snapshot | None:
@@ -246,11 +248,11 @@ def _claim_or_read(
     return claimed
 
 
-def _claim(scope: Scope, token: str, options: Options) -> Claim:
+def _claim(scope: Scope, token: str, options: ClaimPolicy) -> Claim:
     return Claim(scope, token, options.alias, options.ttl, options.store)
 
 
-def _count_race(races: int, options: Options) -> int:
+def _count_race(races: int, options: ClaimPolicy) -> int:
     if races >= MAX_RACES:
         raise InFlight(
             "The record for this Idempotency-Key is changing under heavy contention.",
@@ -260,7 +262,7 @@ def _count_race(races: int, options: Options) -> int:
 
 
 def _take_over(
-    record: Snapshot, scope: Scope, fingerprint: str, token: str, now: Any, options: Options
+    record: Snapshot, scope: Scope, fingerprint: str, token: str, now: Any, options: ClaimPolicy
 ) -> bool:
     return options.store.take_over(
         options.alias,
