@@ -1,24 +1,11 @@
 """``IdempotencyMiddleware``: protect every unsafe request of a project, not view by view.
 
-The middleware claims in ``process_view``, around the view alone (after every middleware
-before it, so ``request.user`` is set as it is for ``@idempotent``), and calls the view
-itself through the same adapters as the decorator and the DRF mixin; none of the policy is
-decided here. Because Django applies ``ATOMIC_REQUESTS`` only to a view *it* calls, the
-aliases Django would have wrapped are handed to the lifecycle, which reopens them around
-the work in the order that keeps a stored outcome truthful.
-
-A Django REST framework view authenticates inside itself: it is run as a subclass that
-mixes in ``IdempotentMixin`` (made once per view), so its claim happens after DRF's
-authentication, permissions and throttles, scoped to the DRF-authenticated user.
-
-django-ninja also authenticates inside its view: the middleware marks the request, and the
-operation claims it after ninja's auth, through the ninja adapter (``protect_under_middleware``).
-
-A view decorated with ``@idempotent``, or a DRF view that already uses the mixin, is left
-to its own protection (protected once, not twice); one whose decorator is hidden (a wrapper
-without ``functools.wraps``) is claimed here, and its ``@idempotent`` runs inside that claim
-(``protect.py``: nested layers of one scope). ``@idempotency_exempt`` and the
-``EXEMPT_URL_NAMES`` setting leave a view unprotected.
+It claims in ``process_view``, around the view alone (so ``request.user`` is set, as for
+``@idempotent``), and runs the view itself through the same adapters as the decorator, the
+DRF mixin (after DRF's own authentication) and django-ninja (after ninja's); none of the
+policy is decided here. It hands the lifecycle the ``ATOMIC_REQUESTS`` aliases Django would
+have wrapped. What it protects and leaves alone, nested layers, ordering and async:
+``docs/middleware.md``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """The Redis (or Valkey) store: one Redis key per record, expired by Redis itself.
 
-A record is the key ``<KEY_PREFIX>:{<sha256 of account, endpoint, key>}``: the hash tag
-(the braces) puts every key of one record in one cluster slot. Its value is
-``state|token|lease_ms|expires_ms|<json: fingerprint, status, headers>`` then a newline and
-the stored body; the lease and the expiry are Redis server time (``TIME``), in ms.
-
-- Claim: one script, one round trip, whose write is one ``SET key value NX PX`` (with the
-  lease counted on Redis's clock); a loser gets the record it lost to in the same reply.
-- Completion, release, renewal and take-over are scripts fenced by the claim's token; the
-  take-over and the renewal compare the lease with Redis ``TIME``, never a client's clock.
-- Replay: the record comes back with the lost claim, or with one ``GET``.
-- Expiry: ``PX`` (the TTL), so nothing is purged. A record in progress is kept at least
-  two leases ahead of its lease, whatever its TTL: it is never expired while in use.
-
-Only plain commands and ``EVALSHA``/``EVAL`` (redis-py's ``Script``): Valkey works the
-same. Redis ≥ 7.0 (``SET … NX GET``).
+A record is the key ``<KEY_PREFIX>:{<sha256 of account, endpoint, key>}`` (the hash tag puts
+every key of one record in one cluster slot), valued
+``state|token|lease_ms|expires_ms|<json: fingerprint, status, headers>``, a newline and the
+stored body; lease and expiry are Redis server time (``TIME``), in ms. The claim is one
+script whose write is ``SET NX PX``; completion, release, renewal and take-over are scripts
+fenced by the claim's token. Redis ≥ 7.0; Valkey works the same. How each step runs, what it
+gives up and what a failover can lose: ``docs/stores.md``.
 """
 
 from __future__ import annotations
