@@ -50,7 +50,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--database", help="The store's database alias (default: as the engine picks)."
+            "--database",
+            help="The database alias of the store (default: IDEMPOTENCY['DATABASE'] or "
+            "the routers' choice).",
         )
         parser.add_argument(
             "--batch-size",
