@@ -85,6 +85,16 @@ local function keep(key, lease_ms)
   local ttl = redis.call('PTTL', key)
   if ttl >= 0 and ttl < 3 * lease_ms then redis.call('PEXPIRE', key, 3 * lease_ms) end
 end
+-- a new claim's value, and its PX: its TTL, but at least three leases ('' = no TTL)
+local function claimed(token, now, lease_ms, ttl, meta)
+  local expires = '0'
+  local px = 3 * lease_ms
+  if ttl ~= '' then
+    expires = ms(now + tonumber(ttl))
+    px = math.max(px, tonumber(ttl))
+  end
+  return 'i|' .. token .. '|' .. ms(now + lease_ms) .. '|' .. expires .. '|' .. meta, px
+end
 """
 
 # KEYS[1]; ARGV: token, lease ms, ttl ms ('' = forever), meta. -> {1, now} | {0, now, old}
@@ -92,14 +102,7 @@ _CLAIM = (
     _PARSE
     + """
 local now = now_ms()
-local lease = tonumber(ARGV[2])
-local expires = '0'
-local px = 3 * lease
-if ARGV[3] ~= '' then
-  expires = ms(now + tonumber(ARGV[3]))
-  px = math.max(px, tonumber(ARGV[3]))
-end
-local value = 'i|' .. ARGV[1] .. '|' .. ms(now + lease) .. '|' .. expires .. '|' .. ARGV[4]
+local value, px = claimed(ARGV[1], now, tonumber(ARGV[2]), ARGV[3], ARGV[4])
 local old
 if ARGV[3] == '' then
   old = redis.call('SET', KEYS[1], value, 'NX', 'GET')
@@ -126,15 +129,8 @@ local now = now_ms()
 local in_use = state == 'i' and lease > now
 local expired = expires ~= 0 and expires <= now
 if in_use or not (state == 'i' or expired) then return 0 end
-local new_lease = tonumber(ARGV[3])
-local exp = '0'
-local px = 3 * new_lease
-if ARGV[4] ~= '' then
-  exp = ms(now + tonumber(ARGV[4]))
-  px = math.max(px, tonumber(ARGV[4]))
-end
-redis.call('SET', KEYS[1], 'i|' .. ARGV[2] .. '|' .. ms(now + new_lease) .. '|' .. exp
-  .. '|' .. ARGV[5], 'PX', px)
+local value, px = claimed(ARGV[2], now, tonumber(ARGV[3]), ARGV[4], ARGV[5])
+redis.call('SET', KEYS[1], value, 'PX', px)
 return 1
 """
 )
