@@ -1,31 +1,12 @@
-"""The Django admin for idempotency records: read-only, plus three actions.
+"""The Django admin for idempotency records: read-only, plus release, force release and
+delete expired.
 
-- **Release** deletes stuck *in-progress* records whose lease has lapsed, so that the next
-  retry with their key runs the view (what the lifecycle does when a view fails). A record
-  whose lease is live is skipped: its worker is alive and renewing it, and a retry now
-  would run alongside the first attempt. Completed records are never released from here:
-  that would let a retry repeat a side effect that already happened.
-- **Force release** deletes in-progress records whatever their lease, after a confirmation
-  page: for a worker the operator knows is dead (or wedged) with a long lease. It can run
-  a retry alongside the first attempt, and says so.
-- **Delete expired** deletes the selected records that are past their TTL (they already
-  count as absent), through the same batched, re-checking purge as
-  ``manage.py purge_idempotency_keys``.
-
-Nothing can be added or edited, and the generic delete is off for the same reason as above;
-every action needs the model's "delete" permission. The list never loads stored bodies
-(up to ``MAX_RESPONSE_BYTES`` each); the detail page does.
-
-Every page stays fast on a table of 10 million records (``benchmarks/admin_scale.py``):
-the list is newest first and never counted past ``COUNT_LIMIT`` rows, the filters offer
-the values of the latest records rather than a ``DISTINCT`` over the table and each walks
-an index, the search is exact (or a key prefix: ``abc*``), and there is no date hierarchy.
-
-With a ``RESPONSE_CODEC``, the detail page shows a stored response (body and headers) only
-to users holding ``idempotency_django.view_decrypted_body``; everyone else reads
-"encrypted". Accounts are shown through ``ACCOUNT_DISPLAY`` (by default "username (pk)"),
-and the search also finds the accounts that ``ACCOUNT_SEARCH`` names for the term (by
-default, the user with that exact username).
+Nothing can be added or edited, and the generic delete is off: deleting a completed record
+would let a retry repeat a side effect that already happened. Every action needs the
+model's "delete" permission. Every page stays fast on a table of 10 million records
+(``benchmarks/admin_scale.py``): no unbounded count, no ``DISTINCT`` over the table, an
+index behind every filter and search, no date hierarchy. What each action does, and who
+sees encrypted bodies and usernames: ``docs/operations.md`` ("The admin").
 """
 
 from __future__ import annotations

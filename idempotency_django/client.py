@@ -222,12 +222,27 @@ class _Attempts:
             pool=cap(timeout.pool),
         )
 
+    def start(self, request: httpx.Request, timeout: httpx.Timeout) -> None:
+        """Count one more attempt of ``request``, its timeouts capped by the time left."""
+        self.count += 1
+        request.extensions["timeout"] = self.timeout_for(timeout).as_dict()
+
     def after_error(self, error: Exception) -> float | None:
         """The pause before the next attempt, or None to give up."""
         if not isinstance(error, RETRYABLE_ERRORS):
             return None
         self.history.append(error)
         return self._pause(None, repr(error))
+
+    def pause_after_error(self, error: Exception) -> float:
+        """The pause before the next attempt after ``error``, or raise: ``RetriesExhausted``
+        when a retryable error leaves no attempt, the error itself when it is not one."""
+        pause = self.after_error(error)
+        if pause is None:
+            if isinstance(error, RETRYABLE_ERRORS):
+                raise self.exhausted() from error
+            raise error
+        return pause
 
     def after_response(self, response: httpx.Response) -> float | None:
         if not self.should_retry(response):
@@ -277,6 +292,8 @@ def _auth(auth: httpx.Auth | tuple[str, str] | None) -> Any:
 
 
 class _Base:
+    http: httpx.Client | httpx.AsyncClient
+
     def __init__(
         self,
         policy: RetryPolicy | None,
@@ -305,8 +322,19 @@ class _Base:
             return is_in_flight_conflict(response)
         return response.status_code in self.policy.retry_statuses
 
-    def _attempts(self, key: str) -> _Attempts:
-        return _Attempts(
+    def _prepare(
+        self,
+        method: str,
+        url: httpx.URL | str,
+        key: str,
+        json: Any,
+        content: bytes | str | None,
+        data: Mapping[str, Any] | None,
+        params: Mapping[str, Any] | None,
+        headers: Mapping[str, str] | None,
+    ) -> tuple[_Attempts, httpx.Request]:
+        """The attempts of one operation, and its request (the key in its header)."""
+        attempts = _Attempts(
             key=check_key(key),
             policy=self.policy,
             clock=self._clock,
@@ -314,6 +342,16 @@ class _Base:
             replay_header=self.replay_header,
             should_retry=self.should_retry,
         )
+        request = self.http.build_request(
+            method,
+            url,
+            json=json,
+            content=content,
+            data=data,
+            params=params,
+            headers=self._headers(attempts.key, headers),
+        )
+        return attempts, request
 
     def _headers(self, key: str, headers: Mapping[str, str] | None) -> dict[str, str]:
         merged = dict(headers or {})
@@ -336,6 +374,8 @@ class IdempotentClient(_Base):
 
     ``sleep``, ``clock`` and ``jitter`` (a ``[0, 1)`` random source) are for tests.
     """
+
+    http: httpx.Client
 
     def __init__(
         self,
@@ -384,29 +424,16 @@ class IdempotentClient(_Base):
         ``gave_up``). Raises ``RetriesExhausted`` when no attempt got an answer, and
         non-retryable transport errors as they are.
         """
-        attempts = self._attempts(key)
-        request = self.http.build_request(
-            method,
-            url,
-            json=json,
-            content=content,
-            data=data,
-            params=params,
-            headers=self._headers(attempts.key, headers),
-        )
+        attempts, request = self._prepare(method, url, key, json, content, data, params, headers)
         request.read()  # a streamed body becomes bytes: every attempt sends the same ones
         attempts.begin()
+        pause: float | None
         while True:
-            attempts.count += 1
-            request.extensions["timeout"] = attempts.timeout_for(self.timeout).as_dict()
+            attempts.start(request, self.timeout)
             try:
                 response = self.http.send(request, auth=_auth(auth))
             except Exception as error:
-                pause = attempts.after_error(error)
-                if pause is None:
-                    if isinstance(error, RETRYABLE_ERRORS):
-                        raise attempts.exhausted() from error
-                    raise
+                pause = attempts.pause_after_error(error)
             else:
                 pause = attempts.after_response(response)
                 if pause is None:
@@ -426,6 +453,8 @@ class IdempotentClient(_Base):
 
 class AsyncIdempotentClient(_Base):
     """``IdempotentClient`` over an ``httpx.AsyncClient``; the same rules, awaited."""
+
+    http: httpx.AsyncClient
 
     def __init__(
         self,
@@ -469,29 +498,16 @@ class AsyncIdempotentClient(_Base):
         auth: httpx.Auth | tuple[str, str] | None = None,
     ) -> IdempotentResult:
         """See ``IdempotentClient.request``."""
-        attempts = self._attempts(key)
-        request = self.http.build_request(
-            method,
-            url,
-            json=json,
-            content=content,
-            data=data,
-            params=params,
-            headers=self._headers(attempts.key, headers),
-        )
+        attempts, request = self._prepare(method, url, key, json, content, data, params, headers)
         await request.aread()
         attempts.begin()
+        pause: float | None
         while True:
-            attempts.count += 1
-            request.extensions["timeout"] = attempts.timeout_for(self.timeout).as_dict()
+            attempts.start(request, self.timeout)
             try:
                 response = await self.http.send(request, auth=_auth(auth))
             except Exception as error:
-                pause = attempts.after_error(error)
-                if pause is None:
-                    if isinstance(error, RETRYABLE_ERRORS):
-                        raise attempts.exhausted() from error
-                    raise
+                pause = attempts.pause_after_error(error)
             else:
                 pause = attempts.after_response(response)
                 if pause is None:

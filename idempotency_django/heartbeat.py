@@ -1,22 +1,11 @@
 """Lease renewal: one thread per process renews all of that process's in-flight claims.
 
-A claim's lease only has to outlive a *dead* worker, not the slowest honest request:
-while a view runs, this thread pushes its lease forward every third of the lease, in
-one ``UPDATE`` for all claims of the process. A claim that has run past
-``MAX_RUN_SECONDS`` is no longer renewed, so a wedged view eventually lets a retry in.
-
-The thread must keep beating whatever happens to one renewal, because every claim of the
-process depends on it:
-
-- a renewal is bounded by one beat (the store's statement timeout on PostgreSQL and
-  MariaDB, its socket timeout on Redis), so a row lock held elsewhere cannot hold every
-  other lease past its expiry; when a renewal for several claims fails, each claim is
-  renewed on its own, so one locked row costs only its own renewal;
-- any exception is logged and the next beat runs;
-- ``stop()`` ends exactly the thread it found (each thread has its own stop event), so a
-  ``register()`` racing it starts one new thread and never leaves zero or two;
-- a forked child (``gunicorn --preload``, ``multiprocessing``) starts empty, with a fresh
-  lock and no thread: the parent's claims are the parent's to renew.
+A claim's lease only has to outlive a *dead* worker, not the slowest honest request: while
+a view runs, this thread pushes its lease forward every third of the lease, in one
+statement for all claims of the process. A claim that has run past ``MAX_RUN_SECONDS`` is
+no longer renewed, so a wedged view eventually lets a retry in. Every claim of the process
+depends on this thread, so it keeps beating whatever happens to one renewal (``Heartbeat``).
+The long story: ``docs/transactions.md`` and ``docs/performance.md``.
 """
 
 from __future__ import annotations
@@ -56,6 +45,20 @@ class _Worker:
 
 
 class Heartbeat:
+    """The process's renewals. The thread must keep beating whatever happens to one
+    renewal, because every claim of the process depends on it:
+
+    - a renewal is bounded by one beat (the store's statement timeout on PostgreSQL and
+      MariaDB, its socket timeout on Redis), so a row lock held elsewhere cannot hold every
+      other lease past its expiry; when a renewal for several claims fails, each claim is
+      renewed on its own, so one locked row costs only its own renewal (``_renew_group``);
+    - any exception is logged and the next beat runs;
+    - ``stop()`` ends exactly the thread it found (each thread has its own stop event), so a
+      ``register()`` racing it starts one new thread and never leaves zero or two;
+    - a forked child (``gunicorn --preload``, ``multiprocessing``) starts empty, with a fresh
+      lock and no thread: the parent's claims are the parent's to renew.
+    """
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}

@@ -1,38 +1,12 @@
 """The one lifecycle of a protected unit of work: claim → run → complete or release.
 
-Every adapter (``@idempotent`` on sync and async views, the DRF mixin, the task API)
-translates its own inputs and outputs and calls this; none of them decides a policy. The
-policies that decide an outcome all live here:
-
-- **Transaction modes.** ``commit``: the claim commits on its own, the work runs outside
-  it while the heartbeat renews the lease, then the outcome is stored. ``atomic``: claim,
-  work and completion in one transaction. ``commit`` inside a transaction that is already
-  open on the store becomes ``atomic`` (the claim cannot commit on its own there).
-- **Request transactions.** Adapters opt views out of ``ATOMIC_REQUESTS`` and hand the
-  aliases here: the work runs in those transactions again, the completion is written
-  *inside* them when the store is one of them (so it commits with the work, or not at
-  all), or *after* they committed when the store lives elsewhere. The work's databases
-  commit before the store's, so a stored outcome never stands for work that rolled back.
-  A work that asks for its transaction to be rolled back (DRF's exception handler does,
-  for the errors it answers) is rolled back, and its definitive outcome stored after.
-- **Never 2xx for work that did not commit.** A completion that fails while the work's
-  transaction is open, or a commit that fails, is never answered as a success. The key is
-  released when the rollback is certain (a commit refused for the work's own reason, a
-  deferred constraint, is the ``work-not-committed`` 500: a retry would fail the same way),
-  and kept until its lease lapses when the work may have committed (the connection broke
-  during the commit, or the store's commit failed after the work's): a 503.
-- **Unknown outcome.** Work that fails with a lost database connection (``OperationalError``,
-  ``InterfaceError``) keeps its key, whether it raised the error or its framework answered
-  it (``Outcome.unknown``): its writes may have committed. Any other failure releases it.
-- **Store errors.** Only a store that cannot be reached (refused or lost connection, after
-  one reconnect) may fail open; contention (a lock timeout, a deadlock) is a duplicate in
-  flight and answers 409; anything else fails closed (503). Each store says which of its
-  errors are failures and of what kind (``store/base.py``); and whether a claim can live
-  in a database transaction at all (``transactional``: the database store only).
-- **Disconnects** (async): by default the work runs to its end and its outcome is stored;
-  ``ON_DISCONNECT`` "release" abandons it. That choice is only for a disconnect while the
-  work runs: a claim made for a request that is gone before the work began is released,
-  and the outcome of work that has returned is always stored.
+Every adapter (``@idempotent`` on sync and async views, the DRF mixin, django-ninja, the
+middleware, the task API) translates its own inputs and outputs and calls this; none of them
+decides a policy. Every policy that decides an outcome lives here, written once: the
+transaction modes and request transactions, never a 2xx for work that did not commit, the
+unknown-outcome rule, the store-error policy and the disconnect policy. The long story is in
+the docs: ``docs/transactions.md``, ``docs/store.md`` ("When the store fails") and
+``docs/decorator.md`` (async views and disconnects).
 """
 
 from __future__ import annotations

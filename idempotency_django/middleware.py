@@ -1,30 +1,18 @@
 """``IdempotencyMiddleware``: protect every unsafe request of a project, not view by view.
 
-The middleware claims in ``process_view``, around the view alone (after every middleware
-before it, so ``request.user`` is set as it is for ``@idempotent``), and calls the view
-itself through the same adapters as the decorator and the DRF mixin; none of the policy is
-decided here. Because Django applies ``ATOMIC_REQUESTS`` only to a view *it* calls, the
-aliases Django would have wrapped are handed to the lifecycle, which reopens them around
-the work in the order that keeps a stored outcome truthful.
-
-A Django REST framework view authenticates inside itself: it is run as a subclass that
-mixes in ``IdempotentMixin`` (made once per view), so its claim happens after DRF's
-authentication, permissions and throttles, scoped to the DRF-authenticated user.
-
-django-ninja also authenticates inside its view: the middleware marks the request, and the
-operation claims it after ninja's auth, through the ninja adapter (``protect_under_middleware``).
-
-A view decorated with ``@idempotent``, or a DRF view that already uses the mixin, is left
-to its own protection (protected once, not twice); one whose decorator is hidden (a wrapper
-without ``functools.wraps``) is claimed here, and its ``@idempotent`` runs inside that claim
-(``protect.py``: nested layers of one scope). ``@idempotency_exempt`` and the
-``EXEMPT_URL_NAMES`` setting leave a view unprotected.
+It claims in ``process_view``, around the view alone (so ``request.user`` is set, as for
+``@idempotent``), and runs the view itself through the same adapters as the decorator, the
+DRF mixin (after DRF's own authentication) and django-ninja (after ninja's); none of the
+policy is decided here. It hands the lifecycle the ``ATOMIC_REQUESTS`` aliases Django would
+have wrapped. What it protects and leaves alone, nested layers, ordering and async:
+``docs/middleware.md``.
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,17 +91,13 @@ class IdempotencyMiddleware:
         plan = _plan_for(request, view)
         if plan is None:
             return None
-        if plan.action == _NINJA:
-            _mark_for_ninja(request)
-            return None  # Django calls the view: ninja authenticates, the operation claims
         if plan.view is not None:  # DRF: the mixin reopens ATOMIC_REQUESTS itself
             return plan.view(request, *args, **kwargs)  # type: ignore[no-any-return]
         assert plan.options is not None
+        call_view = functools.partial(view, request, *args, **kwargs)
         if iscoroutinefunction(view):
-            if request_transactions(view):
-                return None  # Django refuses ATOMIC_REQUESTS on async views: let it say so
-            return async_to_sync(_aprotect_view)(request, view, args, kwargs, plan.options)
-        return _protect_view(request, view, args, kwargs, plan.options)
+            return async_to_sync(aprotect)(request, call_view, plan.options)
+        return _protect_view(request, view, call_view, plan.options)
 
     # -- async (ASGI) -----------------------------------------------------------------------
 
@@ -123,46 +107,23 @@ class IdempotencyMiddleware:
         plan = _plan_for(request, view)
         if plan is None:
             return None
-        if plan.action == _NINJA:
-            _mark_for_ninja(request)
-            return None  # Django calls the view: ninja authenticates, the operation claims
         if plan.view is not None:
             drf_view = plan.view
             return await sync_to_async(drf_view, thread_sensitive=True)(request, *args, **kwargs)  # type: ignore[no-any-return]
         assert plan.options is not None
+        call_view = functools.partial(view, request, *args, **kwargs)
         if iscoroutinefunction(view):
-            if request_transactions(view):
-                return None
-            return await _aprotect_view(request, view, args, kwargs, plan.options)
+            return await aprotect(request, call_view, plan.options)
         return await sync_to_async(_protect_view, thread_sensitive=True)(
-            request, view, args, kwargs, plan.options
+            request, view, call_view, plan.options
         )
 
 
 def _protect_view(
-    request: HttpRequest,
-    view: View,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    options: Options,
+    request: HttpRequest, view: View, call_view: Callable[[], Any], options: Options
 ) -> HttpResponseBase:
-    def call_view() -> HttpResponseBase:
-        return view(request, *args, **kwargs)  # type: ignore[no-any-return]
-
+    """A sync view protected, its ``ATOMIC_REQUESTS`` aliases read in its own thread."""
     return protect(request, call_view, options, request_transactions=request_transactions(view))
-
-
-async def _aprotect_view(
-    request: HttpRequest,
-    view: View,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    options: Options,
-) -> HttpResponseBase:
-    def call_view() -> Awaitable[HttpResponseBase]:
-        return view(request, *args, **kwargs)  # type: ignore[no-any-return]
-
-    return await aprotect(request, call_view, options)
 
 
 def _mark_for_ninja(request: HttpRequest) -> None:
@@ -210,7 +171,9 @@ def _has_process_view(middleware: Any) -> bool:
 
 
 def _plan_for(request: HttpRequest, view: View) -> _Plan | None:
-    """The plan for this request, or ``None`` when the middleware leaves it alone."""
+    """The plan for this request, or ``None`` when the middleware leaves it to Django: not
+    protected here, a django-ninja operation (marked, to claim after ninja's auth), or an
+    async view under ``ATOMIC_REQUESTS`` (which Django refuses with its own error)."""
     if not _SETTINGS.protects(request.method):  # before any other work
         return None
     if _exempt_by_name(request):
@@ -223,6 +186,11 @@ def _plan_for(request: HttpRequest, view: View) -> _Plan | None:
         plan = _make_plan(view)
     if plan.action == _LEAVE or (request.method or "").upper() in plan.exempt_methods:
         return None
+    if plan.action == _NINJA:
+        _mark_for_ninja(request)
+        return None  # Django calls the view: ninja authenticates, the operation claims
+    if plan.view is None and iscoroutinefunction(view) and request_transactions(view):
+        return None  # Django refuses ATOMIC_REQUESTS on async views: let it say so
     return plan
 
 

@@ -1,31 +1,12 @@
 """django-ninja integration: the ``@idempotent`` contract on ninja operations.
 
-Two ways in, with the same options as ``@idempotent``::
-
-    router = IdempotentRouter(auth=django_auth)        # every POST and PATCH operation
-
-    @api.post("/charges/", response={201: ChargeOut})
-    @idempotent(ttl_seconds=3600)                      # one operation (below the route)
-    def create_charge(request, payload: ChargeIn): ...
-
-Where the claim happens: inside ninja's ``Operation.run``, after ninja's authentication
-(``request.auth`` is set) and throttles, around ninja's input validation, the operation's
-function and the rendering of its result. So the key belongs to ninja's authenticated
-caller, a request ninja refuses before it (401, 429) never claims a key, and what is stored
-is the exact bytes ninja rendered (status, allow-listed headers): a replay is byte for byte
-the first response. An input validation error (422), an ``HttpError`` (or any exception
-with a handler in the API) becomes its response and is stored or not by its status like
-any other (``STORE_STATUSES``), as a DRF serializer's 400 is; an unhandled exception
-releases the key. Validation is inside the claim so that one rule decides for every
-adapter: the library cannot tell a DRF view's validation, or the validation a ninja
-function does itself, from its work, and so stores what they answer by status alone.
-
-How: ninja clones each operation for every API that mounts its router and re-applies the
-operation's ``_run_decorators`` to each clone. Ours is one of them: it finds the clone it
-decorates and puts the protected function in place of the clone's ``view_func``, so each
-clone renders with its own API (renderer, exception handlers). The schema is added the same
-way, through the clone's ``openapi_extra``, built from ``contract.py`` when the schema is
-generated (so ``override_settings`` shows in it).
+Two ways in, with the same options as ``@idempotent``: ``IdempotentRouter`` (every POST and
+PATCH operation of the router) and ``@idempotent`` under an operation's route. The claim
+happens inside ninja's ``Operation.run``, after ninja's authentication and throttles, around
+its input validation, the operation's function and the rendering of its result: the key
+belongs to ninja's caller, and a replay is byte for byte what ninja rendered. What is
+claimed, stored and replayed, and why validation is inside the claim: ``docs/ninja.md`` and
+``docs/http-contract.md`` ("Validation failures, every adapter alike").
 """
 
 from __future__ import annotations
@@ -163,7 +144,11 @@ def _ninja_path(path: str) -> str:
 
 
 def _install(operation: Operation) -> None:
-    """On the template operation: register ``_bind`` to run on every clone of it."""
+    """On the template operation: register a ``_Bind`` to run on every clone of it.
+
+    ninja clones each operation for every API that mounts its router and re-applies the
+    operation's ``_run_decorators`` to each clone; ours is one of them, so each clone is
+    protected, and renders with its own API (renderer, exception handlers)."""
     if not hasattr(Operation, "clone"):  # before 1.7, nothing would apply it: say so
         raise ImproperlyConfigured("idempotency_django.ninja needs django-ninja 1.7 or later.")
     if operation.stream_format is not None:
@@ -177,7 +162,12 @@ def _install(operation: Operation) -> None:
 
 
 class _Bind:
-    """A "run decorator" that leaves ``run`` as it is and protects the clone's function."""
+    """A "run decorator" that leaves ``run`` as it is and protects the clone's function.
+
+    It finds the clone it decorates and puts the protected function in place of the clone's
+    ``view_func``. The schema is added the same way, through the clone's ``openapi_extra``,
+    built from ``contract.py`` when the schema is generated (so ``override_settings`` shows
+    in it)."""
 
     def __init__(self, func: Callable[..., Any], extra: dict[str, Any] | None) -> None:
         self.func = func

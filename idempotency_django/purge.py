@@ -3,26 +3,10 @@
 Records past their TTL already count as absent (a claim takes them over); purging only
 bounds the table. ``purge_records`` is the one implementation behind the
 ``purge_idempotency_keys`` command, the admin's "delete expired" action and any scheduled
-task of your own (Celery beat, …).
-
-How it stays out of the way of claims:
-
-- Each batch is two statements in autocommit: a plain (non-locking) read of up to
-  ``batch_size`` primary keys, walking an index in order from where the previous batch
-  stopped (keyset pagination, so every batch costs the same however large the table), then
-  ``DELETE … WHERE pk IN (…)`` that **re-checks** the conditions. Locks are held only for
-  that one short ``DELETE``, on the rows it deletes, and nothing is held between batches.
-- The re-check means a row that changed between the read and the delete is left alone: a
-  key that a retry took over (its ``expires_at`` moved forward) or a lease that was renewed.
-- A record whose view is still running (in progress with a live lease) is never deleted,
-  even past its TTL.
-- In-progress records whose lease has been dead for ``STALE_IN_PROGRESS_SECONDS`` (their
-  worker died and no retry came) are deleted too, and counted apart.
-- It is paced (``Pacing``): between batches it sleeps so that it deletes at most
-  ``PURGE_RATE`` rows a second, and so that it is busy at most ``DEFAULT_BUSY_SHARE`` of the
-  time: a batch that took longer (the database is busy) is followed by a longer pause. At
-  full speed on two cores the purge took a core and multiplied the claims' p99 by 8.9
-  (``benchmarks/RESULTS.md``); paced, it leaves the database to them.
+task of your own (Celery beat, …). It stays out of the claims' way: keyset-paginated
+batches whose ``DELETE`` re-checks its conditions, nothing held between batches, and a pace
+(``Pacing``) that leaves the database to the claims. The long story, with the measurements:
+``docs/operations.md`` ("Purging old keys").
 """
 
 from __future__ import annotations

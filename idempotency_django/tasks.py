@@ -2,19 +2,10 @@
 
 ``@idempotent_task`` protects one function (a Celery task, a queue consumer's handler);
 ``claim_once`` protects a block of code that is not one function. Both use the store the
-HTTP decorator uses, with its leases, heartbeat, TTL and purge: a key is scoped by
-``account = scope`` and ``endpoint = "task:<name>"``, and the result is stored as JSON
-(status 200, ``Content-Type: application/json``) so the admin shows it.
-
-The flow is the one lifecycle the HTTP adapters use (``lifecycle.py``), with the same
-rules: the claim commits on its own, the work runs while the heartbeat renews its lease,
-then the result is stored (fenced by the claim's token). An exception, or a result that is
-not JSON, releases the key so that the next delivery runs, except a lost database
-connection, after which the work may have committed: that key is kept until its lease
-lapses. Called inside an open transaction on the store's database, the work runs in
-``atomic`` mode (claim, work and result in that transaction), as views do; a result that
-cannot be stored there raises ``TaskStoreUnavailable`` rather than report success for
-work that rolled back.
+HTTP decorator uses, with its leases, heartbeat, TTL and purge (a key is scoped by
+``account = scope`` and ``endpoint = "task:<name>"``), and the one lifecycle the HTTP
+adapters use (``lifecycle.py``), with the same rules. The result is stored as JSON, so the
+admin shows it. The long story: ``docs/tasks.md``.
 """
 
 from __future__ import annotations

@@ -2,13 +2,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connection
+from django.db import connection, connections
 from django.test import Client
 
 from idempotency_django import lifecycle
@@ -123,3 +124,24 @@ def post(client: Client) -> Post:
 def effects(label: str | None = None) -> int:
     records = SideEffect.objects.all()
     return records.filter(label=label).count() if label else records.count()
+
+
+def post_from_thread(path: str, body: Any, headers: dict[str, str]) -> Any:
+    """POST ``body`` as JSON with ``headers`` from a thread of a concurrency test, whose
+    database connections are closed after (a thread's own are never reused)."""
+    try:
+        return Client().post(
+            path, data=json.dumps(body), content_type="application/json", headers=headers
+        )
+    finally:
+        connections.close_all()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 20) -> bool:
+    """Whether ``condition()`` came true within ``timeout`` seconds, polled every 50 ms."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False

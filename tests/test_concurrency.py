@@ -3,7 +3,6 @@ released together by a barrier, against PostgreSQL and MariaDB."""
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import time
@@ -13,12 +12,11 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection, connections
-from django.test import Client
 
 from idempotency_django import signals
 from idempotency_django.models import IdempotencyRecord
 from tests import records
-from tests.conftest import effects
+from tests.conftest import effects, post_from_thread, wait_until
 from tests.project.views import gate
 from tools.threads import start_together
 
@@ -28,15 +26,7 @@ THREADS = 8
 
 
 def send(path: str, body: dict[str, Any], key: str = "k1") -> Any:
-    try:
-        return Client().post(
-            path,
-            data=json.dumps(body),
-            content_type="application/json",
-            headers={"Idempotency-Key": key, "X-User": "alice"},
-        )
-    finally:
-        connections.close_all()
+    return post_from_thread(path, body, {"Idempotency-Key": key, "X-User": "alice"})
 
 
 def run_together(
@@ -137,15 +127,6 @@ def lock_waiters() -> int:
                 "WHERE info LIKE 'INSERT INTO `idempotency_django_idempotencyrecord`%'"
             )
         return int(cursor.fetchone()[0])
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 20) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.mark.database_store("atomic mode: the claim in the work's transaction")

@@ -8,13 +8,11 @@ no server. The e2e tests serve the same project under gunicorn.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
-from tools.server import REPO_ROOT, example_env
+from tools.server import example_env, run_python
 
 # Run in the child, with the example's settings: each request's status, content type,
 # Location and body, by name, printed as JSON on the last line. Its argument: the ids of
@@ -88,15 +86,7 @@ UNKNOWN_IDS = [
 def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     database = tmp_path_factory.mktemp("example") / "example.sqlite3"
     env = example_env(f"sqlite:///{database}", EXAMPLE_PROVIDER_DELAY_MS="0")
-    child = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(UNKNOWN_IDS)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    child = run_python(env, "-c", CHILD, json.dumps(UNKNOWN_IDS))
     assert child.returncode == 0, child.stderr
     results: dict[str, dict[str, Any]] = json.loads(child.stdout.splitlines()[-1])
     return results

@@ -9,13 +9,11 @@ serves the same project under gunicorn on PostgreSQL.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
-from tools.server import REPO_ROOT, example_env
+from tools.server import example_env, run_python
 
 # Run in the child, with the example's settings: each answer by name, as JSON on the last
 # line, and the number of charges alice has at the end.
@@ -102,15 +100,7 @@ print(json.dumps(results))
 def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     database = tmp_path_factory.mktemp("example") / "example.sqlite3"
     env = example_env(f"sqlite:///{database}", EXAMPLE_PROVIDER_DELAY_MS="0")
-    child = subprocess.run(
-        [sys.executable, "-c", CHILD],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    child = run_python(env, "-c", CHILD)
     assert child.returncode == 0, child.stderr
     results: dict[str, Any] = json.loads(child.stdout.splitlines()[-1])
     return results

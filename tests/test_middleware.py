@@ -192,15 +192,9 @@ def test_an_exempt_handler_of_a_class_based_view_is_untouched(alice: User, post:
 
 
 def test_an_exempt_viewset_action_is_untouched(alice: User, client: Client) -> None:
-    send = token_post(client)
-    token = Token.objects.create(user=alice).key
-    first = send("/mw/viewset/ping/", token)
-    retry = send("/mw/viewset/ping/", token)
+    send, token = assert_untouched_by_the_middleware(client, alice, "/mw/viewset/ping/")
 
-    assert first.status_code == retry.status_code == 201
-    assert "Idempotent-Replayed" not in retry
     assert effects("mw_viewset_ping") == 2
-    assert not records.exists()
     send("/mw/viewset/", token)  # create, on the same viewset: still protected
     assert send("/mw/viewset/", token)["Idempotent-Replayed"] == "true"
 
@@ -377,6 +371,21 @@ def token_post(client: Client) -> Callable[..., Any]:
     return send
 
 
+def assert_untouched_by_the_middleware(
+    client: Client, alice: User, path: str
+) -> tuple[Callable[..., Any], str]:
+    """POST ``path`` twice with alice's DRF token: both run (no replay) and nothing is
+    stored. Returns the sender and the token, for more requests."""
+    send = token_post(client)
+    token = Token.objects.create(user=alice).key
+    first = send(path, token)
+    retry = send(path, token)
+    assert first.status_code == retry.status_code == 201
+    assert "Idempotent-Replayed" not in retry
+    assert not records.exists()
+    return send, token
+
+
 @pytest.mark.parametrize(
     ("path", "label"),
     [
@@ -410,15 +419,9 @@ def test_drf_views_are_scoped_to_the_token_user(
 
 
 def test_an_exempt_drf_view_is_untouched(alice: User, client: Client) -> None:
-    send = token_post(client)
-    token = Token.objects.create(user=alice).key
-    first = send("/mw/exempt-drf/", token)
-    retry = send("/mw/exempt-drf/", token)
+    assert_untouched_by_the_middleware(client, alice, "/mw/exempt-drf/")
 
-    assert first.status_code == retry.status_code == 201
-    assert "Idempotent-Replayed" not in retry
     assert effects("mw_exempt_drf") == 2
-    assert not records.exists()
 
 
 def test_drf_refuses_an_unauthenticated_request_before_any_claim(
@@ -655,29 +658,26 @@ def test_under_asgi_an_async_view_under_atomic_requests_gets_djangos_own_error(
     assert not records.exists()
 
 
-def test_under_asgi_a_duplicate_of_a_running_async_view_is_a_409(alice: User) -> None:
-    """The middleware in async mode, called as Django's ASGI handler calls it: the first
-    request parks inside its view on the event loop, and the duplicate is answered on the
-    same loop meanwhile, so the claim never blocked the loop."""
+def held_and_duplicate_under_asgi(alice: User, path: str, view: Any) -> tuple[Any, Any]:
+    """The middleware in async mode, called as Django's ASGI handler calls it, with ``view``
+    for ``path``: a first request parked in ``async_hold`` on the event loop, a duplicate
+    sent on the same loop meanwhile, then the first let go. Their answers, in that order."""
 
     async def get_response(request: Any) -> Any:  # pragma: no cover - process_view answers
         raise AssertionError("the view middleware answers protected requests")
 
     middleware = IdempotencyMiddleware(get_response)
 
-    def held_request() -> Any:
+    async def send() -> Any:
         request = AsyncRequestFactory().post(
-            "/mw/async/",
+            path,
             data=json.dumps({"hold": True}),
             content_type="application/json",
             headers={"Idempotency-Key": "k1"},
         )
         request.user = alice
-        request.resolver_match = resolve("/mw/async/")
-        return request
-
-    async def send() -> Any:
-        return await middleware.process_view(held_request(), middleware_views.async_plain, (), {})
+        request.resolver_match = resolve(path)
+        return await middleware.process_view(request, view, (), {})
 
     async def scenario() -> tuple[Any, Any]:
         middleware_views.async_hold.entered = asyncio.Event()
@@ -689,9 +689,18 @@ def test_under_asgi_a_duplicate_of_a_running_async_view_is_a_409(alice: User) ->
         return await asyncio.wait_for(first, timeout=20), duplicate
 
     try:
-        first, duplicate = async_to_sync(scenario)()
+        return async_to_sync(scenario)()
     finally:
         middleware_views.async_hold.entered = middleware_views.async_hold.release = None
+
+
+def test_under_asgi_a_duplicate_of_a_running_async_view_is_a_409(alice: User) -> None:
+    """The middleware in async mode, called as Django's ASGI handler calls it: the first
+    request parks inside its view on the event loop, and the duplicate is answered on the
+    same loop meanwhile, so the claim never blocked the loop."""
+    first, duplicate = held_and_duplicate_under_asgi(
+        alice, "/mw/async/", middleware_views.async_plain
+    )
 
     assert duplicate.status_code == 409
     assert problem(duplicate)["status"] == 409
@@ -742,37 +751,7 @@ def test_under_asgi_an_inner_idempotent_layer_runs_once_under_the_middlewares_cl
     request parks inside the inner ``@idempotent`` layer, a duplicate is answered 409
     meanwhile on the same loop; once the first has completed, a retry through the whole
     ASGI stack is a replay."""
-    view = resolve(path).func
-
-    async def get_response(request: Any) -> Any:  # pragma: no cover - process_view answers
-        raise AssertionError("the view middleware answers protected requests")
-
-    middleware = IdempotencyMiddleware(get_response)
-
-    async def send() -> Any:
-        request = AsyncRequestFactory().post(
-            path,
-            data=json.dumps({"hold": True}),
-            content_type="application/json",
-            headers={"Idempotency-Key": "k1"},
-        )
-        request.user = alice
-        request.resolver_match = resolve(path)
-        return await middleware.process_view(request, view, (), {})
-
-    async def scenario() -> tuple[Any, Any]:
-        middleware_views.async_hold.entered = asyncio.Event()
-        middleware_views.async_hold.release = asyncio.Event()
-        first = asyncio.ensure_future(send())
-        await asyncio.wait_for(middleware_views.async_hold.entered.wait(), timeout=20)
-        duplicate = await asyncio.wait_for(send(), timeout=20)
-        middleware_views.async_hold.release.set()
-        return await asyncio.wait_for(first, timeout=20), duplicate
-
-    try:
-        first, duplicate = async_to_sync(scenario)()
-    finally:
-        middleware_views.async_hold.entered = middleware_views.async_hold.release = None
+    first, duplicate = held_and_duplicate_under_asgi(alice, path, resolve(path).func)
     retry = apost(path, {"hold": True})
 
     assert first.status_code == 201

@@ -4,17 +4,15 @@ request is held inside its view (``gate``) until every duplicate has been answer
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.db import connections
-from django.test import Client
 from rest_framework.authtoken.models import Token
 
 from tests import records
-from tests.conftest import effects
+from tests.conftest import effects, post_from_thread
 from tests.project.views import gate
 from tools.threads import start_together
 
@@ -33,19 +31,10 @@ def middleware(settings: Any) -> None:
     settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE]
 
 
-def send(path: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
-    try:
-        return Client().post(
-            path, data=json.dumps(body), content_type="application/json", headers=headers
-        )
-    finally:
-        connections.close_all()
-
-
 def race(path: str, body: dict[str, Any], headers: dict[str, str]) -> list[Any]:
     """``THREADS`` identical requests at once; the one that runs is held in its view until
     the others were answered, then let go. Returns every response."""
-    results, threads = start_together(THREADS, lambda: send(path, body, headers))
+    results, threads = start_together(THREADS, lambda: post_from_thread(path, body, headers))
     try:
         losers = [results.get(timeout=30) for _ in range(THREADS - 1)]
         # The winner claimed before any loser was answered; it may reach its view after
@@ -72,7 +61,7 @@ def test_concurrent_duplicates_on_a_plain_view_run_it_once(alice: User) -> None:
 
     assert_one_ran(responses)
     assert effects("mw_plain") == 1
-    assert send("/mw/plain/", {"gate": True}, headers)["Idempotent-Replayed"] == "true"
+    assert post_from_thread("/mw/plain/", {"gate": True}, headers)["Idempotent-Replayed"] == "true"
     assert records.count() == 1
 
 
@@ -84,7 +73,7 @@ def test_concurrent_duplicates_on_a_drf_view_run_it_once(alice: User) -> None:
 
     assert_one_ran(responses)
     assert effects("mw_drf") == 1
-    assert send("/mw/drf/", body, headers)["Idempotent-Replayed"] == "true"
+    assert post_from_thread("/mw/drf/", body, headers)["Idempotent-Replayed"] == "true"
     assert records.get().account == str(alice.pk)
 
 
@@ -97,7 +86,7 @@ def test_concurrent_duplicates_under_atomic_requests_run_the_view_once(
 
     assert_one_ran(responses)
     assert effects("mw_plain") == 1
-    assert send("/mw/plain/", {"gate": True}, headers)["Idempotent-Replayed"] == "true"
+    assert post_from_thread("/mw/plain/", {"gate": True}, headers)["Idempotent-Replayed"] == "true"
 
 
 def test_concurrent_duplicates_of_a_decorated_view_are_claimed_once(alice: User) -> None:
@@ -123,5 +112,5 @@ def test_concurrent_duplicates_of_a_nested_idempotent_layer_run_it_once(
 
     assert_one_ran(responses)
     assert effects(label) == 1
-    assert send(path, {"gate": True}, headers)["Idempotent-Replayed"] == "true"
+    assert post_from_thread(path, {"gate": True}, headers)["Idempotent-Replayed"] == "true"
     assert records.count() == 1

@@ -3,15 +3,12 @@ database connections, released together by a barrier, against PostgreSQL and Mar
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connections
-from django.test import Client
 
-from tests.conftest import effects
+from tests.conftest import effects, post_from_thread
 from tests.project.views import gate
 from tools.threads import start_together
 
@@ -25,15 +22,9 @@ THREADS = 8
 
 
 def send(path: str, body: dict[str, Any]) -> Any:
-    try:
-        return Client().post(
-            f"/ninja{path}",
-            data=json.dumps(body),
-            content_type="application/json",
-            headers={"Idempotency-Key": "k1", "Authorization": "Bearer alice"},
-        )
-    finally:
-        connections.close_all()
+    return post_from_thread(
+        f"/ninja{path}", body, {"Idempotency-Key": "k1", "Authorization": "Bearer alice"}
+    )
 
 
 @pytest.mark.parametrize("path", ["/r/effects/", "/r/async/"])

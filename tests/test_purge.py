@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import re
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,7 +32,7 @@ from idempotency_django.management.commands.purge_idempotency_keys import Comman
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.purge import Pacing, PurgeResult, parse_duration, purge_records
 from tests.project.factories import IdempotencyRecordFactory
-from tools.server import REPO_ROOT, example_env
+from tools.server import example_env, run_python
 
 State = IdempotencyRecord.State
 pytestmark = pytest.mark.database_store("the purge deletes database rows (Redis expires its keys)")
@@ -880,15 +879,7 @@ def test_command_exit_status_from_the_command_line(tmp_path: Path) -> None:
     migrated_env = example_env(f"sqlite:///{tmp_path / 'example.sqlite3'}")
 
     def manage(*args: str, env: dict[str, str] = migrated_env) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "manage.py", *args],
-            cwd=REPO_ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        return run_python(env, "manage.py", *args)
 
     migrated = manage("migrate", "-v", "0")
     assert migrated.returncode == 0, migrated.stderr

@@ -9,7 +9,6 @@ seconds), so marked ``redis_cluster`` and run in a ``.ci/run`` step of its own.
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import uuid
@@ -17,10 +16,8 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connections
-from django.test import Client
 
-from tests.conftest import effects
+from tests.conftest import effects, post_from_thread
 from tests.project.views import gate
 from tools import redis_cluster
 
@@ -77,15 +74,7 @@ def redirections(port: int, kind: str) -> int:
 
 
 def send(path: str, body: dict[str, Any], key: str) -> Any:
-    try:
-        return Client().post(
-            path,
-            data=json.dumps(body),
-            content_type="application/json",
-            headers={"Idempotency-Key": key, "X-User": "alice"},
-        )
-    finally:
-        connections.close_all()
+    return post_from_thread(path, body, {"Idempotency-Key": key, "X-User": "alice"})
 
 
 class InFlight:

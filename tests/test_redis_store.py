@@ -680,7 +680,7 @@ def test_the_test_kit_proves_single_flight_on_redis(alice: User) -> None:
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
 def test_the_example_on_redis_writes_no_idempotency_rows(tmp_path: Path) -> None:
-    from tools.server import REPO_ROOT, example_env
+    from tools.server import example_env, run_python
 
     child = r"""
 import base64, json, django
@@ -703,15 +703,7 @@ print(json.dumps([first.status_code, retry.status_code, retry.get("Idempotent-Re
         EXAMPLE_REDIS_URL=REDIS_URL,
         EXAMPLE_REDIS_KEY_PREFIX=PREFIX,
     )
-    result = subprocess.run(
-        [sys.executable, "-c", child],
-        cwd=REPO_ROOT,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = run_python({**os.environ, **env}, "-c", child)
 
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.splitlines()[-1]) == [201, 201, "true", 0]

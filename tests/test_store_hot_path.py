@@ -26,9 +26,9 @@ from idempotency_django.store import (
     lapsed_q,
     store,
 )
-from tests.conftest import Post, effects
+from tests.conftest import Post, effects, wait_until
 from tests.project.views import gate
-from tests.test_concurrency import finish, lock_waiters, send, wait_until
+from tests.test_concurrency import finish, lock_waiters, send
 
 State = IdempotencyRecord.State
 
@@ -247,6 +247,21 @@ def test_a_row_that_keeps_vanishing_under_a_request_ends_in_409_not_a_spin(
     assert len(calls) == claims.MAX_RACES + 1
 
 
+def a_duplicate_waiting_on_the_lock() -> tuple[Any, Any]:
+    """A POST to ``/atomic/`` held in its view (its claim uncommitted), then a duplicate
+    waiting on the unique index behind it; both let go: their responses, in that order."""
+    first: queue.Queue[Any] = queue.Queue()
+    holder = threading.Thread(target=lambda: first.put(send("/atomic/", {"gate": True})))
+    holder.start()
+    assert gate.entered.wait(20)
+    second: queue.Queue[Any] = queue.Queue()
+    waiter = threading.Thread(target=lambda: second.put(send("/atomic/", {"gate": True})))
+    waiter.start()
+    assert wait_until(lambda: lock_waiters() >= 1)
+    finish([holder, waiter])
+    return first.get(timeout=5), second.get(timeout=5)
+
+
 @pytest.mark.concurrency
 @pytest.mark.database_store("the database store's SQL paths")
 def test_a_claim_that_waited_for_a_concurrent_claim_reads_the_row_it_lost_to(
@@ -264,18 +279,9 @@ def test_a_claim_that_waited_for_a_concurrent_claim_reads_the_row_it_lost_to(
         return claim_or_read(self, alias, values, fingerprint)
 
     monkeypatch.setattr(DatabaseStore, "claim_or_read", counted)
-    first: queue.Queue[Any] = queue.Queue()
-    holder = threading.Thread(target=lambda: first.put(send("/atomic/", {"gate": True})))
-    holder.start()
-    assert gate.entered.wait(20)
-    second: queue.Queue[Any] = queue.Queue()
-    waiter = threading.Thread(target=lambda: second.put(send("/atomic/", {"gate": True})))
-    waiter.start()
-    assert wait_until(lambda: lock_waiters() >= 1)
-    finish([holder, waiter])
+    original, replay = a_duplicate_waiting_on_the_lock()
 
-    assert first.get(timeout=5).status_code == 201
-    replay = second.get(timeout=5)
+    assert original.status_code == 201
     assert replay.status_code == 201
     assert replay["Idempotent-Replayed"] == "true"
     assert effects() == 1
@@ -292,20 +298,10 @@ def test_a_claim_that_waited_reads_its_own_endpoints_row_not_another_endpoints(
     wait must find ``/atomic/``'s row, the one the claim lost to, never another endpoint's
     record (a 422, or another endpoint's response)."""
     before = [send(path, {"gate": False}) for path in ("/async/", "/effect/")]
-    first: queue.Queue[Any] = queue.Queue()
-    holder = threading.Thread(target=lambda: first.put(send("/atomic/", {"gate": True})))
-    holder.start()
-    assert gate.entered.wait(20)
-    second: queue.Queue[Any] = queue.Queue()
-    waiter = threading.Thread(target=lambda: second.put(send("/atomic/", {"gate": True})))
-    waiter.start()
-    assert wait_until(lambda: lock_waiters() >= 1)
-    finish([holder, waiter])
+    original, replay = a_duplicate_waiting_on_the_lock()
 
     assert [response.status_code for response in before] == [201, 201]
-    original = first.get(timeout=5)
     assert original.status_code == 201
-    replay = second.get(timeout=5)
     assert replay.status_code == 201
     assert replay["Idempotent-Replayed"] == "true"
     assert replay.content == original.content

@@ -38,7 +38,7 @@ from idempotency_django.tasks import (
     task_key,
 )
 from tests import records
-from tests.conftest import effects
+from tests.conftest import effects, wait_until
 from tests.models import SideEffect
 from tests.project.views import gate
 
@@ -1086,15 +1086,6 @@ def the_one_that_entered(answers: dict[Worker, str]) -> Worker:
     assert len(entered) == 1, answers
     assert others == [f"in_flight {RETRY_AFTER}"] * (len(answers) - 1), answers
     return entered[0]
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 20) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.mark.concurrency

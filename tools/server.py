@@ -229,10 +229,13 @@ def example_env(database_url: str, **overrides: str) -> dict[str, str]:
     return project_env("example_project.settings", database_url, **overrides)
 
 
-def manage(env: Mapping[str, str], *args: str, timeout: float = 300) -> str:
-    """``manage.py args`` in the environment ``env``: its output, or an error with it."""
-    result = subprocess.run(
-        [sys.executable, "manage.py", *args],
+def run_python(
+    env: Mapping[str, str], *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``python args`` at the repository's root in the environment ``env``, its output
+    captured; the caller checks its exit status."""
+    return subprocess.run(
+        [sys.executable, *args],
         cwd=REPO_ROOT,
         env=dict(env),
         capture_output=True,
@@ -240,6 +243,11 @@ def manage(env: Mapping[str, str], *args: str, timeout: float = 300) -> str:
         timeout=timeout,
         check=False,
     )
+
+
+def manage(env: Mapping[str, str], *args: str, timeout: float = 300) -> str:
+    """``manage.py args`` in the environment ``env``: its output, or an error with it."""
+    result = run_python(env, "manage.py", *args, timeout=timeout)
     if result.returncode != 0:
         raise RuntimeError(
             f"manage.py {' '.join(args)} failed ({result.returncode}):\n"

@@ -1,5 +1,6 @@
-"""Command-line arguments of the management commands: value types, and usage errors that
-are ``CommandError``s with exit status 2 under ``call_command`` too.
+"""Command-line arguments of the management commands: value types, usage errors that are
+``CommandError``s with exit status 2 under ``call_command`` too, and ``Command``, the base
+that gives each command that parser and the store's ``--database``.
 
 The purge command's options become ``purge_records``' keyword arguments here
 (``purge_arguments``), so the command is argument parsing, one call and its output.
@@ -14,7 +15,7 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from idempotency_django.purge import (
@@ -99,6 +100,24 @@ class Parser(CommandParser):
         if self.called_from_command_line:
             super().error(message)  # usage and message on stderr, exit status 2
         raise usage_error(f"Error: {message}")
+
+
+class Command(BaseCommand):
+    """The base of the app's commands: their parser is ``Parser``, and each takes the
+    store's ``--database``."""
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parser.__class__ = Parser  # Django builds a CommandParser: this one's
+        return parser
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--database",
+            default=None,
+            help="The database alias of the store (default: IDEMPOTENCY['DATABASE'] or "
+            "the routers' choice).",
+        )
 
 
 def usage_error(message: str) -> CommandError:

@@ -1,15 +1,12 @@
 """What every store shares: the interface, the record's states, and the failure kinds.
 
-The lifecycle (``lifecycle.py``) and the decision table (``claims.py``) talk to a
-store only through ``Store``; each store keeps records its own way (``database.py``: rows
-of ``IdempotencyRecord``; ``redis.py``: one Redis key per record) and translates its own
-errors into the failure kinds below, so that the one failure policy (fail open only when
-the store cannot be reached, contention is a duplicate in flight) applies to every store.
-
-The one definition of which records are *in use*, *expired* (absent) and *lapsed* lives
-here, as Python predicates over a ``Snapshot`` and as the ``Q`` the database store, the
-admin and the purge filter with: an in-progress record with a live lease is in use
-whatever its TTL says, and is never taken over or deleted.
+The lifecycle (``lifecycle.py``) and the decision table (``claims.py``) talk to a store only
+through ``Store``; each store keeps records its own way and translates its own errors into
+the failure kinds below, so that the one failure policy applies to every store. The one
+definition of which records are *in use*, *expired* (absent) and *lapsed* lives here, as
+Python predicates over a ``Snapshot`` and as ``Q``: an in-progress record with a live lease
+is in use whatever its TTL says, and is never taken over or deleted. Choosing and writing a
+store: ``docs/stores.md``.
 """
 
 from __future__ import annotations

@@ -3,17 +3,10 @@
 The unique index on ``(account, endpoint, key)`` is the lock. Besides the interface of
 ``base.Store`` this module holds the admin's conditional ``DELETE … RETURNING``
 (``delete_returning``) and the purge's reads and deletes (``read_page``, ``delete_page``):
-no other module sends SQL.
-
-The hot path (claim, read, complete, release, renew) is raw SQL built once per database
-alias and cached (``_Statements``): the ORM costs several times the statement itself there
-(measured in ``benchmarks/components.py``: about 1.2 ms of CPU for the ORM's read of one row
-against 0.1 ms for the same ``SELECT``). Parameters go through each field's
-``get_db_prep_save`` and results through the same converters the ORM applies, so datetimes
-(``USE_TZ`` on or off, MariaDB's naive columns) and JSON (text on MariaDB) come and go
-exactly as they would through a queryset. Rare paths (take-over, a replay across
-fingerprint versions, a completion retried after a lost answer) stay on the ORM, with the
-``Q`` definitions of ``base``.
+no other module sends SQL. The hot path (claim, read, complete, release, renew) is raw SQL
+built once per database alias (``_Statements``), converted exactly as the ORM would; rare
+paths stay on the ORM, with the ``Q`` definitions of ``base``. Why, and what it measured:
+``docs/performance.md`` ("How the hot path is built"); the failures: ``docs/store.md``.
 """
 
 from __future__ import annotations

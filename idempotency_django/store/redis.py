@@ -1,20 +1,12 @@
 """The Redis (or Valkey) store: one Redis key per record, expired by Redis itself.
 
-A record is the key ``<KEY_PREFIX>:{<sha256 of account, endpoint, key>}``: the hash tag
-(the braces) puts every key of one record in one cluster slot. Its value is
-``state|token|lease_ms|expires_ms|<json: fingerprint, status, headers>`` then a newline and
-the stored body; the lease and the expiry are Redis server time (``TIME``), in ms.
-
-- Claim: one script, one round trip, whose write is one ``SET key value NX PX`` (with the
-  lease counted on Redis's clock); a loser gets the record it lost to in the same reply.
-- Completion, release, renewal and take-over are scripts fenced by the claim's token; the
-  take-over and the renewal compare the lease with Redis ``TIME``, never a client's clock.
-- Replay: the record comes back with the lost claim, or with one ``GET``.
-- Expiry: ``PX`` (the TTL), so nothing is purged. A record in progress is kept at least
-  two leases ahead of its lease, whatever its TTL: it is never expired while in use.
-
-Only plain commands and ``EVALSHA``/``EVAL`` (redis-py's ``Script``): Valkey works the
-same. Redis ≥ 7.0 (``SET … NX GET``).
+A record is the key ``<KEY_PREFIX>:{<sha256 of account, endpoint, key>}`` (the hash tag puts
+every key of one record in one cluster slot), valued
+``state|token|lease_ms|expires_ms|<json: fingerprint, status, headers>``, a newline and the
+stored body; lease and expiry are Redis server time (``TIME``), in ms. The claim is one
+script whose write is ``SET NX PX``; completion, release, renewal and take-over are scripts
+fenced by the claim's token. Redis ≥ 7.0; Valkey works the same. How each step runs, what it
+gives up and what a failover can lose: ``docs/stores.md``.
 """
 
 from __future__ import annotations
@@ -93,6 +85,16 @@ local function keep(key, lease_ms)
   local ttl = redis.call('PTTL', key)
   if ttl >= 0 and ttl < 3 * lease_ms then redis.call('PEXPIRE', key, 3 * lease_ms) end
 end
+-- a new claim's value, and its PX: its TTL, but at least three leases ('' = no TTL)
+local function claimed(token, now, lease_ms, ttl, meta)
+  local expires = '0'
+  local px = 3 * lease_ms
+  if ttl ~= '' then
+    expires = ms(now + tonumber(ttl))
+    px = math.max(px, tonumber(ttl))
+  end
+  return 'i|' .. token .. '|' .. ms(now + lease_ms) .. '|' .. expires .. '|' .. meta, px
+end
 """
 
 # KEYS[1]; ARGV: token, lease ms, ttl ms ('' = forever), meta. -> {1, now} | {0, now, old}
@@ -100,14 +102,7 @@ _CLAIM = (
     _PARSE
     + """
 local now = now_ms()
-local lease = tonumber(ARGV[2])
-local expires = '0'
-local px = 3 * lease
-if ARGV[3] ~= '' then
-  expires = ms(now + tonumber(ARGV[3]))
-  px = math.max(px, tonumber(ARGV[3]))
-end
-local value = 'i|' .. ARGV[1] .. '|' .. ms(now + lease) .. '|' .. expires .. '|' .. ARGV[4]
+local value, px = claimed(ARGV[1], now, tonumber(ARGV[2]), ARGV[3], ARGV[4])
 local old
 if ARGV[3] == '' then
   old = redis.call('SET', KEYS[1], value, 'NX', 'GET')
@@ -134,15 +129,8 @@ local now = now_ms()
 local in_use = state == 'i' and lease > now
 local expired = expires ~= 0 and expires <= now
 if in_use or not (state == 'i' or expired) then return 0 end
-local new_lease = tonumber(ARGV[3])
-local exp = '0'
-local px = 3 * new_lease
-if ARGV[4] ~= '' then
-  exp = ms(now + tonumber(ARGV[4]))
-  px = math.max(px, tonumber(ARGV[4]))
-end
-redis.call('SET', KEYS[1], 'i|' .. ARGV[2] .. '|' .. ms(now + new_lease) .. '|' .. exp
-  .. '|' .. ARGV[5], 'PX', px)
+local value, px = claimed(ARGV[2], now, tonumber(ARGV[3]), ARGV[4], ARGV[5])
+redis.call('SET', KEYS[1], value, 'PX', px)
 return 1
 """
 )

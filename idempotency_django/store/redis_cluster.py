@@ -1,14 +1,11 @@
 """What the Redis store needs to run on a Redis Cluster, and the optional ``WAIT``.
 
-``connect`` builds a ``RedisCluster`` client when the options say ``CLUSTER`` or the URL
-is ``redis+cluster://`` (redis-py
-follows ``MOVED`` and ``ASK`` and finds a promoted replica itself); ``by_node`` groups keys
-by the master that holds them, so that the heartbeat renews a process's claims in one
-round trip per node (a script may only touch keys of one slot there). ``write_and_wait``
-sends a write and ``WAIT n timeout`` on one connection in one round trip: ``WAIT`` counts
-the replicas that acknowledged *that connection's* writes, so it cannot go through a pool
-that may hand out another connection, nor through the cluster client, which routes a
-keyless command anywhere. It follows ``MOVED`` and ``ASK`` itself, for the same reason.
+``connect`` builds a ``RedisCluster`` client when the options say ``CLUSTER`` or the URL is
+``redis+cluster://`` (redis-py follows ``MOVED`` and ``ASK`` and finds a promoted replica
+itself); ``by_node`` and ``eval_per_node`` let the heartbeat renew a process's claims in one
+round trip per node (a script may only touch keys of one slot there); ``write_and_wait``
+sends a write and its ``WAIT`` on one connection. The long story: ``docs/stores.md``
+("Redis Cluster and failover").
 """
 
 from __future__ import annotations
@@ -175,7 +172,12 @@ def write_and_wait(
     timeout_ms: int,
 ) -> tuple[Any, int]:
     """Runs ``command`` (which writes ``key``), then ``WAIT replicas timeout_ms``, on one
-    connection: the command's reply and how many replicas acknowledged it."""
+    connection: the command's reply and how many replicas acknowledged it.
+
+    ``WAIT`` counts the replicas that acknowledged *that connection's* writes, so it cannot
+    go through a pool that may hand out another connection, nor through the cluster client,
+    which routes a keyless command anywhere. It follows ``MOVED`` and ``ASK`` itself, for
+    the same reason."""
     if not isinstance(client, RedisCluster):
         return _pipeline(client, command, replicas, timeout_ms, asking=False)
     node = client.get_node_from_key(key)

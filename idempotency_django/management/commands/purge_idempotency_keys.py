@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
 from idempotency_django.management import arguments
@@ -22,7 +22,7 @@ def _batches(count: int) -> str:
     return f"{count} batch" if count == 1 else f"{count} batches"
 
 
-class Command(BaseCommand):
+class Command(arguments.Command):
     help = (
         "Delete expired idempotency records, and in-progress ones whose lease has long been "
         "dead, in small batches: safe to run from cron while traffic flows."
@@ -30,11 +30,6 @@ class Command(BaseCommand):
 
     #: At verbosity 1, a progress line at most this often (seconds); every batch at 2.
     progress_interval = 5.0
-
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        parser = super().create_parser(prog_name, subcommand, **kwargs)
-        parser.__class__ = arguments.Parser  # Django builds a CommandParser: this one's
-        return parser
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -89,12 +84,7 @@ class Command(BaseCommand):
             help="No pauses at all: delete as fast as the database allows (live traffic "
             "pays for it; for a maintenance window).",
         )
-        parser.add_argument(
-            "--database",
-            default=None,
-            help="The database alias of the store (default: IDEMPOTENCY['DATABASE'] or "
-            "the routers' choice).",
-        )
+        super().add_arguments(parser)  # --database
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["database"] is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from idempotency_django.codecs import Resealed, get_codec, reseal_records
 from idempotency_django.management import arguments
@@ -36,22 +36,15 @@ def summary(result: Resealed) -> str:
     return line + "."
 
 
-class Command(BaseCommand):
+class Command(arguments.Command):
     help = (
         "Seal every stored idempotent response again with RESPONSE_CODEC: under the first "
         "of ENCRYPTION_KEYS after a rotation (so older keys can be dropped), and for the "
         "first time for records stored before the codec was set. Safe while traffic flows."
     )
 
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        parser = super().create_parser(prog_name, subcommand, **kwargs)
-        parser.__class__ = arguments.Parser  # Django builds a CommandParser: this one's
-        return parser
-
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument(
-            "--database", help="The store's database alias (default: as the engine picks)."
-        )
+        super().add_arguments(parser)  # --database
         parser.add_argument(
             "--batch-size",
             type=arguments.positive_int,
