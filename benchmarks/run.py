@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark idempotency_django against a bare view and its peers: one table of ratios.
 
-    python -m benchmarks.run                        # PostgreSQL, full run (about 8 minutes)
+    python -m benchmarks.run                        # PostgreSQL, full run (about 10 minutes)
     python -m benchmarks.run --database mariadb     # the same on MariaDB
     python -m benchmarks.run --quick                # a short smoke (small tables, 2 s rounds)
     python -m benchmarks.run --write-results        # also record the table in RESULTS.md
