@@ -40,6 +40,7 @@ class Load:
         self.path = url.path or "/"
         self.user: str = args.user
         self.fixed_key: str | None = args.key
+        self.token: str | None = args.token
         self.body: bytes = args.body.encode()
         self.stop = threading.Event()
         self.lock = threading.Lock()
@@ -60,6 +61,7 @@ class Load:
                     "X-Bench-User": self.user,
                     "Idempotency-Key": key,
                     "Connection": "close",
+                    **({"Authorization": f"Token {self.token}"} if self.token else {}),
                 },
             )
             response = connection.getresponse()
@@ -127,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--user", default="alice")
     parser.add_argument("--key", default=None, help="a fixed key (default: new per request)")
     parser.add_argument("--body", required=True)
+    parser.add_argument("--token", default=None, help="sent as Authorization: Token TOKEN")
     parser.add_argument("--duration", type=float, required=True)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--concurrency", type=int, help="closed loop with N threads")

@@ -1,19 +1,25 @@
 #!/usr/bin/env python
 """Benchmark idempotency_django against a bare view and its peers: one table of ratios.
 
-    python -m benchmarks.run                        # PostgreSQL, full run (about 8 minutes)
+    python -m benchmarks.run                        # PostgreSQL, full run (about 10 minutes)
     python -m benchmarks.run --database mariadb     # the same on MariaDB
     python -m benchmarks.run --quick                # a short smoke (small tables, 2 s rounds)
     python -m benchmarks.run --write-results        # also record the table in RESULTS.md
 
 Every server is the example project under gunicorn (sync workers, persistent database
 connections) on the same database, serving the same view: a charge, one ``INSERT``. Ours
-wraps it in ``@idempotent``; the peers (``requirements-peers.txt``, installed into a
-directory of the benchmark's own) protect it with their middleware, each wired as its
-README says (``benchproject/settings_dik.py``, ``settings_drf.py``). ``wrk`` (or
-``loadgen.py``) drives one scenario at a time, in interleaved rounds; every comparison is
-a ratio of two numbers of this run. Then ``purge_idempotency_keys`` deletes the large
-table's expired records while an open-loop probe measures claim latency.
+wraps it in ``@idempotent``, on the database store, on the Redis store (a Redis at
+``--redis-url``, database 11 by default, keys under a prefix of this run's own) and on a
+Redis Cluster of the run's own (``tools/redis_cluster.py`` on ports 7200-7205, started and
+stopped by the run); the peers (``requirements-peers.txt``, installed into a directory of
+the benchmark's own) protect it with their middleware, each wired as its README says
+(``benchproject/settings_dik.py``, ``settings_drf.py``). A second view has the shape most
+projects run: a DRF ``APIView`` with ``TokenAuthentication`` (a ``SELECT`` per request),
+bare, behind ``IdempotentMixin`` on each store, and behind the peers; its rows are ratios
+to that view bare. ``wrk`` (or ``loadgen.py``) drives one scenario at a time, in
+interleaved rounds; every comparison is a ratio of two numbers of this run. Then
+``purge_idempotency_keys`` deletes the large table's expired records while an open-loop
+probe measures claim latency.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,7 +65,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
 USER = "alice"
 BODY = json.dumps({"amount": 1000, "currency": "EUR", "card": "tok_visa"})
-REPLAY_KEY = "bench-replay-key"
+REPLAY_KEY = "bench-replay-key"  # + the scenario's name: drf-idempotency's keys have no scope
 TABLE = "idempotency_django_idempotencyrecord"
 RESULTS = HERE / "RESULTS.md"
 RESULTS_START = "<!-- benchmark-results:start -->"
@@ -78,6 +84,12 @@ TARGET_ATOMIC = 0.70
 TARGET_GROWTH = 0.9  # the large table's claims over the small one's
 TARGET_PURGE_ROWS = 20_000  # rows/s, on PostgreSQL
 TARGET_PURGE_P99 = 2.0  # claim p99 during the purge over p99 without it
+# The targets of issue #18 (item 7): the Redis store, and the DRF view with token auth.
+TARGET_REDIS_COMMIT = 0.80  # x bare, first-time keys on the Redis store
+TARGET_API_REDIS_REPLAY = 1.3  # x the DRF view bare, replays on the Redis store
+TARGET_API_REPLAY = 1.2  # x the DRF view bare, replays on the database store
+REDIS_URL = os.environ.get("BENCH_STORE_REDIS_URL", "redis://127.0.0.1:6379/11")
+CLUSTER_PORT = 7200  # the run's own cluster: 7200-7205, never the shared one on 7100
 
 
 # --- what runs: servers and scenarios -------------------------------------------------------
@@ -93,6 +105,7 @@ class ServerSpec:
     peer: bool = False
     postgres_only: bool = False
     env: tuple[tuple[str, str], ...] = ()
+    redis: str = ""  # "single" or "cluster": ours on the Redis store (EXAMPLE_REDIS_URL)
 
 
 SERVERS = {
@@ -105,6 +118,9 @@ SERVERS = {
         postgres_only=True,
         env=(("EXAMPLE_PG_PREPARE_THRESHOLD", "off"),),
     ),
+    # Ours on the Redis store: a single Redis, and the run's own Redis Cluster.
+    "redis": ServerSpec("benchmarks.benchproject.settings", redis="single"),
+    "cluster": ServerSpec("benchmarks.benchproject.settings", redis="cluster"),
     "dik": ServerSpec("benchmarks.benchproject.settings_dik", peer=True),
     "drf": ServerSpec("benchmarks.benchproject.settings_drf", peer=True),
 }
@@ -130,6 +146,12 @@ class Scenario:
     replay: bool = False  # one fixed key, every request after the first a replay
     base: str = "bare"  # the scenario its ratio is to
     peer: str = ""  # the SKIPS entry its row points to
+    token: bool = False  # sends DRF's "Authorization: Token …" (the DRF view)
+
+    @property
+    def key(self) -> str | None:
+        """The replays' one key (a key of its own per scenario), else ``None`` (new keys)."""
+        return f"{REPLAY_KEY}-{self.name}" if self.replay else None
 
 
 SCENARIOS = (
@@ -138,6 +160,18 @@ SCENARIOS = (
     Scenario("commit", "idempotency_django, new keys, commit mode", "ours", "/bench/commit/"),
     Scenario("atomic", "idempotency_django, new keys, atomic mode", "ours", "/bench/atomic/"),
     Scenario("replay", "idempotency_django, replays", "ours", "/bench/commit/", replay=True),
+    Scenario("redis", "idempotency_django, new keys, Redis store", "redis", "/bench/commit/"),
+    Scenario(
+        "redis-replay", "idempotency_django, replays, Redis store", "redis", "/bench/commit/",
+        True,
+    ),
+    Scenario(
+        "cluster", "idempotency_django, new keys, Redis Cluster", "cluster", "/bench/commit/",
+    ),
+    Scenario(
+        "cluster-replay", "idempotency_django, replays, Redis Cluster", "cluster",
+        "/bench/commit/", True,
+    ),
     Scenario(
         "commit-unprepared", "idempotency_django, new keys, commit, unprepared (c)",
         "unprepared", "/bench/commit/",
@@ -160,8 +194,48 @@ SCENARIOS = (
         "large", "idempotency_django, new keys, large table", "large", "/bench/commit/",
         base="commit",
     ),
+    # The DRF view with TokenAuthentication (benchproject/drf_views.py): its own baseline.
+    Scenario(
+        "api-bare", "DRF APIView, token auth (the DRF baseline)", "ours", "/bench/drf/bare/",
+        base="api-bare", token=True,
+    ),
+    Scenario(
+        "api-commit", "DRF + IdempotentMixin, new keys, database", "ours",
+        "/bench/drf/protected/", base="api-bare", token=True,
+    ),
+    Scenario(
+        "api-replay", "DRF + IdempotentMixin, replays, database", "ours",
+        "/bench/drf/protected/", True, base="api-bare", token=True,
+    ),
+    Scenario(
+        "api-redis", "DRF + IdempotentMixin, new keys, Redis store", "redis",
+        "/bench/drf/protected/", base="api-bare", token=True,
+    ),
+    Scenario(
+        "api-redis-replay", "DRF + IdempotentMixin, replays, Redis store", "redis",
+        "/bench/drf/protected/", True, base="api-bare", token=True,
+    ),
+    Scenario(
+        "api-dik", "DRF, django-idempotency-key 1.3.0, new keys", "dik", "/bench/drf/bare/",
+        base="api-bare", peer="dik", token=True,
+    ),
+    Scenario(
+        "api-dik-replay", "DRF, django-idempotency-key 1.3.0, replays", "dik",
+        "/bench/drf/bare/", True, base="api-bare", peer="dik", token=True,
+    ),
+    Scenario(
+        "api-drf", "DRF, drf-idempotency 1.0.0, new keys", "drf", "/bench/drf/bare/",
+        base="api-bare", peer="drf", token=True,
+    ),
+    Scenario(
+        "api-drf-replay", "DRF, drf-idempotency 1.0.0, replays", "drf", "/bench/drf/bare/",
+        True, base="api-bare", peer="drf", token=True,
+    ),
 )  # fmt: skip
-PEER_SCENARIOS = {"dik", "dik-replay", "drf", "drf-replay"}
+PEER_SCENARIOS = {
+    "dik", "dik-replay", "drf", "drf-replay", "api-dik", "api-dik-replay", "api-drf",
+    "api-drf-replay",
+}  # fmt: skip
 MARKS = {"dik": "a", "drf": "b"}  # a peer's rows point to its SKIPS line
 
 
@@ -198,12 +272,16 @@ class Load:
     p99: float
 
 
-def run_load(generator: str, url: str, key: str | None, seconds: int, connections: int) -> Load:
-    """Closed-loop load for ``seconds`` from a process of its own: new keys, or ``key``."""
+def run_load(
+    generator: str, url: str, key: str | None, seconds: int, connections: int, token: str = ""
+) -> Load:
+    """Closed-loop load for ``seconds`` from a process of its own: new keys, or ``key``;
+    with ``token``, DRF's ``Authorization: Token`` header."""
     if generator == "wrk":
         mode = f"fixed:{key}" if key else "new"
         command = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s"]
         command += ["-s", str(HERE / "wrk" / "post.lua"), url, "--", USER, mode, BODY]
+        command += [token] if token else []
         output = _run(command, timeout=seconds + 60)
         line = next((ln for ln in output.splitlines() if ln.startswith("BENCH-JSON ")), None)
         if line is None:
@@ -220,6 +298,7 @@ def run_load(generator: str, url: str, key: str | None, seconds: int, connection
     command = [sys.executable, str(HERE / "loadgen.py"), "--url", url, "--user", USER]
     command += ["--body", BODY, "--duration", str(seconds), "--concurrency", str(connections)]
     command += ["--key", key] if key else []
+    command += ["--token", token] if token else []
     data = json.loads(_run(command, timeout=seconds + 60))
     ok = sum(n for status, n in data["statuses"].items() if status.startswith("2"))
     return Load(
@@ -455,10 +534,12 @@ def build_report(
             if scenario.name in r and scenario.base in r
         ]
         spread = f" ({min(per_round):.2f}-{max(per_round):.2f})" if len(per_round) > 1 else ""
-        base = f"the {records['small']:,}-record table" if scenario.base == "commit" else "bare"
-        cell = f"{fmt(rel[scenario.name])} {base}{spread}"
+        base = {"commit": f"the {records['small']:,}-record table", "api-bare": "DRF bare"}
+        cell = f"{fmt(rel[scenario.name])} {base.get(scenario.base, 'bare')}{spread}"
         if scenario.name == "bare":
             cell = "1.00x (the baseline)"
+        if scenario.name == "api-bare":
+            cell = f"{fmt(ratio(m.rate, measures['bare'].rate))} bare (the DRF baseline)"
         label = scenario.label
         if scenario.peer:
             label += f" ({MARKS[scenario.peer]})"
@@ -486,6 +567,16 @@ def build_report(
         report.add("(c) the same view and settings with Django's default of no prepared statements")
         report.add("(OPTIONS prepare_threshold unset): every other row of ours runs with")
         report.add("prepare_threshold 5, as docs/store.md recommends on PostgreSQL.")
+    if any(name in measures for name in ("redis", "cluster")):
+        report.add()
+        report.add("Redis store rows: the same view and settings with STORE = RedisStore, on one")
+        report.add("Redis (its own database and key prefix) and on a local Redis Cluster of 3")
+        report.add("masters + 3 replicas (AOF everysec) on the same machine.")
+    if "api-bare" in measures:
+        report.add()
+        report.add("DRF rows: an APIView with TokenAuthentication (a SELECT of the token and its")
+        report.add("user per request) and IsAuthenticated; ratios to that view bare, whose own")
+        report.add("ratio is to the plain bare view.")
 
     report.target(
         rel["replay"] >= TARGET_REPLAY,
@@ -515,12 +606,44 @@ def build_report(
         f"claims with {records['large']:,} records ≥ {TARGET_GROWTH:.1f}x claims with "
         f"{records['small']:,}: {fmt(rel['large'])}",
     )
+    add_issue_18_targets(report, rel, peers)
     for name, m in measures.items():
         if m.errors:
             report.target(False, f"scenario {name}: {m.errors} requests failed or were not 2xx")
     if purged is not None:
         add_purge(report, purged, vendor)
     return report
+
+
+def add_issue_18_targets(report: Report, rel: dict[str, float], peers: Sequence[str]) -> None:
+    """The Redis store's and the DRF view's targets, with the peers' numbers beside them."""
+
+    def beside(suffix: str) -> str:
+        cells = [f"{name} {fmt(rel[name + suffix])}" for name in peers if name + suffix in rel]
+        return f" (peers: {', '.join(cells)})" if cells else ""
+
+    for name, where in (("redis", "Redis store"), ("cluster", "Redis Cluster")):
+        if name in rel:
+            report.target(
+                rel[name] >= TARGET_REDIS_COMMIT,
+                f"first-time keys, {where} ≥ {TARGET_REDIS_COMMIT:.2f}x bare: "
+                f"{fmt(rel[name])}{beside('')}",
+            )
+    api_peers = [f"api-{name}" for name in peers]
+    for name, least, where in (
+        ("api-redis-replay", TARGET_API_REDIS_REPLAY, "Redis store"),
+        ("api-replay", TARGET_API_REPLAY, "database store"),
+    ):
+        if name in rel:
+            cells = [
+                f"{p[4:]} {fmt(rel[p + '-replay'])}" for p in api_peers if p + "-replay" in rel
+            ]
+            side = f" (peers: {', '.join(cells)})" if cells else ""
+            report.target(
+                rel[name] >= least,
+                f"DRF view, replays, {where} ≥ {least:.1f}x the DRF view bare: "
+                f"{fmt(rel[name])}{side}",
+            )
 
 
 def add_purge(report: Report, purged: Purge, vendor: str) -> None:
@@ -620,6 +743,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--connections", type=int, default=0, help="default: 2 x workers")
     add("--load", choices=("auto", "wrk", "python"), default="auto")
     add("--no-peers", action="store_true", help="measure idempotency_django only")
+    add("--no-redis", action="store_true", help="no Redis store scenarios (nor the cluster)")
+    add("--redis-url", default=REDIS_URL, help="the Redis store's Redis (%(default)s); only "
+        "this run's keys are deleted from it")  # fmt: skip
+    add("--no-cluster", action="store_true", help="no Redis Cluster scenarios")
+    add("--cluster-port", type=int, default=CLUSTER_PORT, help="the run's own cluster: this "
+        "port and the five after it (%(default)s)")  # fmt: skip
     add("--peers-cache", type=Path, default=Path.home() / ".cache" / "idempotency-django-bench")
     add("--no-purge", action="store_true")
     add("--purge-args", default="", help="extra options of the command, after '=': "
@@ -653,12 +782,80 @@ def databases(args: argparse.Namespace) -> Iterator[dict[str, Database]]:
                     drop_database(db)
 
 
-def post(server: Server, path: str, key: str) -> tuple[int, bytes]:
-    request = urllib.request.Request(
-        server.base_url + path,
-        data=BODY.encode(),
-        headers={"Content-Type": "application/json", "X-Bench-User": USER, "Idempotency-Key": key},
-    )
+@contextlib.contextmanager
+def redis_stores(
+    args: argparse.Namespace, prefix: str, step: Callable[[str], None]
+) -> Iterator[dict[str, str]]:
+    """The Redis store's URLs this run can use: ``single`` (``--redis-url``, if it answers)
+    and ``cluster`` (a cluster of the run's own on ``--cluster-port`` and the five ports
+    after it, started with ``tools/redis_cluster.py``, if ``redis-server`` is installed).
+    Afterwards the keys under ``prefix`` are deleted, and the cluster is stopped if this
+    run started it. Nothing else is flushed or deleted: other processes share the Redis."""
+    import redis
+    from redis.cluster import RedisCluster
+
+    urls: dict[str, str] = {}
+    if not args.no_redis:
+        try:
+            with redis.Redis.from_url(args.redis_url, socket_connect_timeout=2) as client:
+                client.ping()
+            urls["single"] = args.redis_url
+        except (redis.RedisError, OSError) as error:
+            step(
+                f"skipping the Redis store's scenarios: {args.redis_url} does not answer ({error})"
+            )
+    cluster_env = {
+        **os.environ,
+        "REDIS_CLUSTER_PORT": str(args.cluster_port),
+        "REDIS_CLUSTER_DIR": str(
+            Path(tempfile.gettempdir()) / f"idempotency-bench-cluster-{args.cluster_port}"
+        ),
+    }
+
+    def cluster(command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "tools.redis_cluster", command],
+            env=cluster_env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+            check=False,
+        )  # fmt: skip
+
+    started_cluster = False
+    if not (args.no_redis or args.no_cluster):
+        if shutil.which("redis-server") is None:
+            step("skipping the Redis Cluster's scenarios: redis-server is not installed")
+        else:
+            running = cluster("status").returncode == 0
+            step(f"{'reusing' if running else 'starting'} a Redis Cluster on {args.cluster_port}")
+            result = cluster("start")
+            if result.returncode == 0:
+                urls["cluster"] = f"redis+cluster://127.0.0.1:{args.cluster_port}/0"
+                started_cluster = not running
+            else:
+                step(f"skipping the Redis Cluster's scenarios: it did not start\n{result.stderr}")
+    try:
+        yield urls
+    finally:
+        for name, url in urls.items():
+            if name == "cluster" and started_cluster:
+                continue
+            with contextlib.suppress(redis.RedisError, OSError):
+                client = (
+                    RedisCluster.from_url(url.replace("+cluster", ""))
+                    if name == "cluster"
+                    else redis.Redis.from_url(url)
+                )
+                with client:
+                    for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+                        client.delete(key)
+        if started_cluster:
+            cluster("stop")
+
+
+def post(server: Server, path: str, key: str, token: str = "") -> tuple[int, bytes]:
+    headers = {"Content-Type": "application/json", "X-Bench-User": USER, "Idempotency-Key": key}
+    if token:
+        headers["Authorization"] = f"Token {token}"
+    request = urllib.request.Request(server.base_url + path, data=BODY.encode(), headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, response.read()
@@ -684,19 +881,22 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     postgres = (args.database_url or DEFAULT_URLS[args.database]).startswith("postgres")
-    specs = {
-        n: s
-        for n, s in SERVERS.items()
-        if not (args.no_peers and s.peer) and (postgres or not s.postgres_only)
-    }
-    scenarios = [
-        s
-        for s in SCENARIOS
-        if not (args.no_peers and s.name in PEER_SCENARIOS) and s.server in specs
-    ]
+    prefix = f"idempotency-bench-{os.getpid()}"
     try:
         peers = None if args.no_peers else peers_directory(args.peers_cache)
-        with databases(args) as dbs:
+        with databases(args) as dbs, redis_stores(args, prefix, step) as redis_urls:
+            specs = {
+                n: s
+                for n, s in SERVERS.items()
+                if not (args.no_peers and s.peer)
+                and (postgres or not s.postgres_only)
+                and (not s.redis or s.redis in redis_urls)
+            }
+            scenarios = [
+                s
+                for s in SCENARIOS
+                if not (args.no_peers and s.name in PEER_SCENARIOS) and s.server in specs
+            ]
             info = machine_info(dbs["small"], generator, args)
             envs = {}
             for name, spec in specs.items():
@@ -706,12 +906,23 @@ def main(argv: list[str] | None = None) -> int:
                     pythonpath=[REPO_ROOT, *([peers] if spec.peer and peers else [])],
                     EXAMPLE_PROVIDER_DELAY_MS="0",
                     **dict(spec.env),
-                    BENCH_REDIS_PREFIX=f"idempotency-bench-{os.getpid()}",
+                    **(
+                        {
+                            "EXAMPLE_REDIS_URL": redis_urls[spec.redis],
+                            "EXAMPLE_REDIS_KEY_PREFIX": prefix,
+                        }
+                        if spec.redis
+                        else {}
+                    ),
+                    BENCH_REDIS_PREFIX=prefix,
                 )
             for name in ("ours", "large", "drf"):
                 if name in envs:
                     step(f"migrating ({specs[name].settings.rsplit('.', 1)[1]}) {name}")
                     manage(envs[name], "migrate", "--noinput", "-v", "0")
+            # The DRF view's TokenAuthentication: the user's token, in the small database.
+            created = manage(envs["ours"], "drf_create_token", USER)
+            token = created.split("Generated token ", 1)[1].split()[0]
             records = {"small": args.small_records, "large": args.records}
             for table, db in dbs.items():
                 step(f"seeding {records[table]:,} expired records into {db.name}")
@@ -728,14 +939,15 @@ def main(argv: list[str] | None = None) -> int:
                 server.wait_ready("/bench/ping/", {"X-Bench-User": USER}, within=90)
             for scenario in scenarios:
                 if scenario.replay:  # the first answer stored, the second its replay
-                    first = post(servers[scenario.server], scenario.path, REPLAY_KEY)
-                    again = post(servers[scenario.server], scenario.path, REPLAY_KEY)
+                    auth = token if scenario.token else ""
+                    first = post(servers[scenario.server], scenario.path, str(scenario.key), auth)
+                    again = post(servers[scenario.server], scenario.path, str(scenario.key), auth)
                     if first[0] != 201 or again != first:
                         raise RuntimeError(f"{scenario.name}: no replay: {first} then {again}")
             step("warming up every scenario")
             for scenario in scenarios:
                 url = servers[scenario.server].base_url + scenario.path
-                run_load(generator, url, REPLAY_KEY if scenario.replay else None, 1, 2)
+                run_load(generator, url, scenario.key, 1, 2, token if scenario.token else "")
 
             measures = {scenario.name: Measure() for scenario in scenarios}
             rounds: list[dict[str, float]] = []
@@ -744,12 +956,14 @@ def main(argv: list[str] | None = None) -> int:
                 rates: dict[str, float] = {}
                 for scenario in scenarios[shift:] + scenarios[:shift]:
                     url = servers[scenario.server].base_url + scenario.path
-                    key = REPLAY_KEY if scenario.replay else None
-                    load = run_load(generator, url, key, args.round_seconds, args.connections)
+                    auth = token if scenario.token else ""
+                    load = run_load(
+                        generator, url, scenario.key, args.round_seconds, args.connections, auth
+                    )
                     measures[scenario.name].add(load)
                     rates[scenario.name] = load.requests / load.seconds
                     step(
-                        f"round {index + 1}/{args.rounds} {scenario.name:<10} "
+                        f"round {index + 1}/{args.rounds} {scenario.name:<16} "
                         f"{rates[scenario.name]:8.1f} req/s  p50 {ms(load.p50)} ms  "
                         f"p99 {ms(load.p99)} ms  errors {load.errors}"
                     )

@@ -7,6 +7,7 @@ stored response is the *rendered* DRF response, so a replay is byte-identical.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
@@ -67,6 +68,26 @@ _ANONYMOUS = (
     "authentication in permission_classes, or override get_idempotency_account.)"
 )
 _STANDARD_ACTIONS = ("list", "create", "retrieve", "update", "partial_update", "destroy")
+
+
+def _view_hook(name: str) -> Callable[[Request], Any]:
+    """The ``name`` hook of the view serving ``request``: DRF's ``parser_context["view"]``,
+    the instance ``dispatch`` made for this one request. So one ``Options`` per class serves
+    every request, instead of one built (and validated) per request around bound methods."""
+
+    def hook(request: Request) -> Any:
+        return getattr(request.parser_context["view"], name)(request)
+
+    hook.__name__ = hook.__qualname__ = name
+    return hook
+
+
+_HOOKS = {
+    "account": _view_hook("get_idempotency_account"),
+    "endpoint": _view_hook("get_idempotency_endpoint"),
+    "key": _view_hook("get_idempotency_key"),
+}
+_FINGERPRINT_HOOK = _view_hook("get_idempotency_fingerprint")
 
 
 def unknown_attributes(cls: type) -> list[str]:
@@ -188,27 +209,40 @@ class IdempotentMixin:
         return None
 
     @classmethod
+    def _idempotency_values(cls) -> dict[str, Any]:
+        return {name: getattr(cls, attribute) for attribute, name in _OPTION_ATTRIBUTES.items()}
+
+    @classmethod
     def _idempotency_options(cls, label: str, **extra: Any) -> Options:
-        values = {name: getattr(cls, attribute) for attribute, name in _OPTION_ATTRIBUTES.items()}
+        values = cls._idempotency_values()
         if values["fingerprint_fields"] is not None:
             values["fingerprint_fields"] = list(values["fingerprint_fields"])
         return Options.given(values, label, DRF, **extra, anonymous_detail=_ANONYMOUS)
 
     def get_idempotency_options(self) -> Options:
-        """The options for the current request; override to vary them per action."""
-        extra: dict[str, Any] = {}
-        if (
-            type(self).get_idempotency_fingerprint
-            is not IdempotentMixin.get_idempotency_fingerprint
-        ):
-            extra["fingerprint"] = self.get_idempotency_fingerprint
-        return self._idempotency_options(
-            f"{type(self).__qualname__} (IdempotentMixin)",
-            account=self.get_idempotency_account,
-            endpoint=self.get_idempotency_endpoint,
-            key=self.get_idempotency_key,
-            **extra,
+        """The options for the current request; override to vary them per action.
+
+        By default one ``Options`` per class, whose hooks call the serving view's
+        ``get_idempotency_*``: built again only when a class attribute has changed, so a
+        request neither validates the options again nor resolves the settings again
+        (``Options.resolved`` keeps them until a setting changes)."""
+        cls = type(self)
+        custom = cls.get_idempotency_fingerprint is not IdempotentMixin.get_idempotency_fingerprint
+        # Compared by value with copies, so that a list changed in place is seen too.
+        values = {
+            name: copy.copy(value) if isinstance(value, (list, set, dict)) else value
+            for name, value in cls._idempotency_values().items()
+        }
+        cached = cls.__dict__.get("_idempotency_cached")
+        if cached is not None and cached[0] == custom and cached[1] == values:
+            return cached[2]  # type: ignore[no-any-return]
+        options = cls._idempotency_options(
+            f"{cls.__qualname__} (IdempotentMixin)",
+            **_HOOKS,
+            **({"fingerprint": _FINGERPRINT_HOOK} if custom else {}),
         )
+        cls._idempotency_cached = (custom, values, options)  # type: ignore[attr-defined]
+        return options
 
     def idempotency_applies(self, request: Request, options: Options) -> bool:
         """Whether to protect this request: decided before the handler is put in place,

@@ -271,6 +271,41 @@ def test_a_hook_overrides_one_piece(api: APIClient) -> None:
     assert set([r.account for r in records.all()]) == {"t1", "t2"}
 
 
+def test_one_options_per_class_until_a_class_attribute_changes(
+    api: APIClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default ``get_idempotency_options`` is built once per class (its hooks call the
+    view serving the request), and again when a class attribute changes, in place too."""
+    from tests.project.drf_views import TenantView
+
+    first, second = TenantView(), TenantView()
+    options = first.get_idempotency_options()
+    assert second.get_idempotency_options() is options
+
+    monkeypatch.setattr(TenantView, "idempotency_in_flight", "conflict")
+    changed = first.get_idempotency_options()
+    assert changed is not options
+    assert changed.in_flight == "conflict"
+
+    monkeypatch.setattr(TenantView, "idempotency_methods", ["POST"])
+    listed = first.get_idempotency_options()
+    TenantView.idempotency_methods.append("PUT")  # type: ignore[union-attr]
+    assert first.get_idempotency_options() is not listed
+    assert list(first.get_idempotency_options().methods) == ["POST", "PUT"]
+
+
+def test_shared_options_call_the_hooks_of_the_view_serving_each_request(
+    api: APIClient,
+) -> None:
+    """Requests served one after the other by one class's shared options: each account is
+    its own request's (the tenant header read by that request's view)."""
+    for tenant in ("t1", "t2", "t3", "t1"):
+        post(api, "/api/tenant/", {}, **{"X-Tenant": tenant})
+
+    assert effects("drf-tenant") == 3
+    assert set([r.account for r in records.all()]) == {"t1", "t2", "t3"}
+
+
 def test_get_is_not_protected(api: APIClient) -> None:
     response = api.get("/api/charges/", headers={"Idempotency-Key": "k"})
 

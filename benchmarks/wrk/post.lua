@@ -2,7 +2,8 @@
 -- Idempotency-Key that is either new for every request (random, so that claims land all
 -- over the unique index, as UUIDs from real clients do) or one fixed key (replays).
 --
---   wrk -s benchmarks/wrk/post.lua URL -- USER new|fixed:KEY BODY
+--   wrk -s benchmarks/wrk/post.lua URL -- USER new|fixed:KEY BODY [TOKEN]
+-- TOKEN, when given, is sent as "Authorization: Token TOKEN" (DRF's TokenAuthentication).
 -- At the end it prints one line: "BENCH-JSON {...}" with counts and latency percentiles.
 
 local threads = {}
@@ -14,12 +15,13 @@ function setup(thread)
   table.insert(threads, thread)
 end
 
-local user, mode, fixed_key, body, counter
+local user, mode, fixed_key, body, token, counter
 
 function init(args)
   user = args[1]
   mode = args[2]
   body = args[3]
+  token = args[4]
   if string.sub(mode, 1, 6) == "fixed:" then
     fixed_key = string.sub(mode, 7)
   end
@@ -38,12 +40,16 @@ function request()
     key = hex16() .. hex16() .. "-" .. hex16() .. "-" .. hex16() .. "-" .. hex16() .. "-"
       .. hex16() .. hex16() .. hex16() .. "-" .. tid .. "-" .. counter
   end
-  return wrk.format("POST", nil, {
+  local headers = {
     ["Content-Type"] = "application/json",
     ["X-Bench-User"] = user,
     ["Idempotency-Key"] = key,
     ["Connection"] = "close",
-  }, body)
+  }
+  if token ~= nil then
+    headers["Authorization"] = "Token " .. token
+  end
+  return wrk.format("POST", nil, headers, body)
 end
 
 function done(summary, latency, requests)

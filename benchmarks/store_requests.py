@@ -1,0 +1,149 @@
+#!/usr/bin/env python
+"""CPU and wall time per whole request on each store, in one process.
+
+    python -m benchmarks.store_requests [--calls 300] [--redis-url URL] [--cluster-url URL]
+
+The benchmark's plain view (``/bench/bare/``) and the same behind ``@idempotent``
+(``/bench/commit/``: a new key each time, then one key replayed) through Django's own
+handler, against a fresh database of its own (as ``components.py``), once per store: the
+database store, the Redis store on ``--redis-url`` (``redis://127.0.0.1:6379/11``), and on a
+Redis Cluster when ``--cluster-url`` is given (``redis+cluster://127.0.0.1:7200/0``; start
+one with ``REDIS_CLUSTER_PORT=7200 python -m tools.redis_cluster start``). Each store runs
+in a process of its own (the store is a setting); its records go under a key prefix of
+their own, deleted afterwards. CPU is ``time.process_time`` (best of 3 runs of
+``--calls``), the app's process only: not Redis's, nor the database's. No assertion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from benchmarks.components import BODY, SETTINGS, _server_execute
+
+
+def measure(calls: int) -> None:
+    import django
+
+    django.setup()
+    from django.contrib.auth.models import User
+    from django.core.handlers.wsgi import WSGIHandler
+    from django.core.management import call_command
+
+    call_command("migrate", "--noinput", verbosity=0)
+    User.objects.get_or_create(username="alice")
+    handler = WSGIHandler()
+
+    def environ(path: str, key: str | None = None) -> dict[str, Any]:
+        env = {
+            "REQUEST_METHOD": "POST",
+            "PATH_INFO": path,
+            "SERVER_NAME": "testserver",
+            "SERVER_PORT": "80",
+            "wsgi.url_scheme": "http",
+            "wsgi.input": io.BytesIO(BODY),
+            "CONTENT_TYPE": "application/json",
+            "CONTENT_LENGTH": str(len(BODY)),
+            "HTTP_X_BENCH_USER": "alice",
+        }
+        if key is not None:
+            env["HTTP_IDEMPOTENCY_KEY"] = key
+        return env
+
+    def serve(env: dict[str, Any]) -> None:
+        statuses: list[str] = []
+        response = handler(env, lambda status, headers: statuses.append(status))
+        b"".join(response)
+        response.close()
+        assert statuses[0][:1] == "2", statuses
+
+    replay_key = "store-requests-replay"
+    serve(environ("/bench/commit/", replay_key))
+    for name, make in (
+        ("bare view", lambda: environ("/bench/bare/")),
+        ("@idempotent, new key", lambda: environ("/bench/commit/", str(uuid.uuid4()))),
+        ("@idempotent, replay", lambda: environ("/bench/commit/", replay_key)),
+    ):
+        best, best_wall = float("inf"), float("inf")
+        for _ in range(3):
+            prepared = [make() for _ in range(calls)]
+            started, started_wall = time.process_time(), time.perf_counter()
+            for env in prepared:
+                serve(env)
+            best = min(best, (time.process_time() - started) / calls)
+            best_wall = min(best_wall, (time.perf_counter() - started_wall) / calls)
+        print(f"  {name:<28} {best * 1000:6.3f} ms CPU {best_wall * 1000:6.3f} ms wall", flush=True)
+
+
+def clean(url: str, prefix: str) -> None:
+    import redis
+    from redis.cluster import RedisCluster
+
+    client = (
+        RedisCluster.from_url(url.replace("+cluster", ""))
+        if "+cluster" in url
+        else redis.Redis.from_url(url)
+    )
+    with client:
+        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+            client.delete(key)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="CPU and wall per request on each store.")
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("BENCH_DATABASE_URL", "postgres://root@127.0.0.1:5432/bench"),
+        help="PostgreSQL or MariaDB server; the database used is its name + _stores",
+    )
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/11")
+    parser.add_argument("--cluster-url", default="")
+    parser.add_argument("--store", default="", help=argparse.SUPPRESS)  # the child's
+    args = parser.parse_args(argv)
+    if args.store:
+        measure(args.calls)
+        return 0
+    parts = urlsplit(args.database_url)
+    name = f"{parts.path.strip('/')}_stores"
+    url = urlunsplit(parts._replace(path=f"/{name}"))
+    postgres = parts.scheme.startswith("postgres")
+    drop = f"DROP DATABASE IF EXISTS `{name}`" + (" WITH (FORCE)" if postgres else "")
+    prefix = f"store-requests-{os.getpid()}"
+    stores = {"database store": ""}
+    stores["Redis store, " + args.redis_url] = args.redis_url
+    if args.cluster_url:
+        stores["Redis store, " + args.cluster_url] = args.cluster_url
+    for label, redis_url in stores.items():
+        _server_execute(url, drop)
+        _server_execute(
+            url, f"CREATE DATABASE `{name}`" + ("" if postgres else " CHARACTER SET utf8mb4")
+        )
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": SETTINGS,
+            "DATABASE_URL": url,
+            "EXAMPLE_PROVIDER_DELAY_MS": "0",
+            "EXAMPLE_REDIS_URL": redis_url,
+            "EXAMPLE_REDIS_KEY_PREFIX": prefix,
+        }
+        print(f"{label} (CPU per request, best of 3 x {args.calls}):", flush=True)
+        try:
+            command = [sys.executable, "-m", "benchmarks.store_requests", "--store", "child"]
+            subprocess.run([*command, "--calls", str(args.calls)], env=env, check=True)
+        finally:
+            if redis_url:
+                clean(redis_url, prefix)
+            _server_execute(url, drop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
