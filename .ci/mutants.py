@@ -1039,6 +1039,14 @@ MUTANTS = [
         ("test_openapi.py::test_the_mixins_docstring_describes_no_operation",),
     ),
     Mutant(
+        "drf-options-never-rebuilt",
+        "the DRF mixin keeps its first options after a class attribute changed",
+        "drf.py",
+        "if cached is not None and cached[0] == custom and cached[1] == values:",
+        "if cached is not None:",
+        ("test_drf.py::test_one_options_per_class_until_a_class_attribute_changes",),
+    ),
+    Mutant(
         "drf-ignores-non-atomic-requests",
         "the DRF mixin reopens a request transaction its author opted out of",
         "drf.py",
