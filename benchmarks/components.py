@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import io
 import json
 import os
 import pstats
@@ -30,6 +31,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -114,29 +116,9 @@ def measure(calls: int, profile: bool) -> list[Row]:
         return made
 
     def environ(path: str, key: str | None = None) -> dict[str, Any]:
-        import io
+        return wsgi_environ(path, key, HTTP_X_BENCH_USER="alice")
 
-        env = {
-            "REQUEST_METHOD": "POST",
-            "PATH_INFO": path,
-            "SERVER_NAME": "testserver",
-            "SERVER_PORT": "80",
-            "wsgi.url_scheme": "http",
-            "wsgi.input": io.BytesIO(BODY),
-            "CONTENT_TYPE": "application/json",
-            "CONTENT_LENGTH": str(len(BODY)),
-            "HTTP_X_BENCH_USER": "alice",
-        }
-        if key is not None:
-            env["HTTP_IDEMPOTENCY_KEY"] = key
-        return env
-
-    def serve(env: dict[str, Any]) -> None:
-        statuses: list[str] = []
-        response = handler(env, lambda status, headers: statuses.append(status))
-        b"".join(response)
-        response.close()
-        assert statuses[0][:1] == "2", statuses
+    serve = partial(serve_wsgi, handler)
 
     results: list[Row] = []
 
@@ -316,7 +298,53 @@ def _cached(store: Any, snapshot: Any) -> Iterator[None]:
         store.claim_or_read = original
 
 
-# -- a database of its own ---------------------------------------------------------------------
+# -- requests through Django's handler, and a database of its own ------------------------------
+
+
+def wsgi_environ(path: str, key: str | None = None, **headers: str) -> dict[str, Any]:
+    """A WSGI environ for a POST of ``BODY`` to ``path``, with ``key`` as its idempotency key
+    and ``headers`` (``HTTP_…`` names) as the caller's."""
+    env: dict[str, Any] = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": path,
+        "SERVER_NAME": "testserver",
+        "SERVER_PORT": "80",
+        "wsgi.url_scheme": "http",
+        "wsgi.input": io.BytesIO(BODY),
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": str(len(BODY)),
+        **headers,
+    }
+    if key is not None:
+        env["HTTP_IDEMPOTENCY_KEY"] = key
+    return env
+
+
+def serve_wsgi(handler: Callable[..., Any], env: dict[str, Any]) -> None:
+    """One request through ``handler``, its body read to the end; it must answer 2xx."""
+    statuses: list[str] = []
+    response = handler(env, lambda status, headers: statuses.append(status))
+    b"".join(response)
+    response.close()
+    assert statuses[0][:1] == "2", statuses
+
+
+@contextmanager
+def own_database(server_url: str, name: str) -> Iterator[str]:
+    """A fresh database ``name`` on the server of ``server_url`` (PostgreSQL or MariaDB),
+    dropped afterwards: its URL."""
+    parts = urlsplit(server_url)
+    url = urlunsplit(parts._replace(path=f"/{name}"))
+    postgres = parts.scheme.startswith("postgres")
+    drop = f"DROP DATABASE IF EXISTS `{name}`" + (" WITH (FORCE)" if postgres else "")
+    _server_execute(url, drop)
+    _server_execute(
+        url, f"CREATE DATABASE `{name}`" + ("" if postgres else " CHARACTER SET utf8mb4")
+    )
+    try:
+        yield url
+    finally:
+        _server_execute(url, drop)
 
 
 def _server_execute(url: str, statement: str) -> None:
@@ -357,26 +385,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     parts = urlsplit(args.database_url)
     name = args.database_name or f"{parts.path.strip('/')}_components"
-    url = urlunsplit(parts._replace(path=f"/{name}"))
-    postgres = parts.scheme.startswith("postgres")
-    _server_execute(
-        url, f"DROP DATABASE IF EXISTS `{name}`" + (" WITH (FORCE)" if postgres else "")
-    )
-    _server_execute(
-        url, f"CREATE DATABASE `{name}`" + ("" if postgres else " CHARACTER SET utf8mb4")
-    )
-    try:
+    with own_database(args.database_url, name) as url:
         os.environ.update(
             DJANGO_SETTINGS_MODULE=SETTINGS, DATABASE_URL=url, EXAMPLE_PROVIDER_DELAY_MS="0"
         )
-        measure(args.calls, args.profile)
-    finally:
-        from django.db import connections
+        try:
+            measure(args.calls, args.profile)
+        finally:
+            from django.db import connections
 
-        connections.close_all()
-        _server_execute(
-            url, f"DROP DATABASE IF EXISTS `{name}`" + (" WITH (FORCE)" if postgres else "")
-        )
+            connections.close_all()
     return 0
 
 

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import os
 import pstats
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
-from benchmarks.components import BODY, SETTINGS, _server_execute
+from benchmarks.components import BODY, SETTINGS, own_database, serve_wsgi, wsgi_environ
 
 REPLAY_KEY = "drf-replay"
 
@@ -46,27 +46,9 @@ def measure(calls: int, top: int) -> None:
     handler = WSGIHandler()
 
     def environ(path: str, key: str | None = None) -> dict[str, Any]:
-        env = {
-            "REQUEST_METHOD": "POST",
-            "PATH_INFO": path,
-            "SERVER_NAME": "testserver",
-            "SERVER_PORT": "80",
-            "wsgi.url_scheme": "http",
-            "wsgi.input": io.BytesIO(BODY),
-            "CONTENT_TYPE": "application/json",
-            "CONTENT_LENGTH": str(len(BODY)),
-            "HTTP_AUTHORIZATION": f"Token {token}",
-        }
-        if key is not None:
-            env["HTTP_IDEMPOTENCY_KEY"] = key
-        return env
+        return wsgi_environ(path, key, HTTP_AUTHORIZATION=f"Token {token}")
 
-    def serve(env: dict[str, Any]) -> None:
-        statuses: list[str] = []
-        response = handler(env, lambda status, headers: statuses.append(status))
-        b"".join(response)
-        response.close()
-        assert statuses[0][:1] == "2", statuses
+    serve = partial(serve_wsgi, handler)
 
     def cpu(name: str, prepare: Callable[[], Any], call: Callable[[Any], object] = serve) -> float:
         """CPU and wall time per call, each the best of 3 runs."""
@@ -177,23 +159,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     parts = urlsplit(args.database_url)
     name = f"{parts.path.strip('/')}_drf_replay"
-    url = urlunsplit(parts._replace(path=f"/{name}"))
-    postgres = parts.scheme.startswith("postgres")
-    drop = f"DROP DATABASE IF EXISTS `{name}`" + (" WITH (FORCE)" if postgres else "")
-    _server_execute(url, drop)
-    _server_execute(
-        url, f"CREATE DATABASE `{name}`" + ("" if postgres else " CHARACTER SET utf8mb4")
-    )
-    try:
+    with own_database(args.database_url, name) as url:
         os.environ.update(
             DJANGO_SETTINGS_MODULE=SETTINGS, DATABASE_URL=url, EXAMPLE_PROVIDER_DELAY_MS="0"
         )
-        measure(args.calls, args.top)
-    finally:
-        from django.db import connections
+        try:
+            measure(args.calls, args.top)
+        finally:
+            from django.db import connections
 
-        connections.close_all()
-        _server_execute(url, drop)
+            connections.close_all()
     return 0
 
 

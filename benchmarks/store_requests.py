@@ -17,16 +17,16 @@ their own, deleted afterwards. CPU is ``time.process_time`` (best of 3 runs of
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import subprocess
 import sys
 import time
 import uuid
+from functools import partial
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
-from benchmarks.components import BODY, SETTINGS, _server_execute
+from benchmarks.components import SETTINGS, own_database, serve_wsgi, wsgi_environ
 
 
 def measure(calls: int) -> None:
@@ -42,27 +42,9 @@ def measure(calls: int) -> None:
     handler = WSGIHandler()
 
     def environ(path: str, key: str | None = None) -> dict[str, Any]:
-        env = {
-            "REQUEST_METHOD": "POST",
-            "PATH_INFO": path,
-            "SERVER_NAME": "testserver",
-            "SERVER_PORT": "80",
-            "wsgi.url_scheme": "http",
-            "wsgi.input": io.BytesIO(BODY),
-            "CONTENT_TYPE": "application/json",
-            "CONTENT_LENGTH": str(len(BODY)),
-            "HTTP_X_BENCH_USER": "alice",
-        }
-        if key is not None:
-            env["HTTP_IDEMPOTENCY_KEY"] = key
-        return env
+        return wsgi_environ(path, key, HTTP_X_BENCH_USER="alice")
 
-    def serve(env: dict[str, Any]) -> None:
-        statuses: list[str] = []
-        response = handler(env, lambda status, headers: statuses.append(status))
-        b"".join(response)
-        response.close()
-        assert statuses[0][:1] == "2", statuses
+    serve = partial(serve_wsgi, handler)
 
     replay_key = "store-requests-replay"
     serve(environ("/bench/commit/", replay_key))
@@ -113,36 +95,35 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parts = urlsplit(args.database_url)
     name = f"{parts.path.strip('/')}_stores"
-    url = urlunsplit(parts._replace(path=f"/{name}"))
-    postgres = parts.scheme.startswith("postgres")
-    drop = f"DROP DATABASE IF EXISTS `{name}`" + (" WITH (FORCE)" if postgres else "")
     prefix = f"store-requests-{os.getpid()}"
     stores = {"database store": ""}
     stores["Redis store, " + args.redis_url] = args.redis_url
     if args.cluster_url:
         stores["Redis store, " + args.cluster_url] = args.cluster_url
     for label, redis_url in stores.items():
-        _server_execute(url, drop)
-        _server_execute(
-            url, f"CREATE DATABASE `{name}`" + ("" if postgres else " CHARACTER SET utf8mb4")
-        )
-        env = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": SETTINGS,
-            "DATABASE_URL": url,
-            "EXAMPLE_PROVIDER_DELAY_MS": "0",
-            "EXAMPLE_REDIS_URL": redis_url,
-            "EXAMPLE_REDIS_KEY_PREFIX": prefix,
-        }
-        print(f"{label} (CPU per request, best of 3 x {args.calls}):", flush=True)
-        try:
-            command = [sys.executable, "-m", "benchmarks.store_requests", "--store", "child"]
-            subprocess.run([*command, "--calls", str(args.calls)], env=env, check=True)
-        finally:
-            if redis_url:
-                clean(redis_url, prefix)
-            _server_execute(url, drop)
+        with own_database(args.database_url, name) as url:
+            run_child(label, url, redis_url, prefix, args.calls)
     return 0
+
+
+def run_child(label: str, url: str, redis_url: str, prefix: str, calls: int) -> None:
+    """``measure`` in a process of its own, on the database at ``url`` and the store of
+    ``redis_url`` (the database store if empty)."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": SETTINGS,
+        "DATABASE_URL": url,
+        "EXAMPLE_PROVIDER_DELAY_MS": "0",
+        "EXAMPLE_REDIS_URL": redis_url,
+        "EXAMPLE_REDIS_KEY_PREFIX": prefix,
+    }
+    print(f"{label} (CPU per request, best of 3 x {calls}):", flush=True)
+    try:
+        command = [sys.executable, "-m", "benchmarks.store_requests", "--store", "child"]
+        subprocess.run([*command, "--calls", str(calls)], env=env, check=True)
+    finally:
+        if redis_url:
+            clean(redis_url, prefix)
 
 
 if __name__ == "__main__":
