@@ -43,7 +43,8 @@ RedisCluster = redis.cluster.RedisCluster
 
 REDIS_STORE = "idempotency_django.store.redis.RedisStore"
 PREFIX = "idemtest"
-SCRATCH_PORT = 6390
+# IDEMPOTENCY_TEST_SCRATCH_PORT moves it, for two suites side by side on one machine.
+SCRATCH_PORT = int(os.environ.get("IDEMPOTENCY_TEST_SCRATCH_PORT", "6390"))
 
 
 def _redis_up(url: str) -> bool:

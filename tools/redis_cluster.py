@@ -489,13 +489,14 @@ class SlotMigration:
 
 @dataclass
 class StandaloneRedis:
-    """A ``redis-server`` of our own (default port 6391) for kill-and-restart tests.
+    """A ``redis-server`` of our own (default port 6391, or ``REDIS_STANDALONE_PORT``) for
+    kill-and-restart tests.
 
     ``appendfsync`` is ``None`` for no persistence at all (a restart comes back empty),
     else an AOF policy (``always``, ``everysec``): a restart replays the AOF.
     """
 
-    port: int = 6391
+    port: int = int(os.environ.get("REDIS_STANDALONE_PORT", "6391"))
     appendfsync: str | None = None
     directory: Path | None = None
 
