@@ -646,9 +646,62 @@ MUTANTS = [
         "middleware-claims-drf-before-auth",
         "the middleware claims DRF views itself, before DRF authenticates the caller",
         "middleware.py",
-        "return _Plan(_DRF, view=_with_mixin(view, cls), exempt_methods=exempt)",
-        "return _Plan(_PLAIN, options=Options(label='x'), exempt_methods=exempt)",
+        "return _Plan(_DRF, options=options, exempt_methods=exempt)",
+        "return _Plan(_PLAIN, options=options, exempt_methods=exempt)",
         ("test_middleware.py::test_drf_views_are_scoped_to_the_token_user",),
+    ),
+    Mutant(
+        "middleware-skips-urlconf-decorators",
+        "the middleware runs a DRF view without the decorator a URLconf wrapped around it",
+        "middleware.py",
+        "            _mark_for_drf(request, view, plan.options)\n"
+        "            if iscoroutinefunction(view):\n"
+        "                return async_to_sync(call_view)()",
+        "            _mark_for_drf(request, view, plan.options)\n"
+        "            view = __import__('inspect').unwrap(view)\n"
+        "            call_view = functools.partial(view, request, *args, **kwargs)\n"
+        "            if iscoroutinefunction(view):\n"
+        "                return async_to_sync(call_view)()",
+        (
+            "test_middleware.py::test_a_decorator_wrapped_around_a_drf_view_in_the_urlconf_refuses_keyed_requests",
+            "test_middleware.py::test_a_decorator_wrapped_around_a_drf_view_runs_on_every_request",
+        ),
+    ),
+    Mutant(
+        "middleware-skips-urlconf-decorators-asgi",
+        "under ASGI, the middleware runs a DRF view without the decorator a URLconf wrapped",
+        "middleware.py",
+        "            if iscoroutinefunction(view):\n                return await call_view()",
+        "            view = __import__('inspect').unwrap(view)\n"
+        "            call_view = functools.partial(view, request, *args, **kwargs)\n"
+        "            if iscoroutinefunction(view):\n"
+        "                return await call_view()",
+        (
+            "test_middleware.py::test_under_asgi_a_decorator_wrapped_around_a_drf_view_refuses",
+            "test_middleware.py::test_under_asgi_a_decorator_wrapped_around_a_drf_view_runs_on_every_request",
+        ),
+    ),
+    Mutant(
+        "middleware-drf-mark-ignored",
+        "a DRF view the middleware marked runs without a claim",
+        "drf.py",
+        "        if mark is None or isinstance(self, IdempotentMixin) or _handler(self, request) "
+        "is None:",
+        "        if True:",
+        (
+            "test_middleware.py::test_drf_views_are_scoped_to_the_token_user",
+            "test_middleware.py::test_under_asgi_a_drf_view_is_scoped_after_drf_auth",
+        ),
+    ),
+    Mutant(
+        "hidden-drf-view-unchecked",
+        "a decorator that hides a DRF view from the middleware passes the system checks",
+        "checks.py",
+        "            if isinstance(cls, type) and issubclass(cls, APIView):",
+        "            if False:",
+        (
+            "test_middleware_checks.py::test_a_decorator_that_hides_a_drf_view_from_the_middleware_is_an_error",
+        ),
     ),
     Mutant(
         "middleware-protects-twice",
@@ -1061,8 +1114,8 @@ MUTANTS = [
         "middleware-drf-drops-non-atomic-requests",
         "the middleware's DRF view forgets its author's non_atomic_requests opt-out",
         "middleware.py",
-        "        transaction.non_atomic_requests(using=alias)(built)",
-        "        pass",
+        "mark_for_middleware(request, MiddlewareMark(options, request_transactions(view)))",
+        "mark_for_middleware(request, MiddlewareMark(options, request_transactions(None)))",
         ("test_protect.py::test_under_the_middleware_too",),
     ),
     Mutant(

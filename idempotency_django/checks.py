@@ -45,6 +45,7 @@ def register() -> None:
     checks.register(check_settings, "idempotency_django")
     checks.register(check_drf_views, checks.Tags.urls)
     checks.register(check_middleware, "idempotency_django")
+    checks.register(check_hidden_drf_views, checks.Tags.urls)
     checks.register(check_drf_view_attributes, checks.Tags.urls)
     checks.register(check_codec_settings, "idempotency_django")
 
@@ -416,6 +417,53 @@ def check_middleware(
                 id="idempotency_django.E013",
             )
         )
+    return errors
+
+
+def check_hidden_drf_views(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """E027: under ``IdempotencyMiddleware``, a routed callback that hides the DRF view behind
+    it: a decorator that keeps ``__wrapped__`` but not the view's attributes (``cls``), as
+    ``functools.wraps`` would copy them.
+
+    The middleware tells a DRF view by its ``cls``, and has it claim inside DRF's
+    ``initial()``, after DRF's authentication. A callback that hides it is protected as a
+    plain view: claimed before DRF authenticates its caller (a token user is anonymous then).
+    """
+    middleware = [str(path) for path in getattr(settings, "MIDDLEWARE", None) or ()]
+    if IDEMPOTENCY_MIDDLEWARE not in middleware:
+        return []
+    try:
+        from rest_framework.views import APIView
+    except ImportError:  # pragma: no cover - DRF is optional
+        return []
+    errors: list[checks.CheckMessage] = []
+    for entry in url_patterns():
+        callback = entry.callback
+        if isinstance(getattr(callback, "cls", None), type):
+            continue  # the middleware sees it (a DRF view, or a class-based view)
+        inner = getattr(callback, "__wrapped__", None)
+        for _ in range(100):  # a cycle of __wrapped__ is not ours to loop on
+            if inner is None:
+                break
+            cls = getattr(inner, "cls", None)
+            if isinstance(cls, type) and issubclass(cls, APIView):
+                errors.append(
+                    checks.Error(
+                        f"The URL pattern {str(entry.pattern)!r} routes to "
+                        f"{cls.__module__}.{cls.__qualname__} through a decorator that hides "
+                        "it: IdempotencyMiddleware would protect it as a plain view, and "
+                        "claim before DRF authenticates the caller.",
+                        hint="Write the decorator with functools.wraps (which copies the "
+                        "view's cls), or give the view IdempotentMixin, or exempt it "
+                        "(EXEMPT_URL_NAMES, @idempotency_exempt).",
+                        obj=callback,
+                        id="idempotency_django.E027",
+                    )
+                )
+                break
+            inner = getattr(inner, "__wrapped__", None)
     return errors
 
 

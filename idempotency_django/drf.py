@@ -8,11 +8,13 @@ stored response is the *rendered* DRF response, so a replay is byte-identical.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Collection, Iterable
+import functools
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.http import HttpResponseBase
+from django.http import HttpRequest, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 from rest_framework import exceptions, views
 from rest_framework.request import Request
@@ -62,7 +64,7 @@ _KNOWN_ATTRIBUTES = frozenset(
         "get_idempotency_options",
     }
 )
-_ANONYMOUS = (
+ANONYMOUS_DETAIL = (
     "Authenticate to use an Idempotency-Key on this endpoint. (The key belongs to the user "
     "that the view's authentication_classes authenticate, and none did: require "
     "authentication in permission_classes, or override get_idempotency_account.)"
@@ -217,7 +219,7 @@ class IdempotentMixin:
         values = cls._idempotency_values()
         if values["fingerprint_fields"] is not None:
             values["fingerprint_fields"] = list(values["fingerprint_fields"])
-        return Options.given(values, label, DRF, **extra, anonymous_detail=_ANONYMOUS)
+        return Options.given(values, label, DRF, **extra, anonymous_detail=ANONYMOUS_DETAIL)
 
     def get_idempotency_options(self) -> Options:
         """The options for the current request; override to vary them per action.
@@ -260,13 +262,7 @@ class IdempotentMixin:
         same body as ``@idempotent`` views. With a custom ``EXCEPTION_HANDLER``: whatever it
         makes of an ``IdempotencyAPIException``, so error bodies keep the project's format.
         """
-        handler = self.get_exception_handler()  # type: ignore[attr-defined]
-        if handler is views.exception_handler:
-            return problem_response(error)
-        response: HttpResponseBase = self.handle_exception(IdempotencyAPIException(error))  # type: ignore[attr-defined]
-        if error.retry_after is not None:
-            response["Retry-After"] = str(error.retry_after)
-        return response
+        return _error_response(self, error)
 
     # -- flow -------------------------------------------------------------------------------
 
@@ -275,55 +271,142 @@ class IdempotentMixin:
         in place of the one DRF's ``dispatch`` is about to call (the way viewsets bind their
         actions, on the instance that serves this one request)."""
         super().initial(request, *args, **kwargs)  # type: ignore[misc]
-        view: Any = self
-        method = (request.method or "").lower()
-        if method not in view.http_method_names or not hasattr(view, method):
+        if _handler(self, request) is None:
             return
-        handler = getattr(view, method)
         options = self.get_idempotency_options()
         transactions = self._idempotency_transactions
         reopen = request_transactions(None) if transactions is None else transactions.to_reopen()
-        if self.idempotency_applies(request, options):
+        _put_handler(
+            self,
+            request,
+            options,
+            self.idempotency_error_response,
+            reopen,
+            protected=self.idempotency_applies(request, options),
+        )
 
-            def protected(request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
-                def call_view() -> HttpResponseBase:
-                    return self._rendered(handler, request, args, kwargs)
 
-                return protect(
-                    request,
-                    call_view,
-                    options,
-                    self.idempotency_error_response,
-                    reopen,
-                )
+def _handler(view: Any, request: Request) -> Callable[..., Any] | None:
+    """The handler DRF's ``dispatch`` is about to call for ``request``, if it has one."""
+    method = (request.method or "").lower()
+    if method not in view.http_method_names:
+        return None
+    return getattr(view, method, None)
 
-            setattr(view, method, protected)
-        elif reopen:
 
-            def in_request_transactions(request: Request, *args: Any, **kwargs: Any) -> Any:
-                return unprotected(reopen, lambda: handler(request, *args, **kwargs))
+def _put_handler(
+    view: Any,
+    request: Request,
+    options: Options,
+    error_response: Callable[[IdempotencyError], HttpResponseBase],
+    reopen: Sequence[str],
+    *,
+    protected: bool,
+) -> None:
+    """Replace the handler of ``request``'s method, on this one view instance, with one that
+    runs it protected (``protected``), or in the request transactions it was opted out of."""
+    handler = _handler(view, request)
+    assert handler is not None
+    method = (request.method or "").lower()
+    if protected:
 
-            setattr(view, method, in_request_transactions)
+        def protected_handler(request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            def call_view() -> HttpResponseBase:
+                return _rendered(view, handler, request, args, kwargs)
 
-    def _rendered(
-        self, handler: Callable[..., Any], request: Request, args: Any, kwargs: Any
-    ) -> HttpResponseBase:
-        """Run the handler the way DRF would, down to the rendered bytes that get stored.
+            return protect(request, call_view, options, error_response, reopen)
 
-        DRF exceptions become responses here (a ``ValidationError`` is a stored 400, an
-        ``APIException`` with a 5xx status releases the key); anything else propagates, and
-        releases the key. DRF's handler marks the request transactions for rollback when it
-        answers an exception: the work rolls back, and the lifecycle stores the answer.
-        """
-        view: Any = self
-        try:
-            response = handler(request, *args, **kwargs)
-        except Exception as exc:
-            response = answered(exc, view.handle_exception(exc))
-        response = view.finalize_response(request, response, *args, **kwargs)
-        if isinstance(response, SimpleTemplateResponse):
-            response.render()
-        return response  # type: ignore[no-any-return]
+        setattr(view, method, protected_handler)
+    elif reopen:
+
+        def in_request_transactions(request: Request, *args: Any, **kwargs: Any) -> Any:
+            return unprotected(reopen, lambda: handler(request, *args, **kwargs))
+
+        setattr(view, method, in_request_transactions)
+
+
+def _rendered(
+    view: Any, handler: Callable[..., Any], request: Request, args: Any, kwargs: Any
+) -> HttpResponseBase:
+    """Run the handler the way DRF would, down to the rendered bytes that get stored.
+
+    DRF exceptions become responses here (a ``ValidationError`` is a stored 400, an
+    ``APIException`` with a 5xx status releases the key); anything else propagates, and
+    releases the key. DRF's handler marks the request transactions for rollback when it
+    answers an exception: the work rolls back, and the lifecycle stores the answer.
+    """
+    try:
+        response = handler(request, *args, **kwargs)
+    except Exception as exc:
+        response = answered(exc, view.handle_exception(exc))
+    response = view.finalize_response(request, response, *args, **kwargs)
+    if isinstance(response, SimpleTemplateResponse):
+        response.render()
+    return response  # type: ignore[no-any-return]
+
+
+def _error_response(view: Any, error: IdempotencyError) -> HttpResponseBase:
+    """``IdempotentMixin.idempotency_error_response`` for ``view``, with or without the mixin:
+    problem+json under DRF's default exception handler, else whatever the project's handler
+    makes of an ``IdempotencyAPIException``."""
+    if view.get_exception_handler() is views.exception_handler:
+        return problem_response(error)
+    response: HttpResponseBase = view.handle_exception(IdempotencyAPIException(error))
+    if error.retry_after is not None:
+        response["Retry-After"] = str(error.retry_after)
+    return response
+
+
+# -- DRF views that IdempotencyMiddleware protects --------------------------------------------
+#
+# The middleware must run the callback Django resolved (a URLconf may wrap the view in
+# ``staff_member_required``, a rate limit, ``sensitive_post_parameters``…), and the claim must
+# come after DRF's own authentication, which runs inside that callback. So the middleware
+# marks the request and calls the callback; ``APIView.initial``, hooked once, finds the mark
+# after DRF's authentication, permissions and throttles, and puts the protected handler in
+# place, as the mixin does. A view with the mixin protects itself and ignores the mark.
+
+_MARK = "_idempotency_middleware_drf"
+_HOOKED = "_idempotency_hooked"
+
+
+@dataclass(frozen=True)
+class MiddlewareMark:
+    """What the middleware asks of the DRF view that serves one request."""
+
+    options: Options
+    reopen: Sequence[str]  # the ATOMIC_REQUESTS aliases to open around the work
+
+
+def mark_for_middleware(request: HttpRequest, mark: MiddlewareMark) -> None:
+    """Have the DRF view that serves ``request`` claim it with ``mark``'s options."""
+    hook_initial()
+    request.__dict__[_MARK] = mark
+
+
+def hook_initial() -> None:
+    """Make ``APIView.initial`` protect a request the middleware marked (once per process)."""
+    original = views.APIView.initial
+    if getattr(original, _HOOKED, False):
+        return
+
+    @functools.wraps(original)
+    def initial(self: views.APIView, request: Request, *args: Any, **kwargs: Any) -> None:
+        original(self, request, *args, **kwargs)
+        mark = request._request.__dict__.pop(_MARK, None)  # one view claims, once
+        if mark is None or isinstance(self, IdempotentMixin) or _handler(self, request) is None:
+            return
+        _put_handler(
+            self,
+            request,
+            mark.options,
+            functools.partial(_error_response, self),
+            mark.reopen,
+            protected=mark.options.protects(request.method),
+        )
+
+    setattr(initial, _HOOKED, True)
+    views.APIView.initial = initial  # type: ignore[method-assign]
 
 
 class IdempotentModelViewSet(IdempotentMixin, ModelViewSet):  # type: ignore[type-arg]

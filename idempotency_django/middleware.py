@@ -1,11 +1,11 @@
 """``IdempotencyMiddleware``: protect every unsafe request of a project, not view by view.
 
 It claims in ``process_view``, around the view alone (so ``request.user`` is set, as for
-``@idempotent``), and runs the view itself through the same adapters as the decorator, the
-DRF mixin (after DRF's own authentication) and django-ninja (after ninja's); none of the
-policy is decided here. It hands the lifecycle the ``ATOMIC_REQUESTS`` aliases Django would
-have wrapped. What it protects and leaves alone, nested layers, ordering and async:
-``docs/middleware.md``.
+``@idempotent``), and always runs the callback Django resolved (decorators a URLconf wrapped
+around the view included) through the same adapters as the decorator, the DRF mixin (after
+DRF's own authentication) and django-ninja (after ninja's); none of the policy is decided
+here. It hands the lifecycle the ``ATOMIC_REQUESTS`` aliases Django would have wrapped. What
+it protects and leaves alone, nested layers, ordering and async: ``docs/middleware.md``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from typing import Any
 from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import transaction
 from django.http import HttpRequest, HttpResponseBase
 from django.utils.module_loading import import_string
 
@@ -35,14 +34,13 @@ _NINJA_VIEWS = "ninja.operation"  # the module of every view django-ninja routes
 _LEAVE = "leave"  # exempt, or protected by its own decorator or mixin
 _PLAIN = "plain"  # a Django view: the middleware protects it
 _NINJA = "ninja"  # a django-ninja view: marked here, claimed by its operation after ninja's auth
-_DRF = "drf"  # a DRF view without the mixin: run through a subclass that has it
+_DRF = "drf"  # a DRF view without the mixin: marked here, claimed in DRF's initial()
 
 
 @dataclass(frozen=True)
 class _Plan:
     action: str
     options: Options | None = None
-    view: View | None = None  # the DRF view with the mixin, for _DRF
     exempt_methods: frozenset[str] = frozenset()  # whose handler is @idempotency_exempt
 
 
@@ -91,10 +89,13 @@ class IdempotencyMiddleware:
         plan = _plan_for(request, view)
         if plan is None:
             return None
-        if plan.view is not None:  # DRF: the mixin reopens ATOMIC_REQUESTS itself
-            return plan.view(request, *args, **kwargs)  # type: ignore[no-any-return]
         assert plan.options is not None
         call_view = functools.partial(view, request, *args, **kwargs)
+        if plan.action == _DRF:
+            _mark_for_drf(request, view, plan.options)
+            if iscoroutinefunction(view):
+                return async_to_sync(call_view)()  # type: ignore[no-any-return]
+            return call_view()  # type: ignore[no-any-return]
         if iscoroutinefunction(view):
             return async_to_sync(aprotect)(request, call_view, plan.options)
         return _protect_view(request, view, call_view, plan.options)
@@ -107,11 +108,13 @@ class IdempotencyMiddleware:
         plan = _plan_for(request, view)
         if plan is None:
             return None
-        if plan.view is not None:
-            drf_view = plan.view
-            return await sync_to_async(drf_view, thread_sensitive=True)(request, *args, **kwargs)  # type: ignore[no-any-return]
         assert plan.options is not None
         call_view = functools.partial(view, request, *args, **kwargs)
+        if plan.action == _DRF:
+            _mark_for_drf(request, view, plan.options)
+            if iscoroutinefunction(view):
+                return await call_view()  # type: ignore[no-any-return]
+            return await sync_to_async(call_view, thread_sensitive=True)()  # type: ignore[no-any-return]
         if iscoroutinefunction(view):
             return await aprotect(request, call_view, plan.options)
         return await sync_to_async(_protect_view, thread_sensitive=True)(
@@ -124,6 +127,15 @@ def _protect_view(
 ) -> HttpResponseBase:
     """A sync view protected, its ``ATOMIC_REQUESTS`` aliases read in its own thread."""
     return protect(request, call_view, options, request_transactions=request_transactions(view))
+
+
+def _mark_for_drf(request: HttpRequest, view: View, options: Options) -> None:
+    """Have the DRF view inside ``view`` claim after DRF's authentication (its ``initial``),
+    in the ``ATOMIC_REQUESTS`` transactions Django would have opened around ``view``: the
+    middleware calls ``view`` itself, so Django opens none around the claim."""
+    from idempotency_django.drf import MiddlewareMark, mark_for_middleware
+
+    mark_for_middleware(request, MiddlewareMark(options, request_transactions(view)))
 
 
 def _mark_for_ninja(request: HttpRequest) -> None:
@@ -189,7 +201,7 @@ def _plan_for(request: HttpRequest, view: View) -> _Plan | None:
     if plan.action == _NINJA:
         _mark_for_ninja(request)
         return None  # Django calls the view: ninja authenticates, the operation claims
-    if plan.view is None and iscoroutinefunction(view) and request_transactions(view):
+    if plan.action == _PLAIN and iscoroutinefunction(view) and request_transactions(view):
         return None  # Django refuses ATOMIC_REQUESTS on async views: let it say so
     return plan
 
@@ -224,12 +236,17 @@ def _make_plan(view: View) -> _Plan:
             )
         return _Plan(_NINJA)
     exempt = _exempt_methods(view, cls)
+    label = f"IdempotencyMiddleware on {_name(view)}"
     drf = _drf_classes()
     if drf is not None and isinstance(cls, type) and issubclass(cls, drf[0]):
         if issubclass(cls, drf[1]):
             return _Plan(_LEAVE)
-        return _Plan(_DRF, view=_with_mixin(view, cls), exempt_methods=exempt)
-    label = f"IdempotencyMiddleware on {_name(view)}"
+        # Marked, and claimed by DRF's initial() inside the callback Django resolved: never
+        # a view rebuilt from ``cls``, which would skip what a URLconf wrapped around it.
+        from idempotency_django.drf import ANONYMOUS_DETAIL
+
+        options = Options(label=label, anonymous_detail=ANONYMOUS_DETAIL)
+        return _Plan(_DRF, options=options, exempt_methods=exempt)
     options = Options(label=label, anonymous_detail=_ANONYMOUS)
     return _Plan(_PLAIN, options=options, exempt_methods=exempt)
 
@@ -273,28 +290,6 @@ def _drf_classes() -> tuple[type, type] | None:
     except ImportError:  # pragma: no cover - DRF is optional
         return None
     return APIView, IdempotentMixin
-
-
-def _with_mixin(view: View, cls: type) -> View:
-    """``view``'s class with ``IdempotentMixin`` first among its bases, as a view built
-    with the same ``as_view`` arguments (a viewset's actions too)."""
-    from idempotency_django.drf import IdempotentMixin
-
-    protected = type(
-        cls.__name__,
-        (IdempotentMixin, cls),
-        {"__module__": cls.__module__, "__qualname__": cls.__qualname__},
-    )
-    initkwargs = dict(getattr(view, "initkwargs", {}))
-    actions = getattr(view, "actions", None)
-    built: Any
-    if actions is not None:  # a viewset, bound by its router to these actions
-        built = protected.as_view(actions, **initkwargs)  # type: ignore[attr-defined]
-    else:
-        built = protected.as_view(**initkwargs)  # type: ignore[attr-defined]
-    for alias in getattr(view, "_non_atomic_requests", ()):  # the author's opt-outs
-        transaction.non_atomic_requests(using=alias)(built)
-    return built  # type: ignore[no-any-return]
 
 
 def _name(view: Any) -> str:

@@ -453,6 +453,146 @@ def test_drf_errors_through_the_middleware(alice: User, client: Client) -> None:
     assert effects("mw_drf") == 0
 
 
+# --- decorators a URLconf wraps around a view: the callback Django resolved always runs ------
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "label"),
+    [
+        ("/mw/staff-drf/", 302, "mw_drf"),  # staff_member_required: to the admin's login
+        ("/mw/forbidden-drf/", 403, "mw_drf"),
+        ("/mw/forbidden-viewset/", 403, "mw_viewset"),
+    ],
+)
+def test_a_decorator_wrapped_around_a_drf_view_in_the_urlconf_refuses_keyed_requests(
+    alice: User, client: Client, path: str, status: int, label: str
+) -> None:
+    """The middleware runs the callback Django resolved, wrapper included: a non-staff
+    caller's keyed POST never reaches the DRF view, and nothing is claimed for it."""
+    send = token_post(client)
+    token = Token.objects.create(user=alice).key
+
+    keyed = send(path, token)
+    retry = send(path, token)
+    unkeyed = client.post(
+        path, data="{}", content_type="application/json", HTTP_AUTHORIZATION=f"Token {token}"
+    )
+
+    assert keyed.status_code == retry.status_code == unkeyed.status_code == status
+    assert effects(label) == 0
+    assert not records.exists()
+
+
+def test_a_decorator_wrapped_around_a_drf_view_runs_on_every_request(
+    alice: User, bob: User, client: Client
+) -> None:
+    """Claimed after the wrapper and after DRF's token authentication: each user's retry
+    is replayed from their own record, and the wrapper ran for every request."""
+    send = token_post(client)
+    alices, bobs = Token.objects.create(user=alice).key, Token.objects.create(user=bob).key
+
+    first = send("/mw/counted-drf/", alices)
+    other = send("/mw/counted-drf/", bobs)
+    retry = send("/mw/counted-drf/", alices)
+
+    assert first.status_code == other.status_code == 201
+    assert first["X-Wrapper"] == retry["X-Wrapper"] == "ran"
+    assert retry["Idempotent-Replayed"] == "true"
+    assert retry.content == first.content
+    assert json.loads(other.content)["user"] == "bob"
+    assert effects("mw_drf") == 2
+    assert effects("mw_wrapper") == 3
+    assert sorted(r.account for r in records.all()) == sorted([str(alice.pk), str(bob.pk)])
+
+
+def test_staff_member_required_around_a_drf_view_lets_staff_through(
+    alice: User, client: Client
+) -> None:
+    alice.is_staff = True
+    alice.save()
+    token = Token.objects.create(user=alice).key
+
+    def send() -> Any:
+        return client.post(
+            "/mw/staff-drf/",
+            data=json.dumps({"amount": 1}),
+            content_type="application/json",
+            headers={"Idempotency-Key": "k1", "Authorization": f"Token {token}", "X-User": "alice"},
+        )
+
+    first, retry = send(), send()
+
+    assert first.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert effects("mw_drf") == 1
+
+
+def test_the_plain_view_path_runs_the_decorator_the_urlconf_wrapped_around_it(
+    alice: User, post: Post
+) -> None:
+    refused = post("/mw/forbidden-plain/", {"amount": 1})
+
+    assert refused.status_code == 403
+    assert refused.content == b"forbidden by the URLconf"
+    assert effects("mw_plain") == 0
+
+
+def test_the_plain_view_path_runs_the_decorator_the_urlconf_wrapped(
+    alice: User, post: Post
+) -> None:
+    """The plain path protects the resolved callback: its wrapper runs inside the claim,
+    and a replay is answered before it, from the first run's record."""
+    first = post("/mw/counted-plain/", {"amount": 1})
+    retry = post("/mw/counted-plain/", {"amount": 1})
+
+    assert first.status_code == 201
+    assert first["X-Wrapper"] == "ran"
+    assert retry["Idempotent-Replayed"] == "true"
+    assert effects("mw_plain") == 1
+    assert effects("mw_wrapper") == 1
+
+
+@pytest.mark.parametrize("path", ["/mw/forbidden-drf/", "/mw/async-forbidden-drf/"])
+def test_under_asgi_a_decorator_wrapped_around_a_drf_view_refuses(alice: User, path: str) -> None:
+    token = Token.objects.create(user=alice).key
+
+    async def send(key: str | None) -> Any:
+        headers = {"Authorization": f"Token {token}"}
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        return await AsyncClient().post(
+            path, data=json.dumps({"amount": 1}), content_type="application/json", headers=headers
+        )
+
+    assert async_to_sync(send)("k1").status_code == 403
+    assert async_to_sync(send)(None).status_code == 403
+    assert effects("mw_drf") == 0
+    assert not records.exists()
+
+
+def test_under_asgi_a_decorator_wrapped_around_a_drf_view_runs_on_every_request(
+    alice: User,
+) -> None:
+    token = Token.objects.create(user=alice).key
+
+    async def send() -> Any:
+        return await AsyncClient().post(
+            "/mw/counted-drf/",
+            data=json.dumps({"amount": 1}),
+            content_type="application/json",
+            headers={"Idempotency-Key": "k1", "Authorization": f"Token {token}"},
+        )
+
+    first = async_to_sync(send)()
+    retry = async_to_sync(send)()
+
+    assert first.status_code == 201
+    assert retry["Idempotent-Replayed"] == "true"
+    assert first["X-Wrapper"] == retry["X-Wrapper"] == "ran"
+    assert effects("mw_drf") == 1
+    assert effects("mw_wrapper") == 2
+
+
 # --- ATOMIC_REQUESTS ---------------------------------------------------------------------------
 
 

@@ -1,5 +1,5 @@
-"""System checks for ``IdempotencyMiddleware``'s place in ``MIDDLEWARE`` (E012, E013, W004)
-and for its setting, ``EXEMPT_URL_NAMES`` (E010)."""
+"""System checks for ``IdempotencyMiddleware``'s place in ``MIDDLEWARE`` (E012, E013, W004),
+for its setting, ``EXEMPT_URL_NAMES`` (E010), and for DRF views a decorator hides from it (E027)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import Client
 
-from idempotency_django.checks import check_middleware, check_settings
+from idempotency_django.checks import check_hidden_drf_views, check_middleware, check_settings
 
 if TYPE_CHECKING:
     from pytest_django import Settings
@@ -141,3 +141,31 @@ def test_the_shipped_settings_start(settings: Settings) -> None:
         check=False,
     )
     assert started.returncode == 0, started.stderr
+
+
+def test_a_decorator_that_hides_a_drf_view_from_the_middleware_is_an_error(
+    settings: Settings,
+) -> None:
+    settings.ROOT_URLCONF = "tests.project.middleware_hidden_urls"
+    settings.MIDDLEWARE = [SESSIONS, AUTH, IDEMPOTENCY]
+
+    [message] = check_hidden_drf_views()
+
+    assert message.id == "idempotency_django.E027"
+    assert "'hidden/'" in message.msg
+    assert "TokenChargeView" in message.msg
+
+
+def test_hidden_drf_views_are_checked_only_under_the_middleware(settings: Settings) -> None:
+    settings.ROOT_URLCONF = "tests.project.middleware_hidden_urls"
+    settings.MIDDLEWARE = [SESSIONS, AUTH]
+
+    assert check_hidden_drf_views() == []
+
+
+def test_the_hidden_drf_view_check_is_registered(settings: Settings) -> None:
+    settings.ROOT_URLCONF = "tests.project.middleware_hidden_urls"
+    settings.MIDDLEWARE = [SESSIONS, AUTH, IDEMPOTENCY]
+
+    with pytest.raises(SystemCheckError, match="E027"):
+        call_command("check")

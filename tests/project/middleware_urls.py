@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.contrib.admin.views.decorators import staff_member_required
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
@@ -22,6 +23,22 @@ urlpatterns = [
     path("mw/mixin/", middleware_views.MixinChargeView.as_view()),
     path("mw/api-function/", middleware_views.api_function),
     path("mw/exempt-drf/", middleware_views.ExemptAPIView.as_view()),
+    # Decorators the URLconf wraps around views: the middleware runs them, DRF views included.
+    path("mw/staff-drf/", staff_member_required(middleware_views.TokenChargeView.as_view())),
+    path(
+        "mw/forbidden-drf/", middleware_views.forbidding(middleware_views.TokenChargeView.as_view())
+    ),
+    path(
+        "mw/async-forbidden-drf/",
+        middleware_views.async_forbidding(middleware_views.TokenChargeView.as_view()),
+    ),
+    path(
+        "mw/forbidden-viewset/",
+        middleware_views.forbidding(middleware_views.ChargeViewSet.as_view({"post": "create"})),
+    ),
+    path("mw/counted-drf/", middleware_views.counted(middleware_views.TokenChargeView.as_view())),
+    path("mw/forbidden-plain/", middleware_views.forbidding(middleware_views.plain)),
+    path("mw/counted-plain/", middleware_views.counted(middleware_views.plain)),
     path("mw/non-atomic/", middleware_views.non_atomic),
     path("mw/ns/", include(([path("plain/", middleware_views.named, name="n")], "mwns"))),
     # Protected by their own decorator: the middleware must not protect them twice.

@@ -4,6 +4,7 @@ the only protection they get is ``IdempotencyMiddleware``'s. Each execution writ
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -243,3 +244,52 @@ async def async_charge(request: HttpRequest) -> HttpResponse:
 
 async def async_calls_charge(request: HttpRequest) -> HttpResponse:
     return await async_charge(request)
+
+
+# --- decorators a URLconf wraps around views: the middleware must run them ------------------
+
+
+def counted(view: ViewFunc) -> ViewFunc:
+    """A URLconf decorator (``functools.wraps``, as Django's own) that counts its runs in a
+    ``SideEffect`` of its own and marks the response, so a test sees that it ran."""
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        SideEffect.objects.create(label="mw_wrapper")
+        response = view(request, *args, **kwargs)
+        response["X-Wrapper"] = "ran"
+        return response
+
+    return wrapper
+
+
+def forbidding(view: ViewFunc) -> ViewFunc:
+    """A URLconf decorator that refuses every request, as an IP allow-list or a feature flag
+    that is off would: the view behind it must never run."""
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        return HttpResponse("forbidden by the URLconf", status=403)
+
+    return wrapper
+
+
+def async_forbidding(view: ViewFunc) -> ViewFunc:
+    """``forbidding`` as an async decorator (a view Django calls with ``await``)."""
+
+    async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        return HttpResponse("forbidden by the URLconf", status=403)
+
+    functools.update_wrapper(wrapper, view)
+    return wrapper
+
+
+def hiding(view: ViewFunc) -> ViewFunc:
+    """A decorator that keeps ``__wrapped__`` but not the view's attributes: to the
+    middleware a plain view, which system check E027 reports when a DRF view is behind."""
+
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        return view(request, *args, **kwargs)
+
+    wrapper.__wrapped__ = view  # type: ignore[attr-defined]
+    return wrapper
