@@ -541,13 +541,15 @@ class StandaloneRedis:
 # --- a Redis store's URL ------------------------------------------------------------------------
 
 
-def connect(url: str) -> redis.Redis | RedisCluster:
+def connect(url: str, **options: object) -> redis.Redis | RedisCluster:
     """A client for a Redis store's URL (``redis+cluster://``: a cluster), as the store
-    makes it (``store/redis_cluster.connect``, which needs Django's settings to import)."""
+    makes it (``store/redis_cluster.connect``, which needs Django's settings to import);
+    ``options`` go to redis-py (``socket_timeout=None`` for a long ``BLPOP``: its default
+    socket timeout is 5 s)."""
     scheme, _, rest = url.partition("://")
     if scheme.endswith("+cluster"):
-        return RedisCluster.from_url(f"{scheme.removesuffix('+cluster')}://{rest}")
-    return redis.Redis.from_url(url)
+        return RedisCluster.from_url(f"{scheme.removesuffix('+cluster')}://{rest}", **options)
+    return redis.Redis.from_url(url, **options)
 
 
 def flush(url: str) -> None:
