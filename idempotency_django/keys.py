@@ -31,6 +31,9 @@ from idempotency_django.fingerprint import (
     MAX_JSON_DEPTH as MAX_JSON_DEPTH,
 )
 from idempotency_django.fingerprint import (
+    Fingerprint as Fingerprint,
+)
+from idempotency_django.fingerprint import (
     Fingerprinter as Fingerprinter,
 )
 from idempotency_django.fingerprint import (
@@ -44,6 +47,9 @@ from idempotency_django.fingerprint import (
 )
 from idempotency_django.fingerprint import (
     digest as digest,
+)
+from idempotency_django.fingerprint import (
+    fingerprint_display as fingerprint_display,
 )
 from idempotency_django.fingerprint import (
     fingerprints_match as fingerprints_match,
