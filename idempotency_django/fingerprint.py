@@ -41,6 +41,7 @@ from django.http.request import RawPostDataException
 from django.utils.crypto import salted_hmac
 from django.utils.datastructures import MultiValueDict
 from django.utils.duration import duration_iso_string
+from django.utils.encoding import force_bytes
 from django.utils.functional import Promise
 
 Fingerprinter = Callable[[HttpRequest], "str | bytes | None"]
@@ -310,12 +311,19 @@ def _fingerprint(material: bytes, custom: str | None = None) -> Fingerprint:
 def _keyed(material: bytes, secret: str | bytes) -> str:
     """``"3:"``, the key's id and an HMAC-SHA256 of ``material`` (truncated to 224 bits, so
     that the whole is 66 characters like version 2: an earlier release reads it as another
-    version, not as a different request)."""
-    mac = salted_hmac(_SALT, material, secret=secret, algorithm="sha256").hexdigest()
-    return f"{FINGERPRINT_VERSION}:{_key_id(secret)}{mac[:56]}"
+    version, not as a different request). The HMAC is ``salted_hmac(_SALT, material,
+    secret, algorithm="sha256")``, with its derived key computed once per secret."""
+    key_id, derived = _derived(secret)
+    mac = hmac.digest(derived, material, "sha256").hex()
+    return f"{FINGERPRINT_VERSION}:{key_id}{mac[:56]}"
 
 
 @functools.lru_cache(maxsize=16)
+def _derived(secret: str | bytes) -> tuple[str, bytes]:
+    """The secret's id and the key ``salted_hmac`` derives from it for ``_SALT``."""
+    return _key_id(secret), hashlib.sha256(_SALT.encode() + force_bytes(secret)).digest()
+
+
 def _key_id(secret: str | bytes) -> str:
     """8 hex digits naming a secret key without revealing it (an HMAC of nothing)."""
     return salted_hmac(_KEY_ID_SALT, b"", secret=secret, algorithm="sha256").hexdigest()[:8]
@@ -324,7 +332,7 @@ def _key_id(secret: str | bytes) -> str:
 def _secret_named(key_id: str) -> str | bytes | None:
     """The key among ``SECRET_KEY`` and ``SECRET_KEY_FALLBACKS`` whose id is ``key_id``."""
     for secret in (settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", ())):
-        if _key_id(secret) == key_id:
+        if _derived(secret)[0] == key_id:
             return secret  # type: ignore[no-any-return]
     return None
 
@@ -492,7 +500,7 @@ def _parse_json(body: bytes, limit: int | None = None) -> Any:
             return json.loads(
                 text,
                 parse_float=counted.decimal,
-                object_pairs_hook=counted.members,
+                object_hook=counted.members,
                 parse_constant=_reject_constant,
             )
         except ValueError as error:
@@ -505,7 +513,7 @@ def _parse_json(body: bytes, limit: int | None = None) -> Any:
                 text,
                 parse_float=counted.decimal,
                 parse_int=counted.decimal,
-                object_pairs_hook=counted.members,
+                object_hook=counted.members,
                 parse_constant=_reject_constant,
             )
     # ValueError: not JSON, NaN or Infinity; ArithmeticError: an exponent beyond decimal's
@@ -536,9 +544,9 @@ class _Counter:
         self._count(1)
         return Decimal(text)
 
-    def members(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        self._count(len(pairs))
-        return dict(pairs)  # of duplicate keys the last wins, as in json.loads
+    def members(self, members: dict[str, Any]) -> dict[str, Any]:
+        self._count(len(members))
+        return members
 
 
 # -- forms ----------------------------------------------------------------------------------
