@@ -293,7 +293,8 @@ _KEY_ID_SALT = "idempotency_django.fingerprint.key-id"
 
 
 def _material(*parts: bytes) -> bytes:
-    """SHA-256 over length-prefixed parts: what the keyed digest signs."""
+    """SHA-256 over length-prefixed parts (each part's length as 8 bytes, big-endian, then
+    the part): what the keyed digest signs."""
     hasher = hashlib.sha256()
     for part in parts:
         hasher.update(len(part).to_bytes(8, "big"))
@@ -393,12 +394,9 @@ def _same_custom_value(stored: str, value_digest: str) -> bool:
 
 
 def digest(*parts: bytes) -> str:
-    """SHA-256 over length-prefixed parts, so no two different part lists collide by joining."""
-    hasher = hashlib.sha256()
-    for part in parts:
-        hasher.update(len(part).to_bytes(8, "big"))
-        hasher.update(part)
-    return hasher.hexdigest()
+    """SHA-256 (hex) over length-prefixed parts, so no two different part lists collide by
+    joining: unkeyed, what version 2 stored (``_material`` is what version 3 keys)."""
+    return _material(*parts).hex()
 
 
 def _canonical_query(query_string: str) -> bytes:

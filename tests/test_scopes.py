@@ -18,6 +18,7 @@ from idempotency_django import accounts, keys
 from idempotency_django.checks import check_settings
 from idempotency_django.downstream import downstream_key, downstream_key_for
 from idempotency_django.exceptions import AnonymousNotAllowed
+from idempotency_django.models import IdempotencyRecord
 from idempotency_django.tasks import claim_once
 from tests import records
 from tests.conftest import ON_REDIS, effects
@@ -166,6 +167,33 @@ def test_a_user_deletion_that_rolls_back_keeps_the_records(
     retry = pay(client, "kept", 10)
     assert retry["Idempotent-Replayed"] == "true"
     assert effects() == 1
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "store"])
+@pytest.mark.database_store("a store in a second database alias")
+def test_with_the_store_in_its_own_database_a_rolled_back_deletion_keeps_the_records(
+    client: Client, settings: Any
+) -> None:
+    """There the records' deletion is not in the user's transaction: it waits for its
+    commit, and a deletion that rolls back leaves the user's retries their replay."""
+    settings.IDEMPOTENCY = {"NAMESPACE_PRINCIPALS": True, "DATABASE": "store"}
+    user = UserFactory(username="kept")
+    assert pay(client, "kept", 10).status_code == 201
+
+    def delete_then_roll_back() -> None:
+        with transaction.atomic():
+            user.delete()
+            raise RuntimeError("the deletion is rolled back")
+
+    with pytest.raises(RuntimeError):
+        delete_then_roll_back()
+    kept = pay(client, "kept", 10)
+    User.objects.get(username="kept").delete()
+    after = IdempotencyRecord.objects.using("store").count()
+
+    assert kept["Idempotent-Replayed"] == "true"
+    assert effects() == 1
+    assert after == 0  # committed, the deletion takes the records
 
 
 @pytest.mark.database_store("the Redis store's keys are digests: an account's are not found")
