@@ -22,23 +22,23 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.db.models import Q
 
-from idempotency_django import keys
 from idempotency_django.conf import DEFAULTS, conf
-from idempotency_django.store import database as database_store
-from idempotency_django.store.base import store_alias
-from idempotency_django.tasks import ENDPOINT_PREFIX as TASK_ENDPOINT_PREFIX
 
 logger = logging.getLogger("idempotency_django")
-
-# A task's records: its scope is any string, which may look like a user's primary key.
-TASK_RECORDS = Q(endpoint__startswith=TASK_ENDPOINT_PREFIX) | Q(endpoint="task")
 
 
 def forget_account(account: str) -> int:
     """Delete the records of ``account`` (but tasks') from the database store, at once; the
     number deleted. For a principal that is gone for good: call it from your own receiver
     when a custom ``ACCOUNT`` names principals its own way."""
-    return database_store.delete_account(store_alias(), account, TASK_RECORDS)
+    # Imported here: this module is imported when the app is ready, the store on first use.
+    from idempotency_django.store import database as database_store
+    from idempotency_django.store.base import store_alias
+    from idempotency_django.tasks import ENDPOINT_PREFIX
+
+    # A task's records: its scope is any string, which may look like a user's primary key.
+    tasks = Q(endpoint__startswith=ENDPOINT_PREFIX) | Q(endpoint="task")
+    return database_store.delete_account(store_alias(), account, tasks)
 
 
 def user_deleted(sender: Any, instance: Any, using: str, **kwargs: Any) -> None:
@@ -46,6 +46,8 @@ def user_deleted(sender: Any, instance: Any, using: str, **kwargs: Any) -> None:
     commits, where a bare primary key is certainly a user (see the module's docstring)."""
     if not (conf.NAMESPACE_PRINCIPALS and conf.get("ACCOUNT") == DEFAULTS["ACCOUNT"]):
         return
+    from idempotency_django import keys
+
     account = keys.principal_account(instance)
     if account is None:
         return

@@ -299,6 +299,21 @@ def test_a_user_in_two_tenants_by_header_gets_one_run_in_each(
     ]
 
 
+def test_the_drf_mixin_puts_the_tenant_into_its_scope_too(
+    alice: User, client: Client, settings: Any
+) -> None:
+    settings.IDEMPOTENCY = {"TENANT": keys.tenant_header("X-Org")}
+
+    in_a = refund(client, {"X-User": "alice", "X-Org": "acme"})
+    in_b = refund(client, {"X-User": "alice", "X-Org": "globex"})
+    retry_in_a = refund(client, {"X-User": "alice", "X-Org": "acme"})
+
+    assert in_a.status_code == in_b.status_code == 201
+    assert "Idempotent-Replayed" not in in_b
+    assert retry_in_a["Idempotent-Replayed"] == "true"
+    assert effects() == 2
+
+
 def test_a_disallowed_host_is_refused_before_any_claim(
     alice: User, client: Client, settings: Any
 ) -> None:
