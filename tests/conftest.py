@@ -13,7 +13,7 @@ from django.db import connection, connections
 from django.test import Client
 from django.utils.crypto import salted_hmac
 
-from idempotency_django import lifecycle
+from idempotency_django import fingerprint, keys, lifecycle
 from idempotency_django.conf import DEFAULTS
 from idempotency_django.heartbeat import heartbeat
 from tests.models import SideEffect
@@ -69,8 +69,11 @@ def _empty_redis_store() -> None:
 
 @pytest.fixture(autouse=True)
 def _forget_warnings() -> None:
-    """Warnings logged once per view or task: each test sees its own."""
+    """Warnings logged once per view, task, principal class or unknown key: each test sees
+    its own."""
     lifecycle._warned.clear()
+    keys._warned_principals.clear()
+    fingerprint._unknown_keys.clear()
 
 
 @pytest.fixture
