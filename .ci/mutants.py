@@ -83,6 +83,8 @@ PREP = "test_store_prepared.py::"
 REDIS = "test_redis_store.py::"
 FP = "test_fingerprints.py::"
 CUSTOM_FP = FP + "TestCustomFingerprintSetting::"
+KEYED = FP + "TestKeyedFingerprints::"
+SCOPES = "test_scopes.py::"
 CELERY = "test_celery.py::"
 UNKNOWN = "test_unknown_outcomes.py::"
 RCLUSTER = "test_store_redis_cluster.py::"
@@ -209,7 +211,7 @@ MUTANTS = [
         "account-constant",
         "the account is dropped from the scope: one user's key replays another's response",
         "protect.py",
-        "account=keys.fit(str(account), ACCOUNT_MAX_LENGTH)",
+        "account=keys.fit(account, ACCOUNT_MAX_LENGTH)",
         'account=keys.fit("everyone", ACCOUNT_MAX_LENGTH)',
         (DEC + "test_two_accounts_with_one_key_are_independent",),
     ),
@@ -752,11 +754,14 @@ MUTANTS = [
     ),
     Mutant(
         "custom-fingerprint-not-namespaced",
-        "a project's FINGERPRINT value is stored bare: 100:EUR and 250:EUR read as versions",
+        "a project's FINGERPRINT value is stored bare: readable, and 100:EUR reads as a version",
         "protect.py",
         "                else keys.custom_fingerprint(fingerprint)",
         "                else str(fingerprint)",
-        (CUSTOM_FP + "test_another_amount_with_the_key_is_422_not_a_replay",),
+        (
+            CUSTOM_FP + "test_another_amount_with_the_key_is_422_not_a_replay",
+            KEYED + "test_a_custom_value_is_never_stored_as_it_is",
+        ),
     ),
     Mutant(
         "custom-fingerprint-reads-as-a-version",
@@ -770,17 +775,19 @@ MUTANTS = [
         "custom-fingerprint-namespace-unchecked",
         "a namespaced stored value is unwrapped again: the custom value x matches custom:x",
         "fingerprint.py",
-        "    if stored.startswith(_CUSTOM_NAMESPACES):\n        return False\n",
+        "    if named is not None:\n        return named == value_digest\n",
         "",
-        ("test_properties.py::test_two_custom_fingerprints_match_exactly_when_equal",),
+        (
+            "test_fingerprints.py::test_a_custom_value_matches_the_forms_earlier_releases_stored_it_in",
+        ),
     ),
     Mutant(
         "custom-fingerprint-previous-release-lost",
-        "a custom fingerprint the previous release stored no longer matches: a retry is a 422",
+        "a custom fingerprint an earlier release stored as it was no longer matches: a 422",
         "fingerprint.py",
-        "    return stored == current[len(_CUSTOM) :]",
+        '    return stored == "sha256:" + value_digest or _sha256(stored) == value_digest',
         "    return False",
-        (CUSTOM_FP + "test_a_record_the_previous_release_stored_still_matches",),
+        (CUSTOM_FP + "test_a_record_an_earlier_release_stored_still_matches",),
     ),
     Mutant(
         "endpoint-slash-twins-apart",
@@ -1294,6 +1301,163 @@ MUTANTS = [
         'return f"{prefix}:{{{digest}}}"',
         'return f"{prefix}:{digest}"',
         (REDIS + "test_every_key_of_a_record_is_in_one_slot_through_a_hash_tag",),
+    ),
+    # -- the keyed fingerprint, scopes and hostile bodies (docs/security.md) ---------------
+    Mutant(
+        "fingerprint-unkeyed",
+        "the stored fingerprint is a plain digest: a short body (a PIN) is guessed back from it",
+        "fingerprint.py",
+        '    mac = hmac.digest(derived, material, "sha256").hex()',
+        "    mac = material.hex()",
+        (KEYED + "test_a_short_body_cannot_be_guessed_back_from_the_stored_value",),
+    ),
+    Mutant(
+        "fingerprint-unkeyed-in-redis",
+        "the fingerprint in a Redis value is a plain digest: a short body is guessed back",
+        "fingerprint.py",
+        '    mac = hmac.digest(derived, material, "sha256").hex()',
+        "    mac = material.hex()",
+        (KEYED + "test_a_short_body_cannot_be_guessed_back_from_the_stored_value",),
+        store="redis",
+    ),
+    Mutant(
+        "fingerprint-fallback-keys-ignored",
+        "a record keyed with a key in SECRET_KEY_FALLBACKS is not compared: another body replays",
+        "fingerprint.py",
+        '    for secret in (settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", ())):',
+        "    for secret in (settings.SECRET_KEY,):",
+        (KEYED + "test_a_record_keyed_with_a_fallback_key_still_tells_retries_from_others",),
+    ),
+    Mutant(
+        "fingerprint-unknown-key-refused",
+        "after a rotation without fallbacks every retry is a 422 (a client may resend: twice)",
+        "fingerprint.py",
+        "                _report_unknown_key(stored[2:10])\n                return True\n",
+        "                return False\n",
+        (KEYED + "test_a_record_keyed_with_a_key_no_longer_held_is_replayed_never_run_again",),
+    ),
+    Mutant(
+        "admin-shows-the-fingerprint",
+        "the admin shows the stored fingerprint: an earlier release's plain digest is readable",
+        "admin.py",
+        '        "fingerprint_shown",\n',
+        '        "fingerprint",\n',
+        (
+            "test_admin.py::test_detail_shows_no_plain_fingerprint_and_a_short_prefix_of_a_keyed_one",
+        ),
+    ),
+    Mutant(
+        "fingerprint-ignores-djangos-field-limit",
+        "a 2.5 MiB JSON or form body is canonicalised whole before the view: seconds, 100+ MB",
+        "fingerprint.py",
+        "    return None if limit is None else int(limit)",
+        "    return None",
+        (
+            FP + "test_a_large_json_body_stops_being_parsed_at_the_limit",
+            FP + "test_a_form_of_more_fields_than_django_allows_is_compared_as_bytes",
+        ),
+    ),
+    Mutant(
+        "fingerprint-limit-off-by-one",
+        "a JSON body of one value more than DATA_UPLOAD_MAX_NUMBER_FIELDS is still canonical",
+        "fingerprint.py",
+        "    left = -1 if max_values is None else max_values - 1  # the value itself",
+        "    left = -1 if max_values is None else max_values",
+        (FP + "test_json_of_exactly_the_allowed_number_of_values_is_canonical",),
+    ),
+    Mutant(
+        "principals-not-namespaced",
+        "NAMESPACE_PRINCIPALS does nothing: merchant 7 is replayed user 7's refund",
+        "keys.py",
+        "    if conf.NAMESPACE_PRINCIPALS:\n",
+        "    if False:\n",
+        (SCOPES + "test_a_merchant_and_the_user_with_its_pk_never_share_keys",),
+    ),
+    Mutant(
+        "principal-without-pk-is-none",
+        "a principal without a primary key is the account 'None', shared by all of them",
+        "keys.py",
+        "    if pk is None:\n        return None\n",
+        "",
+        (SCOPES + "test_a_principal_without_a_primary_key_is_anonymous_not_account_none",),
+    ),
+    Mutant(
+        "deleted-user-keeps-its-records",
+        "a new user given a deleted user's pk inherits its keys: a replay or 422 of another's",
+        "accounts.py",
+        "    transaction.on_commit(lambda: _forget_after_commit(account), using=using)",
+        "    return",
+        (SCOPES + "test_a_new_user_with_a_deleted_users_pk_inherits_none_of_its_keys",),
+    ),
+    Mutant(
+        "deleted-user-forgotten-before-commit",
+        "a user deletion that rolls back has deleted the records: the user's retries run again",
+        "accounts.py",
+        "    transaction.on_commit(lambda: _forget_after_commit(account), using=using)",
+        "    _forget_after_commit(account)",
+        (
+            SCOPES + "test_with_the_store_in_its_own_database_a_rolled_back_deletion_keeps_the_"
+            "records",
+        ),
+    ),
+    Mutant(
+        "deleted-user-takes-others-records",
+        "deleting user 7 deletes records a merchant or a custom ACCOUNT named '7': they rerun",
+        "accounts.py",
+        '    if not (conf.NAMESPACE_PRINCIPALS and conf.get("ACCOUNT") == DEFAULTS["ACCOUNT"]):',
+        "    if False:",
+        (SCOPES + "test_where_a_bare_pk_may_not_be_a_user_deleting_one_keeps_every_record",),
+    ),
+    Mutant(
+        "deleted-user-takes-task-records",
+        "forgetting an account deletes a task's records whose scope is that string: it reruns",
+        "store/database.py",
+        "filter(account=account).exclude(keep_endpoints)",
+        "filter(account=account)",
+        (SCOPES + "test_forget_account_deletes_an_accounts_records_but_tasks",),
+    ),
+    Mutant(
+        "tenant-ignored",
+        "TENANT is not put into the endpoint: a user is replayed tenant A's answer in tenant B",
+        "protect.py",
+        "            endpoint = keys.tenant_endpoint(endpoint, resolved.tenant(request))",
+        "            pass",
+        (
+            SCOPES + "test_a_user_in_two_tenants_by_host_gets_one_run_in_each",
+            SCOPES + "test_a_user_in_two_tenants_by_header_gets_one_run_in_each",
+        ),
+    ),
+    Mutant(
+        "tenant-endpoint-ambiguous",
+        "a tenant is written unencoded: a tenant holding a space passes for another's endpoint",
+        "keys.py",
+        "    return f\"tenant:{quote(str(tenant), safe='')} {endpoint}\"",
+        '    return f"tenant:{tenant} {endpoint}"',
+        (SCOPES + "test_tenant_endpoints_never_meet",),
+    ),
+    Mutant(
+        "multi-tenant-unwarned",
+        "a project that looks multi-tenant gets no W030",
+        "checks.py",
+        "    signs = _tenancy_signs() if scoped_by_default else []",
+        "    signs: list[str] = []",
+        (SCOPES + "test_w030_a_project_that_looks_multi_tenant",),
+    ),
+    Mutant(
+        "guests-share-a-downstream-key",
+        "downstream_key_for gives every guest sending one key the same downstream key",
+        "downstream.py",
+        "        if account is None:\n            raise AnonymousNotAllowed(",
+        "        if False:\n            raise AnonymousNotAllowed(",
+        (SCOPES + "test_a_guests_downstream_key_needs_an_account_the_guest_holds",),
+    ),
+    Mutant(
+        "empty-account-accepted",
+        "an ACCOUNT of '' or 'None' is an account: every such request shares one",
+        "keys.py",
+        '    if not text.strip() or text == "None":',
+        "    if False:",
+        (SCOPES + "test_an_account_of_empty_or_none_text_is_refused_as_anonymous",),
     ),
 ]
 

@@ -35,6 +35,7 @@ from django.utils.translation import gettext as _
 
 from idempotency_django import claims, codecs, signals
 from idempotency_django.conf import DEFAULTS, conf
+from idempotency_django.fingerprint import fingerprint_display
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.purge import purge_records
 from idempotency_django.responses import StoredResponse
@@ -290,7 +291,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         "endpoint",
         "key",
         "state",
-        "fingerprint",
+        "fingerprint_shown",
         "token",
         "lease_expires_at",
         "response_status",
@@ -361,6 +362,11 @@ class IdempotencyRecordAdmin(RecordAdminBase):
     def account_shown(self, record: IdempotencyRecord) -> str:
         label = getattr(record, "account_label", None)
         return record.account if label is None else str(label)
+
+    @admin.display(description="fingerprint")
+    def fingerprint_shown(self, record: IdempotencyRecord) -> str:
+        """A short prefix of the keyed digest, never a plain one (docs/security.md)."""
+        return fingerprint_display(record.fingerprint)
 
     # -- read-only ----------------------------------------------------------------------------
 

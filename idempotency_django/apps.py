@@ -1,4 +1,5 @@
-"""The app: registers the system checks and, with drf-spectacular, the schema extension."""
+"""The app: registers the system checks, forgets a deleted user's records (``accounts``)
+and, with drf-spectacular, registers the schema extension."""
 
 from __future__ import annotations
 
@@ -11,9 +12,17 @@ class IdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from idempotency_django import checks
+        from django.conf import settings
+        from django.db.models.signals import post_delete
+
+        from idempotency_django import accounts, checks
 
         checks.register()
+        post_delete.connect(
+            accounts.user_deleted,
+            sender=settings.AUTH_USER_MODEL,
+            dispatch_uid="idempotency_django.accounts.user_deleted",
+        )
         try:
             import drf_spectacular  # noqa: F401
         except ImportError:

@@ -97,6 +97,9 @@ def check_settings(
         errors.extend(_check_durations(values))
     for name in CALLABLES:
         errors.extend(_check_callable(name, resolve_callable, values[name]))
+    if values["TENANT"] is not None:
+        errors.extend(_check_callable("TENANT", resolve_callable, values["TENANT"]))
+    errors.extend(_check_scopes(values))
     errors.extend(_check_store_statuses(values["STORE_STATUSES"]))
     for name, example in LISTS_OF_NAMES.items():
         if not is_list_of_names(values[name]):
@@ -168,6 +171,62 @@ def _check_store(values: dict[str, Any]) -> list[checks.CheckMessage]:
     if check_options is not None:
         errors.extend(check_options(values["STORE_OPTIONS"]))
     return errors
+
+
+def _check_scopes(values: dict[str, Any]) -> list[checks.CheckMessage]:
+    """E030: a ``NAMESPACE_PRINCIPALS`` that is not a bool; W030: a project that looks
+    multi-tenant (docs/security.md, "Who shares a scope") with keys scoped as if it were not."""
+    errors: list[checks.CheckMessage] = []
+    if not isinstance(values["NAMESPACE_PRINCIPALS"], bool):
+        errors.append(
+            checks.Error(
+                f"IDEMPOTENCY['NAMESPACE_PRINCIPALS'] is {values['NAMESPACE_PRINCIPALS']!r}, "
+                "not True or False.",
+                hint="Until it is a bool, principals are not namespaced (only True turns it on).",
+                id="idempotency_django.E030",
+            )
+        )
+    scoped_by_default = (
+        values["TENANT"] is None
+        and values["ACCOUNT"] == DEFAULTS["ACCOUNT"]
+        and values["ENDPOINT"] == DEFAULTS["ENDPOINT"]
+    )
+    signs = _tenancy_signs() if scoped_by_default else []
+    if signs:
+        errors.append(
+            checks.Warning(
+                f"This project looks multi-tenant ({'; '.join(signs)}), but Idempotency-Keys "
+                "are scoped by account and endpoint only: a user in two tenants is replayed "
+                "one tenant's answer for the other's request with the same key.",
+                hint="Set IDEMPOTENCY['TENANT'] (e.g. 'idempotency_django.keys.request_host', "
+                "or a callable returning request.tenant's id), or silence "
+                "idempotency_django.W030 if one host serves one tenant.",
+                id="idempotency_django.W030",
+            )
+        )
+    return errors
+
+
+def _tenancy_signs() -> list[str]:
+    """What makes a project look multi-tenant: an installed app or a middleware named for
+    tenants (django-tenants, django-tenant-schemas, a project's own), or ``ALLOWED_HOSTS``
+    taking every subdomain of a domain."""
+    signs = [
+        f"INSTALLED_APPS has {name}"
+        for name in getattr(settings, "INSTALLED_APPS", ())
+        if "tenant" in str(name).lower()
+    ]
+    signs += [
+        f"MIDDLEWARE has {path}"
+        for path in getattr(settings, "MIDDLEWARE", None) or ()
+        if "tenant" in str(path).lower()
+    ]
+    signs += [
+        f"ALLOWED_HOSTS has {host!r}"
+        for host in getattr(settings, "ALLOWED_HOSTS", ())
+        if isinstance(host, str) and host.startswith(".")
+    ]
+    return signs
 
 
 def _is_duration(value: Any) -> bool:

@@ -42,8 +42,14 @@ DEFAULTS: dict[str, Any] = {
     "MAX_RUN_SECONDS": 300.0,
     "TTL_SECONDS": 24 * 60 * 60,
     "ACCOUNT": "idempotency_django.keys.default_account",
+    # Principals other than users (a DRF authentication class's Merchant) as
+    # "<app_label>.<model>:<pk>", not the bare pk a user has (opt-in: it moves their scopes).
+    "NAMESPACE_PRINCIPALS": False,
     "ANONYMOUS": "reject",
     "ENDPOINT": "idempotency_django.keys.default_endpoint",
+    # The request's tenant (a callable or its dotted path; None: one tenant), put into
+    # every endpoint so that one user's keys in two organisations never meet.
+    "TENANT": None,
     "FINGERPRINT": "idempotency_django.keys.default_fingerprint",
     "STORE_STATUSES": "idempotency_django.responses.is_definitive",
     "STORED_HEADERS": (),
@@ -140,7 +146,7 @@ def problem(name: str, value: Any) -> str | None:
         unknown = [method for method in value if method.upper() not in HTTP_METHODS]
         if unknown:
             return f"{unknown[0]!r} is not an HTTP method (one of {', '.join(HTTP_METHODS)})"
-    if name in ("ENABLED", "REQUIRED") and not isinstance(value, bool):
+    if name in ("ENABLED", "REQUIRED", "NAMESPACE_PRINCIPALS") and not isinstance(value, bool):
         return "expected True or False"
     if name in ("HEADER", "REPLAY_HEADER") and not (
         isinstance(value, str) and HEADER_NAME.fullmatch(value)
@@ -299,6 +305,11 @@ class Settings:
     @property
     def ACCOUNT(self) -> Callable[..., Any]:
         return resolve_callable(self.get("ACCOUNT"), "ACCOUNT")
+
+    @property
+    def NAMESPACE_PRINCIPALS(self) -> bool:
+        """Only ``True`` turns it on: anything else (E030) keeps the scopes where they are."""
+        return self.get("NAMESPACE_PRINCIPALS") is True
 
     @property
     def ANONYMOUS(self) -> str:

@@ -16,7 +16,7 @@ import uuid
 from django.http import HttpRequest
 
 from idempotency_django.conf import conf
-from idempotency_django.exceptions import KeyMissing
+from idempotency_django.exceptions import AnonymousNotAllowed, KeyMissing
 
 _NAMESPACE = b"idempotency-django/downstream-key/v1"
 
@@ -66,9 +66,14 @@ def downstream_key_for(
     """``downstream_key`` for the ``Idempotency-Key`` of an incoming ``request``.
 
     Inside a protected view the scope is the one the view's claim used (its per-view
-    ``account``/``endpoint`` overrides included); elsewhere it comes from the ``ACCOUNT`` and
-    ``ENDPOINT`` settings. Raises ``KeyMissing`` (a ``BadRequest``: a 400 if uncaught) when
-    the request has no key, ``KeyMalformed`` when its key is not a valid one.
+    ``account``/``endpoint`` overrides included); elsewhere it comes from the ``ACCOUNT``,
+    ``ENDPOINT`` and ``TENANT`` settings. Raises ``KeyMissing`` (a ``BadRequest``: a 400 if
+    uncaught) when the request has no key, ``KeyMalformed`` when its key is not a valid
+    one, and ``AnonymousNotAllowed`` (a ``PermissionDenied``: a 403 if uncaught) when an
+    unprotected request has no account and none is given: two guests who both send
+    ``order-1042`` would get one downstream key, and one would be refused by the provider
+    or replayed the other's payment. Pass ``account=`` something only that guest holds
+    (``request.session.session_key``, a guest-order token).
     """
     from idempotency_django import keys  # imports the models: not at import time
 
@@ -85,8 +90,16 @@ def downstream_key_for(
         raise KeyMissing(f"This request has no {conf.HEADER} to derive a downstream key from.")
     key = keys.parse_key(raw)
     if account is None:
-        found = conf.ACCOUNT(request)
-        account = None if found is None else str(found)
+        account = keys.account_or_none(conf.ACCOUNT(request))
+        if account is None:
+            raise AnonymousNotAllowed(
+                "This request has no account to scope a downstream key: every guest's "
+                f"{conf.HEADER} would share one. Pass account= (a session or guest-order "
+                "token)."
+            )
     if endpoint is None:
         endpoint = str(conf.ENDPOINT(request))
+        tenant = conf.optional_callable("TENANT")
+        if tenant is not None:
+            endpoint = keys.tenant_endpoint(endpoint, tenant(request))
     return downstream_key(key, purpose, account, endpoint=endpoint)

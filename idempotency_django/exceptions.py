@@ -2,13 +2,14 @@
 
 Each carries what its RFC 9457 problem response needs; ``responses.problem_response``
 turns one into an ``application/problem+json`` response in one overridable place.
-Client errors subclass Django's ``BadRequest`` so that, raised anywhere else, Django's
-own handling still answers 400 rather than 500. Every problem type: docs/problems.md.
+Client errors subclass Django's ``BadRequest`` (``PermissionDenied`` for the 403) so that,
+raised anywhere else, Django's own handling still answers 4xx rather than 500. Every
+problem type: docs/problems.md.
 """
 
 from __future__ import annotations
 
-from django.core.exceptions import BadRequest
+from django.core.exceptions import BadRequest, PermissionDenied
 
 
 class IdempotencyError(Exception):
@@ -42,7 +43,7 @@ class BodyTooLarge(IdempotencyError, BadRequest):
     title = "Request body is too large to fingerprint"
 
 
-class AnonymousNotAllowed(IdempotencyError):
+class AnonymousNotAllowed(IdempotencyError, PermissionDenied):
     status = 403
     slug = "anonymous"
     title = "Idempotency-Key requires an authenticated client"

@@ -1,20 +1,26 @@
 """The fingerprint: what tells a retry from a different request that reuses its key.
 
-``default_fingerprint`` is ``"2:"`` and a SHA-256 over the method, endpoint, query string,
-media type and body, each in a canonical form, so that what a retry may change (key order,
-whitespace, a multipart boundary) does not count and anything the view could act on does.
-``task_fingerprint`` does the same for a task's work; ``fingerprints_match`` compares
-across versions of the form; ``custom_fingerprint`` namespaces a project's own value.
-Hostile bodies get a fingerprint, never an exception. The canonical form, rule by rule:
-docs/http-contract.md (The fingerprint), and ``default_fingerprint``'s docstring.
+``default_fingerprint`` is ``"3:"`` and an HMAC, keyed with a secret derived from
+``SECRET_KEY``, of the SHA-256 over the method, endpoint, query string, media type and body,
+each in a canonical form, so that what a retry may change (key order, whitespace, a multipart
+boundary) does not count and anything the view could act on does. Keyed, because a plain
+digest of a short body (a PIN) is undone by guessing. ``task_fingerprint`` does the same for
+a task's work; ``custom_fingerprint`` for a project's own value; ``fingerprints_match``
+compares across versions of the form and across ``SECRET_KEY_FALLBACKS``. Hostile bodies
+get a fingerprint, never an exception, and cost no more than Django's own limits allow.
+The canonical form, rule by rule: docs/http-contract.md (The fingerprint); the key and its
+rotation: docs/security.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import hmac
 import io
 import json
+import logging
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -32,15 +38,20 @@ from django.core.files.uploadedfile import UploadedFile
 from django.http import HttpRequest, QueryDict
 from django.http.multipartparser import MultiPartParser, MultiPartParserError
 from django.http.request import RawPostDataException
+from django.utils.crypto import salted_hmac
 from django.utils.datastructures import MultiValueDict
 from django.utils.duration import duration_iso_string
+from django.utils.encoding import force_bytes
 from django.utils.functional import Promise
 
 Fingerprinter = Callable[[HttpRequest], "str | bytes | None"]
 
-# The version of the canonical form: stored with each fingerprint so that a later change of
-# the form is recognised as such rather than as a different request.
-FINGERPRINT_VERSION = 2
+logger = logging.getLogger("idempotency_django")
+
+# The version of the stored form: stored with each fingerprint so that a later change of the
+# form is recognised as such rather than as a different request. 1: a bare SHA-256; 2: "2:"
+# and a SHA-256; 3: "3:", the id of the key (8 hex) and an HMAC keyed with it (56 hex).
+FINGERPRINT_VERSION = 3
 
 # Deeper JSON is compared as bytes. Without a limit of our own, whether a deep body parses
 # would depend on how much of the recursion limit the caller's stack has already used, and
@@ -66,16 +77,19 @@ def default_fingerprint(
     fields: Sequence[str] | None = None,
     body: Fingerprinter | None = None,
 ) -> str:
-    """``"2:"`` and a SHA-256 over method, endpoint, query string, media type and body, each
-    in the canonical form below.
+    """``"3:"`` and a keyed digest of method, endpoint, query string, media type and body,
+    each in the canonical form below.
 
-    ``default_fingerprint`` returns ``"2:"`` and a SHA-256 (hex) over length-prefixed parts:
-    method, endpoint, query string, media type and body, each in a canonical form, so that what
-    a retry may change (key order, whitespace, a multipart boundary) does not count and
-    anything the view could act on does. The ``2`` is the version of this canonical form;
-    digests with no prefix (64 hex characters) are version 1. ``fingerprints_match`` compares a
-    stored fingerprint with a fresh one across versions. A project's own ``FINGERPRINT`` value
-    is stored namespaced (``custom_fingerprint``), so it never reads as a version.
+    The parts are length-prefixed and hashed (SHA-256), and that digest is signed with an
+    HMAC-SHA256 keyed with a secret derived from ``SECRET_KEY`` (``salted_hmac``): the
+    stored value is ``"3:"``, 8 hex digits naming the key (so a record written under a key
+    now in ``SECRET_KEY_FALLBACKS`` is recognised) and 56 hex digits of the HMAC. Without
+    the key, nobody holding the value (the admin, a backup, Redis) can test guesses of the
+    body against it. The ``3`` is the version of this form; ``"2:"`` and a plain SHA-256
+    (version 2), and 64 hex characters alone (version 1), were stored by earlier releases.
+    ``fingerprints_match`` compares a stored fingerprint with a fresh one across versions and
+    keys. A project's own ``FINGERPRINT`` value is keyed the same way
+    (``custom_fingerprint``), never stored as it is.
 
     - **Query string**: percent-decoded pairs, sorted by name only, so ``?a=1&b=2`` is
       ``?b=2&a=1`` but ``?a=1&a=2`` is not ``?a=2&a=1`` (repeated values keep their order,
@@ -92,7 +106,13 @@ def default_fingerprint(
       A body that is not RFC 8259 JSON (not strict UTF-8, a byte order mark, ``NaN`` or
       ``Infinity``, a number beyond ``decimal``'s range, nesting deeper than
       ``MAX_JSON_DEPTH``) is compared byte for byte.
-    - **URL-encoded forms**: field names sorted, each field's values in the order sent.
+      Numbers are compared as Django would let a view read them at most: a body of more
+      values than ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` (every number, string, ``true``,
+      ``false``, ``null``, object and array counts, the body itself too) is compared byte for
+      byte, so a hostile body costs one parse in C, not a canonical form of a million values.
+    - **URL-encoded forms**: field names sorted, each field's values in the order sent; a
+      form of more fields than ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` (where Django's
+      ``request.POST`` refuses it) is compared byte for byte. The query string likewise.
     - **Multipart forms**: the fields as Django parses them (what the view sees: a field's
       invalid UTF-8 is replaced, as in ``request.POST``), and for each uploaded file its name,
       content type, charset and the SHA-256 of its contents, read in chunks (an upload Django
@@ -129,8 +149,8 @@ def default_fingerprint(
     else:
         raw = content.encode("utf-8", "surrogatepass") if isinstance(content, str) else content
         body_part = b"custom:" + raw
-    return _versioned(
-        digest(
+    return _fingerprint(
+        _material(
             (request.method or "").encode(),
             endpoint.encode("utf-8", "surrogatepass"),
             _canonical_query(request.META.get("QUERY_STRING", "")),
@@ -141,7 +161,8 @@ def default_fingerprint(
 
 
 def task_fingerprint(endpoint: str, work: Any, label: str) -> str:
-    """``"2:"`` and a SHA-256 over a task's endpoint and the canonical form of its work.
+    """``"3:"`` and a keyed digest (as ``default_fingerprint``'s) of a task's endpoint and
+    the canonical form of its work.
 
     ``bytes`` count as they are. Anything else is written like JSON with sorted keys:
     ``datetime``, ``date``, ``time`` (to the microsecond, with their UTC offset),
@@ -157,47 +178,179 @@ def task_fingerprint(endpoint: str, work: Any, label: str) -> str:
         kind, payload = b"bytes", work
     else:
         kind, payload = b"json", _task_json(work, label)
-    return _versioned(digest(b"task", endpoint.encode("utf-8", "surrogatepass"), kind, payload))
+    return _fingerprint(
+        _material(b"task", endpoint.encode("utf-8", "surrogatepass"), kind, payload)
+    )
 
 
 def custom_fingerprint(value: object) -> str:
-    """A project's own ``FINGERPRINT`` value as stored: ``"custom:"`` and the value, or
-    ``"custom-sha256:"`` and its SHA-256 when the value would not fit the column.
+    """A project's own ``FINGERPRINT`` value as stored: keyed as the library's own
+    fingerprints are (``"3:"``, the key's id, an HMAC of the tagged value), so a short value
+    (a PIN, an amount) is never kept where it could be read or guessed back.
 
-    The namespace keeps a project's value from ever reading as one of the library's
-    versioned fingerprints (``"100:EUR"`` is not version 100 of anything), so custom values
-    are compared by equality only.
+    Compared by equality only: it matches the same value, including the value as earlier
+    releases stored it (``"custom:"`` and the value, ``"custom-sha256:"`` and its SHA-256;
+    before that the value itself, or ``"sha256:"`` and its digest), and never a fingerprint
+    of the library's canonical form.
     """
-    text = str(value)
-    if len(_CUSTOM) + len(text) <= FINGERPRINT_MAX_LENGTH:
-        return _CUSTOM + text
-    return _CUSTOM_DIGEST + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    raw = str(value).encode("utf-8", "surrogatepass")
+    return _fingerprint(_material(b"custom", raw), custom=hashlib.sha256(raw).hexdigest())
 
 
 def fingerprints_match(stored: str, current: str) -> bool:
     """Whether ``current`` fingerprints the same request as ``stored``.
 
-    Equal strings match. Two fingerprints the library produced, of *different versions* of
-    the canonical form (``"N:"`` and 64 hex characters, or 64 hex characters alone for
-    version 1), cannot be compared, and count as a match: a client retrying across an
-    upgrade, with a request the first attempt already claimed or completed, must get that
-    outcome (a replay, or a 409), not a 422 for a mismatch that is only a change of
-    canonical form. The window closes on its own: once the records written before the
-    upgrade expire, every stored fingerprint has the current version.
+    Equal strings match. ``current`` as this release makes it (a ``Fingerprint``) also
+    matches ``stored`` when:
 
-    A custom fingerprint (``custom_fingerprint``) matches only the same value, including
-    the value as an earlier release stored it, without the namespace. Anything else that
-    differs does not match.
+    - ``stored`` is the same request keyed with a key in ``SECRET_KEY_FALLBACKS`` (its id
+      names the key: the digest is computed again with it);
+    - ``stored`` was keyed with a key this server does not hold (``SECRET_KEY`` was rotated
+      without keeping the old one in the fallbacks): it cannot be compared, and counts as a
+      match, logged once per key and process;
+    - ``stored`` is of another version of the canonical form (``"2:"`` and 64 hex
+      characters, 64 hex characters alone for version 1, or a later version during a
+      rollback): it cannot be compared either, and counts as a match.
+
+    Both "cannot compare" rules exist for one reason: a client retrying across an upgrade or
+    a key rotation, with a request the first attempt already claimed or completed, must get
+    that outcome (a replay, or a 409), not a 422 for a mismatch that is only a change of
+    form or key, which a client would take for a failure and might send again under a new
+    key. Neither can run a view twice: the record keeps its key. The window closes on its
+    own once the records written before the change expire. A project's own value
+    (``custom_fingerprint``) never counts as another version: it matches only the same
+    value, in any form a release stored it.
+
+    Plain strings (no ``Fingerprint``) are compared by their form alone: equal, the same
+    custom value, or two different versions of the library's form.
     """
     if stored == current:
         return True
-    if current.startswith(_CUSTOM_NAMESPACES):
-        return _same_custom_value(stored, current)
+    if isinstance(current, Fingerprint):
+        return current.matches(stored)
+    custom = _custom_digest(current)
+    if custom is not None:
+        return _same_custom_value(stored, custom)
     stored_version, current_version = _version(stored), _version(current)
     return (
         stored_version is not None
         and current_version is not None
         and stored_version != current_version
+    )
+
+
+class Fingerprint(str):
+    """A fingerprint as stored (this string: only the keyed digest is ever written), which
+    also remembers what it was computed from, in memory, to recognise the same request in a
+    record keyed with a fallback key (``fingerprints_match``).
+
+    Pickled or copied, it is the plain string.
+    """
+
+    material: bytes  # the SHA-256 of the canonical parts: never stored
+    custom: str | None  # a project's own value: the SHA-256 (hex) of its text
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (str, (str(self),))
+
+    def matches(self, stored: str) -> bool:
+        """``fingerprints_match(stored, self)``, for a fingerprint this release made."""
+        if stored == self:
+            return True
+        version = _version(stored)
+        if version == FINGERPRINT_VERSION:
+            secret = _secret_named(stored[2:10])
+            if secret is None:
+                _report_unknown_key(stored[2:10])
+                return True
+            if hmac.compare_digest(stored, _keyed(self.material, secret)):
+                return True
+        elif self.custom is None:
+            return version is not None
+        # A project's value as an earlier release stored it (which may look like anything).
+        return self.custom is not None and _same_custom_value(stored, self.custom)
+
+
+def fingerprint_display(stored: str) -> str:
+    """What the admin shows of a stored fingerprint: never the value itself (a plain digest
+    of an earlier release can be guessed back), only a short prefix of a keyed one, and the
+    key it was keyed with."""
+    if _version(stored) != FINGERPRINT_VERSION:
+        return "written by an earlier release, unkeyed: not shown"
+    key_id, mac = stored[2:10], stored[10:22]
+    secret = _secret_named(key_id)
+    if secret is None:
+        key = "a key this server does not hold"
+    elif secret == settings.SECRET_KEY:
+        key = "SECRET_KEY"
+    else:
+        key = "a key in SECRET_KEY_FALLBACKS"
+    return f"{mac}… (keyed with {key}, id {key_id})"
+
+
+_SALT = "idempotency_django.fingerprint"
+_KEY_ID_SALT = "idempotency_django.fingerprint.key-id"
+
+
+def _material(*parts: bytes) -> bytes:
+    """SHA-256 over length-prefixed parts (each part's length as 8 bytes, big-endian, then
+    the part): what the keyed digest signs."""
+    hasher = hashlib.sha256()
+    for part in parts:
+        hasher.update(len(part).to_bytes(8, "big"))
+        hasher.update(part)
+    return hasher.digest()
+
+
+def _fingerprint(material: bytes, custom: str | None = None) -> Fingerprint:
+    fingerprint = Fingerprint(_keyed(material, settings.SECRET_KEY))
+    fingerprint.material = material
+    fingerprint.custom = custom
+    return fingerprint
+
+
+def _keyed(material: bytes, secret: str | bytes) -> str:
+    """``"3:"``, the key's id and an HMAC-SHA256 of ``material`` (truncated to 224 bits, so
+    that the whole is 66 characters like version 2: an earlier release reads it as another
+    version, not as a different request). The HMAC is ``salted_hmac(_SALT, material,
+    secret, algorithm="sha256")``, with its derived key computed once per secret."""
+    key_id, derived = _derived(secret)
+    mac = hmac.digest(derived, material, "sha256").hex()
+    return f"{FINGERPRINT_VERSION}:{key_id}{mac[:56]}"
+
+
+@functools.lru_cache(maxsize=16)
+def _derived(secret: str | bytes) -> tuple[str, bytes]:
+    """The secret's id and the key ``salted_hmac`` derives from it for ``_SALT``."""
+    return _key_id(secret), hashlib.sha256(_SALT.encode() + force_bytes(secret)).digest()
+
+
+def _key_id(secret: str | bytes) -> str:
+    """8 hex digits naming a secret key without revealing it (an HMAC of nothing)."""
+    return salted_hmac(_KEY_ID_SALT, b"", secret=secret, algorithm="sha256").hexdigest()[:8]
+
+
+def _secret_named(key_id: str) -> str | bytes | None:
+    """The key among ``SECRET_KEY`` and ``SECRET_KEY_FALLBACKS`` whose id is ``key_id``."""
+    for secret in (settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", ())):
+        if _derived(secret)[0] == key_id:
+            return secret  # type: ignore[no-any-return]
+    return None
+
+
+_unknown_keys: set[str] = set()
+
+
+def _report_unknown_key(key_id: str) -> None:
+    if key_id in _unknown_keys:
+        return
+    _unknown_keys.add(key_id)
+    logger.warning(
+        "A stored fingerprint was keyed with a secret key this server does not hold (key id "
+        "%s: neither SECRET_KEY nor one of SECRET_KEY_FALLBACKS). It cannot be compared and "
+        "counts as the same request until it expires: keep a rotated key in "
+        "SECRET_KEY_FALLBACKS for TTL_SECONDS to keep telling other requests apart.",
+        key_id,
     )
 
 
@@ -216,40 +369,46 @@ def _version(fingerprint: str) -> int | None:
     return 1 if _LEGACY.fullmatch(fingerprint) else None
 
 
-def _same_custom_value(stored: str, current: str) -> bool:
-    """Whether ``stored`` is the custom value ``current`` names, as the previous release
-    stored it: the value itself, or ``"sha256:"`` and its digest when over the column's
-    length (``fit``). A namespaced stored value matches only when equal."""
-    if stored.startswith(_CUSTOM_NAMESPACES):
-        return False
-    if current.startswith(_CUSTOM_DIGEST):
-        hexdigest = current[len(_CUSTOM_DIGEST) :]
-        return (
-            stored == "sha256:" + hexdigest
-            or hashlib.sha256(stored.encode("utf-8", "surrogatepass")).hexdigest() == hexdigest
-        )
-    return stored == current[len(_CUSTOM) :]
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _versioned(hexdigest: str) -> str:
-    return f"{FINGERPRINT_VERSION}:{hexdigest}"
+def _custom_digest(fingerprint: str) -> str | None:
+    """The SHA-256 of the project's value that a custom fingerprint of the previous release
+    names (``"custom:"`` and the value, or ``"custom-sha256:"`` and its digest), or None."""
+    if fingerprint.startswith(_CUSTOM_DIGEST):
+        return fingerprint[len(_CUSTOM_DIGEST) :]
+    if fingerprint.startswith(_CUSTOM):
+        return _sha256(fingerprint[len(_CUSTOM) :])
+    return None
+
+
+def _same_custom_value(stored: str, value_digest: str) -> bool:
+    """Whether ``stored`` is the custom value whose SHA-256 is ``value_digest``, in a form an
+    earlier release stored it: namespaced (the previous release), or the value itself, or
+    ``"sha256:"`` and its digest when over the column's length (``fit``: the one before)."""
+    named = _custom_digest(stored)
+    if named is not None:
+        return named == value_digest
+    return stored == "sha256:" + value_digest or _sha256(stored) == value_digest
 
 
 def digest(*parts: bytes) -> str:
-    """SHA-256 over length-prefixed parts, so no two different part lists collide by joining."""
-    hasher = hashlib.sha256()
-    for part in parts:
-        hasher.update(len(part).to_bytes(8, "big"))
-        hasher.update(part)
-    return hasher.hexdigest()
+    """SHA-256 (hex) over length-prefixed parts, so no two different part lists collide by
+    joining: unkeyed, what version 2 stored (``_material`` is what version 3 keys)."""
+    return _material(*parts).hex()
 
 
 def _canonical_query(query_string: str) -> bytes:
     """The query string's pairs, stable-sorted by name: parameter order doesn't count, the
-    order of one name's values does."""
+    order of one name's values does. More pairs than ``DATA_UPLOAD_MAX_NUMBER_FIELDS``
+    (Django refuses them in ``request.GET``): the string as it is."""
     if not query_string:
         return b"[]"  # what the general case writes for no pairs, without building it
-    pairs = sorted(_parse_pairs(query_string), key=lambda pair: pair[0])
+    try:
+        pairs = sorted(_parse_pairs(query_string), key=lambda pair: pair[0])
+    except _TooMany:
+        return b"raw:" + query_string.encode("latin-1", "backslashreplace")
     return _encode([list(pair) for pair in pairs])
 
 
@@ -278,17 +437,31 @@ def canonical_body(request: HttpRequest, fields: Sequence[str] | None = None) ->
         data = _plain(cast(Any, request).data)
         return b"data:" + _encode(_pick(data, fields), _data_value)
     if content_type == "application/json" or content_type.endswith("+json"):
-        parsed = _parse_json(body)
+        limit = _max_values()
+        # Without fields, every value parsed is written: the parse may stop at the limit.
+        parsed = _parse_json(body, limit if fields is None else None)
         if parsed is _UNPARSED:
             return b"raw:" + body
         try:
-            return b"json:" + _encode(_pick(parsed, fields), max_depth=MAX_JSON_DEPTH)
-        except _TooDeep:
+            return b"json:" + _encode(
+                _pick(parsed, fields), max_depth=MAX_JSON_DEPTH, max_values=limit
+            )
+        except (_TooDeep, _TooMany):
             return b"raw:" + body
     if content_type == "application/x-www-form-urlencoded":
-        form = _pairs_to_dict(_parse_pairs(body.decode("latin-1")))
+        try:
+            form = _pairs_to_dict(_parse_pairs(body.decode("latin-1")))
+        except _TooMany:
+            return b"raw:" + body
         return b"form:" + _encode(_pick(form, fields))
     return b"raw:" + body
+
+
+def _max_values() -> int | None:
+    """Django's bound on the fields a request may make it parse, which the canonical form
+    keeps too (``None``: no bound, as in Django)."""
+    limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+    return None if limit is None else int(limit)
 
 
 def _pick(parsed: Any, fields: Sequence[str] | None) -> Any:
@@ -307,27 +480,86 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _parse_json(body: bytes) -> Any:
+def _parse_json(body: bytes, limit: int | None = None) -> Any:
+    """The body parsed with every number exact, or ``_UNPARSED``. With a ``limit``, a body
+    of more numbers and object members than that stops parsing there (``_UNPARSED``): each
+    is a value the canonical form would write, so that body would be compared as bytes."""
     try:
         # Strict UTF-8, as RFC 8259 requires: json.loads(bytes) would also take UTF-16, a
         # byte order mark, and encoded surrogates (ED A0 80) as if they were \ud800.
         text = body.decode("utf-8")
-        return json.loads(
-            text, parse_float=Decimal, parse_int=Decimal, parse_constant=_reject_constant
-        )
-    # ValueError: invalid UTF-8, not JSON, NaN or Infinity; ArithmeticError: an exponent
-    # beyond decimal's range; RecursionError: nesting too deep for the parser.
-    except (ValueError, ArithmeticError, RecursionError):
+    except ValueError:
         return _UNPARSED
+    counted = _Counter(limit)
+    try:
+        try:
+            # Integers as int, parsed in C (a Decimal per number cost a 2.5 MiB body
+            # seconds); fractions as Decimal, exactly. Equal values write the same.
+            return json.loads(
+                text,
+                parse_float=counted.decimal,
+                object_hook=counted.members,
+                parse_constant=_reject_constant,
+            )
+        except ValueError as error:
+            if "Exceeds the limit" not in str(error):
+                raise
+            # An integer longer than this process lets int() read
+            # (sys.set_int_max_str_digits): the same values as Decimals, whatever the limit.
+            counted = _Counter(limit)
+            return json.loads(
+                text,
+                parse_float=counted.decimal,
+                parse_int=counted.decimal,
+                object_hook=counted.members,
+                parse_constant=_reject_constant,
+            )
+    # ValueError: not JSON, NaN or Infinity; ArithmeticError: an exponent beyond decimal's
+    # range; RecursionError: nesting too deep for the parser; _TooMany: over the limit.
+    except (ValueError, ArithmeticError, RecursionError, _TooMany):
+        return _UNPARSED
+
+
+class _TooMany(Exception):
+    """More values than ``DATA_UPLOAD_MAX_NUMBER_FIELDS``: the body is compared as bytes."""
+
+
+class _Counter:
+    """Counts the values a JSON parse makes through its hooks, up to a limit."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, limit: int | None) -> None:
+        self.left = -1 if limit is None else limit
+
+    def _count(self, n: int) -> None:
+        if self.left >= 0:
+            self.left -= n
+            if self.left < 0:
+                raise _TooMany
+
+    def decimal(self, text: str) -> Decimal:
+        self._count(1)
+        return Decimal(text)
+
+    def members(self, members: dict[str, Any]) -> dict[str, Any]:
+        self._count(len(members))
+        return members
 
 
 # -- forms ----------------------------------------------------------------------------------
 
 
 def _parse_pairs(encoded: str) -> list[tuple[str, str]]:
+    """Raises ``_TooMany`` past ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` fields, before parsing any."""
     # Latin-1 maps every percent-escaped byte to one character, so two different invalid
     # UTF-8 values never decode to the same replacement character.
-    return parse_qsl(encoded, keep_blank_values=True, encoding="latin-1")
+    try:
+        return parse_qsl(
+            encoded, keep_blank_values=True, encoding="latin-1", max_num_fields=_max_values()
+        )
+    except ValueError as error:  # "Max number of fields exceeded"
+        raise _TooMany from error
 
 
 def _pairs_to_dict(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
@@ -528,6 +760,7 @@ def _encode(
     other: Callable[[Any], str] = _django_value,
     *,
     max_depth: int | None = None,
+    max_values: int | None = None,
 ) -> bytes:
     """Write ``value`` like compact JSON with sorted keys, numbers by exact value, and
     ``other(value)`` for anything else (and for non-finite numbers). Request bodies parse to
@@ -535,12 +768,15 @@ def _encode(
 
     Iterative rather than recursive, so a structure ``json.loads`` managed to build (or a
     task argument) is never too deep to write. Raises ``_TooDeep`` past ``max_depth``,
-    ``ValueError`` for a cycle, ``TypeError`` for a key that is not a str, int, float, bool
-    or None, or for keys of types that cannot be sorted together (as ``json.dumps`` does).
+    ``_TooMany`` past ``max_values`` values (``value`` and every member and item, counted
+    as each container opens, before it is sorted), ``ValueError`` for a cycle,
+    ``TypeError`` for a key that is not a str, int, float, bool or None, or for keys of
+    types that cannot be sorted together (as ``json.dumps`` does).
     """
     text = _scalar(value, other)
     if text is not None:
         return text.encode("utf-8", "surrogatepass")
+    left = -1 if max_values is None else max_values - 1  # the value itself
     out: list[str] = []
     # The stack holds text ready to write (str), containers still to open, and _Close.
     todo: list[Any] = [value]
@@ -560,6 +796,10 @@ def _encode(
         path.add(ident)
         if max_depth is not None and len(path) > max_depth:
             raise _TooDeep
+        if left >= 0:
+            left -= len(item)
+            if left < 0:
+                raise _TooMany
         parts: list[Any] = []
         if isinstance(item, dict):
             separator = "{"

@@ -2,21 +2,28 @@
 
 ``parse_key`` reads the header (a bare token or an RFC 8941 sf-string: ``abc`` and
 ``"abc"`` are one key); ``key_error`` is the one rule for a key's value, shared with task
-keys and the client. The scope is the account (``default_account``) and the endpoint
-(``default_endpoint``: method and concrete path). The fingerprint that tells a retry from
-a different request lives in ``fingerprint.py``; its public names are re-exported here,
-where settings and projects import them (``idempotency_django.keys.default_fingerprint``).
-The rules: docs/http-contract.md.
+keys and the client. The scope is the account (``default_account``: the authenticated
+principal) and the endpoint (``default_endpoint``: method and concrete path, in the
+request's tenant with ``TENANT``: ``tenant_endpoint``). The fingerprint that tells a retry
+from a different request lives in ``fingerprint.py``; its public names are re-exported
+here, where settings and projects import them (``idempotency_django.keys.default_fingerprint``).
+The rules: docs/http-contract.md; who shares a scope: docs/security.md.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
 
 from django.http import HttpRequest
+from django.http.request import split_domain_port
 from django.urls import Resolver404, resolve
 
+from idempotency_django.conf import conf
 from idempotency_django.exceptions import KeyMalformed
 
 # The fingerprint's public names, re-exported where FINGERPRINT settings and projects
@@ -29,6 +36,9 @@ from idempotency_django.fingerprint import (
 )
 from idempotency_django.fingerprint import (
     MAX_JSON_DEPTH as MAX_JSON_DEPTH,
+)
+from idempotency_django.fingerprint import (
+    Fingerprint as Fingerprint,
 )
 from idempotency_django.fingerprint import (
     Fingerprinter as Fingerprinter,
@@ -46,6 +56,9 @@ from idempotency_django.fingerprint import (
     digest as digest,
 )
 from idempotency_django.fingerprint import (
+    fingerprint_display as fingerprint_display,
+)
+from idempotency_django.fingerprint import (
     fingerprints_match as fingerprints_match,
 )
 from idempotency_django.fingerprint import (
@@ -54,6 +67,8 @@ from idempotency_django.fingerprint import (
 from idempotency_django.fingerprint import (
     task_fingerprint as task_fingerprint,
 )
+
+logger = logging.getLogger("idempotency_django")
 
 KEY_MAX_LENGTH = 255
 
@@ -161,11 +176,102 @@ def fit(value: str, max_length: int) -> str:
 
 
 def default_account(request: HttpRequest) -> str | None:
-    """The authenticated user's primary key; ``None`` for anonymous requests."""
+    """The authenticated principal (``request.user``: Django's, or what a DRF authentication
+    class returned) as ``principal_account`` names it; ``None`` for anonymous requests."""
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return None
-    return str(user.pk)
+    return principal_account(user)
+
+
+def principal_account(principal: Any) -> str | None:
+    """A user's primary key; with ``NAMESPACE_PRINCIPALS``, any other principal (a
+    ``Merchant`` a DRF authentication class returns, an API client) as
+    ``<app_label>.<model>:<pk>`` (the class's dotted path for an object that is not a
+    model), as ninja's adapter names them, so that merchant 7 never shares user 7's keys.
+    Without it, such a principal is its bare primary key, as before, and a warning says so
+    once per class. ``None`` (anonymous) for a principal without a primary key."""
+    pk = getattr(principal, "pk", None)
+    if pk is None:
+        return None
+    if _is_user(principal):
+        return str(pk)
+    if conf.NAMESPACE_PRINCIPALS:
+        return f"{principal_label(principal)}:{pk}"
+    _warn_unnamespaced(principal)
+    return str(pk)
+
+
+def principal_label(principal: Any) -> str:
+    """``app_label.model`` for a model instance, the class's dotted path for anything else."""
+    meta = getattr(principal, "_meta", None)
+    if meta is not None and isinstance(getattr(meta, "label_lower", None), str):
+        return str(meta.label_lower)
+    kind = type(principal)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _is_user(principal: Any) -> bool:
+    from django.contrib.auth import get_user_model  # the app registry is ready by now
+
+    return isinstance(principal, get_user_model())
+
+
+_warned_principals: set[str] = set()
+
+
+def _warn_unnamespaced(principal: Any) -> None:
+    label = principal_label(principal)
+    if label in _warned_principals:
+        return
+    _warned_principals.add(label)
+    logger.warning(
+        "An Idempotency-Key is scoped to a %s, which is not the user model: its account is "
+        "its bare primary key, the same as the user with that primary key, so the two share "
+        "keys. Set IDEMPOTENCY['NAMESPACE_PRINCIPALS'] = True (docs/security.md).",
+        label,
+    )
+
+
+def account_or_none(value: object) -> str | None:
+    """An ``ACCOUNT`` callable's answer as an account: ``None``, ``""`` (or only spaces)
+    and ``"None"`` (``str()`` of a missing primary key) name nobody, and are refused as an
+    anonymous request is, rather than put every such request in one shared account."""
+    if value is None:
+        return None
+    text = str(value)
+    if not text.strip() or text == "None":
+        return None
+    return text
+
+
+def request_host(request: HttpRequest) -> str:
+    """A ``TENANT``: the request's host name, lower-cased and without its port, as Django
+    validates it against ``ALLOWED_HOSTS`` (``get_host``: a disallowed host is a 400)."""
+    domain, _port = split_domain_port(request.get_host())
+    return domain
+
+
+def tenant_header(name: str) -> Callable[[HttpRequest], str | None]:
+    """A ``TENANT``: the value of the request header ``name`` (``X-Org``), or ``None``.
+
+    Only as trustworthy as the view's own check that the caller belongs to that tenant,
+    which the view makes anyway before acting in it."""
+
+    def tenant(request: HttpRequest) -> str | None:
+        return request.headers.get(name)
+
+    tenant.__qualname__ = f"tenant_header({name!r})"
+    return tenant
+
+
+def tenant_endpoint(endpoint: str, tenant: object) -> str:
+    """``endpoint`` in a tenant's scope: ``tenant:<tenant> <endpoint>``, the tenant
+    percent-encoded (it holds no space, so no two tenant and endpoint pairs write the same
+    text). No tenant (``None`` or ``""``): the endpoint as it is."""
+    if tenant is None or tenant == "":
+        return endpoint
+    return f"tenant:{quote(str(tenant), safe='')} {endpoint}"
 
 
 def default_endpoint(request: HttpRequest) -> str:

@@ -51,7 +51,9 @@ def auth_account(request: HttpRequest) -> str | None:
       account ``@idempotent`` uses for the same user;
     - another model instance (an API client, a tenant): ``app_label.model:pk``;
     - a string, bytes or number (an ``HttpBearer`` that returns the token): a SHA-256 of
-      it, so a credential is never stored in plain text, and only its holder shares it;
+      it, so a credential is never stored in plain text, and only its holder shares it. A
+      refreshed token is a new account, so a retry sent with it runs again: authenticators
+      should return the principal, not the token (docs/security.md, "ninja tokens");
     - nothing (an operation without ninja auth): the project's ``ACCOUNT`` (by default the
       ``request.user`` of Django's session authentication, as ``@idempotent``).
 

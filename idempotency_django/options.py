@@ -263,6 +263,10 @@ class Resolved:
         return resolve_callable(self.options.pick("endpoint"), "ENDPOINT")
 
     @cached_property
+    def tenant(self) -> Callable[..., Any] | None:
+        return conf.optional_callable("TENANT")
+
+    @cached_property
     def fingerprint(self) -> Callable[..., Any]:
         return resolve_callable(conf.get("FINGERPRINT"), "FINGERPRINT")
 

@@ -100,12 +100,15 @@ class Guard:
                 raise KeyMissing(f"This endpoint requires an {resolved.header} header.")
             return None
         key = keys.parse_key(raw)
-        account = resolved.account(request)
+        # "" and "None" name nobody, as None does: never one account shared by all of them.
+        account = keys.account_or_none(resolved.account(request))
         if account is None:
             if resolved.anonymous == "bypass":
                 return None
             raise AnonymousNotAllowed(options.anonymous_detail)
         endpoint = resolved.endpoint(request)
+        if resolved.tenant is not None:
+            endpoint = keys.tenant_endpoint(endpoint, resolved.tenant(request))
         try:
             fingerprint = resolved.fingerprint(
                 request, endpoint, fields=options.fingerprint_fields, body=resolved.body
@@ -116,12 +119,12 @@ class Guard:
             ) from exc
         return cls(
             scope=claims.Scope(
-                account=keys.fit(str(account), ACCOUNT_MAX_LENGTH),
+                account=keys.fit(account, ACCOUNT_MAX_LENGTH),
                 endpoint=keys.fit(endpoint, ENDPOINT_MAX_LENGTH),
                 key=key,
             ),
-            # A custom FINGERPRINT may return anything: namespaced, it is compared by
-            # equality only (never as a library version) and fits its column.
+            # A custom FINGERPRINT may return anything: keyed as the library's own (never
+            # stored as it is), compared by equality only (never as a library version).
             fingerprint=(
                 fingerprint
                 if resolved.fingerprint is keys.default_fingerprint

@@ -11,8 +11,9 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connection, connections
 from django.test import Client
+from django.utils.crypto import salted_hmac
 
-from idempotency_django import lifecycle
+from idempotency_django import fingerprint, keys, lifecycle
 from idempotency_django.conf import DEFAULTS
 from idempotency_django.heartbeat import heartbeat
 from tests.models import SideEffect
@@ -68,8 +69,11 @@ def _empty_redis_store() -> None:
 
 @pytest.fixture(autouse=True)
 def _forget_warnings() -> None:
-    """Warnings logged once per view or task: each test sees its own."""
+    """Warnings logged once per view, task, principal class or unknown key: each test sees
+    its own."""
     lifecycle._warned.clear()
+    keys._warned_principals.clear()
+    fingerprint._unknown_keys.clear()
 
 
 @pytest.fixture
@@ -145,3 +149,16 @@ def wait_until(condition: Callable[[], bool], timeout: float = 20) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def keyed(material: bytes, secret: str = "tests-only-not-secret") -> str:
+    """Version 3 as docs/security.md states it: "3:", the key's id (8 hex digits of an HMAC
+    of nothing) and 56 hex digits of an HMAC-SHA256 of the SHA-256 of the parts, both keyed
+    by Django's ``salted_hmac`` with the secret."""
+    key_id = salted_hmac(
+        "idempotency_django.fingerprint.key-id", b"", secret=secret, algorithm="sha256"
+    ).hexdigest()[:8]
+    mac = salted_hmac(
+        "idempotency_django.fingerprint", material, secret=secret, algorithm="sha256"
+    ).hexdigest()
+    return f"3:{key_id}{mac[:56]}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 
 from idempotency_django import admin as idempotency_admin
-from idempotency_django import claims, codecs, purge, signals
+from idempotency_django import claims, codecs, keys, purge, signals
 from idempotency_django.exceptions import InFlight
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse
@@ -346,6 +347,26 @@ def test_detail_is_read_only(client_: Client) -> None:
     assert 'name="state"' not in html
     assert 'name="_save"' not in html
     assert response.context["has_change_permission"] is False
+
+
+def test_detail_shows_no_plain_fingerprint_and_a_short_prefix_of_a_keyed_one(
+    client_: Client,
+) -> None:
+    """A plain digest of a short body (a PIN) is guessed back in milliseconds: the admin
+    shows none, and of a keyed one only a prefix and which key it was keyed with."""
+    plain_digest = hashlib.sha256(b"4821").hexdigest()
+    unkeyed = completed(key="unkeyed", fingerprint="2:" + plain_digest)
+    keyed_value = str(keys.custom_fingerprint("4821"))
+    keyed_record = completed(key="keyed", fingerprint=keyed_value)
+
+    unkeyed_html = client_.get(reverse(CHANGE, args=[unkeyed.pk])).content.decode()
+    keyed_html = client_.get(reverse(CHANGE, args=[keyed_record.pk])).content.decode()
+
+    assert plain_digest not in unkeyed_html
+    assert "written by an earlier release, unkeyed: not shown" in unkeyed_html
+    assert keyed_value not in keyed_html
+    assert keyed_value[10:] not in keyed_html
+    assert f"{keyed_value[10:22]}… (keyed with SECRET_KEY, id {keyed_value[2:10]})" in keyed_html
 
 
 def test_no_add_no_edit_no_generic_delete(client_: Client) -> None:

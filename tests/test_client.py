@@ -637,8 +637,8 @@ def test_downstream_key_for_a_request_without_a_valid_key(rf: RequestFactory) ->
 def test_downstream_key_for_follows_the_header_setting(rf: RequestFactory) -> None:
     request = rf.post("/orders/", headers={"X-Request-Key": "k1"})
 
-    assert downstream_key_for(request, "charge") == downstream_key(
-        "k1", "charge", None, endpoint="POST /orders/"
+    assert downstream_key_for(request, "charge", account="guest:1") == downstream_key(
+        "k1", "charge", "guest:1", endpoint="POST /orders/"
     )
 
 

@@ -412,7 +412,7 @@ def test_mismatch_wins_over_in_flight(alice: User, post: Post) -> None:
         account=str(alice.pk),
         endpoint="POST /effect/",
         key="k1",
-        fingerprint="2:" + "f" * 64,  # another request, current canonical form
+        fingerprint=_fingerprint_of(post, {"amount": 2}),  # another request
         token="a" * 32,
         created_at=timezone.now(),
         lease_expires_at=timezone.now() + timedelta(seconds=30),
@@ -450,7 +450,7 @@ def test_lapsed_lease_with_another_body_is_still_422(alice: User, post: Post) ->
         account=str(alice.pk),
         endpoint="POST /effect/",
         key="k1",
-        fingerprint="2:" + "f" * 64,  # another request, current canonical form
+        fingerprint=_fingerprint_of(post, {"amount": 2}),  # another request
         token="a" * 32,
         created_at=timezone.now() - timedelta(seconds=60),
         lease_expires_at=timezone.now() - timedelta(seconds=1),

@@ -23,10 +23,10 @@ from django.contrib.auth.models import User
 from django.core.management import get_commands, load_command_class
 from django.core.management.base import BaseCommand
 from django.dispatch import Signal
-from django.test import Client, override_settings
+from django.test import Client, RequestFactory, override_settings
 
 import idempotency_django
-from idempotency_django import checks, exceptions
+from idempotency_django import checks, exceptions, keys
 from tests import records
 from tests.conftest import PACKAGE_DEFAULTS
 from tests.docs_snippets import client as client_snippet
@@ -317,6 +317,10 @@ def test_settings_snippets_pass_the_system_checks(monkeypatch: pytest.MonkeyPatc
         settings_examples.REDACTING,
         settings_examples.REPLAY_HOOKED,
         settings_examples.TENANCY,
+        settings_examples.SCOPED_BY_HOST,
+        settings_examples.SCOPED_BY_HEADER,
+        settings_examples.SCOPED_BY_SCHEMA,
+        settings_examples.NAMESPACED,
         settings_examples.REDIS_STORE,
         settings_examples.REDIS_CLUSTER,
     ):
@@ -324,6 +328,33 @@ def test_settings_snippets_pass_the_system_checks(monkeypatch: pytest.MonkeyPatc
             assert checks.check_settings() == [], value
     with override_settings(MIDDLEWARE=settings_examples.MIDDLEWARE):
         assert checks.check_middleware() == []
+
+
+def test_tenant_snippets_name_the_requests_tenant(rf: RequestFactory) -> None:
+    request = rf.post("/", headers={"X-Org": "acme"}, HTTP_HOST="Shop.Example.com:8000")
+    request.tenant = SimpleNamespace(schema_name="acme_schema")  # django-tenants sets it
+
+    with override_settings(ALLOWED_HOSTS=[".example.com"]):
+        assert keys.request_host(request) == "shop.example.com"
+    assert settings_examples.SCOPED_BY_HEADER["TENANT"](request) == "acme"
+    assert settings_examples.schema_tenant(request) == "acme_schema"
+
+
+def test_guest_snippet_gives_each_guest_session_its_own_downstream_key(
+    rf: RequestFactory, db: None
+) -> None:
+    from django.contrib.sessions.backends.db import SessionStore
+
+    def guest_request(session: SessionStore) -> Any:
+        request = rf.post("/pay/", headers={"Idempotency-Key": "order-1042"})
+        request.session = session
+        return request
+
+    one, other = SessionStore(), SessionStore()
+    first = downstream.guest_payment_key(guest_request(one))
+
+    assert downstream.guest_payment_key(guest_request(one)) == first
+    assert downstream.guest_payment_key(guest_request(other)) != first
 
 
 def test_tenancy_snippet_names_and_finds_a_tenant() -> None:

@@ -10,7 +10,7 @@ import json
 import re
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from typing import Any
@@ -36,12 +36,12 @@ from rest_framework.test import APIClient
 from idempotency_django import keys
 from idempotency_django.models import FINGERPRINT_MAX_LENGTH, IdempotencyRecord
 from tests import records
-from tests.conftest import effects
+from tests.conftest import effects, keyed
 from tests.project import fingerprint_views
 
 JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"
-VERSION_2 = re.compile(r"2:[0-9a-f]{64}")
+VERSION_3 = re.compile(r"3:[0-9a-f]{64}")
 
 
 def fingerprint(request: Any, fields: tuple[str, ...] | None = None) -> str:
@@ -485,7 +485,7 @@ def test_hostile_json_gets_a_defined_fingerprint(
 ) -> None:
     value = fingerprint(json_request(rf, body))
 
-    assert VERSION_2.fullmatch(value)
+    assert VERSION_3.fullmatch(value)
     assert value == fingerprint(json_request(rf, bytes(body)))
     assert value != fingerprint(json_request(rf, near))
 
@@ -515,6 +515,162 @@ def test_json_up_to_the_depth_limit_is_canonical(rf: RequestFactory) -> None:
     assert keys.canonical_body(json_request(rf, nested + b" ")) == b"json:" + nested
 
 
+def test_an_integer_longer_than_int_reads_is_still_canonical(rf: RequestFactory) -> None:
+    """Integers parse as int in C; one past ``sys.get_int_max_str_digits`` (4300) is read
+    as a Decimal instead, so the form never depends on a process's int limit."""
+    long_int = b'{"a": 1' + b"0" * 5000 + b"}"
+
+    assert keys.canonical_body(json_request(rf, long_int)) == b'json:{"a":1e5000}'
+    assert fingerprint(json_request(rf, long_int)) == fingerprint(
+        json_request(rf, b'{"a": 1e5000}')
+    )
+
+
+# -- Django's limits: what a body may cost before the view runs ------------------------------
+
+
+def json_values(count: int) -> bytes:
+    """A JSON array holding ``count`` values in all (the array is one of them)."""
+    return b"[" + b",".join([b"1.5"] * (count - 1)) + b"]"
+
+
+def form_fields(count: int) -> bytes:
+    return b"&".join(b"f%d=%d" % (n, n) for n in range(count))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"[" + b",".join([b"1.5"] * 10) + b"]", id="numbers"),
+        pytest.param(b"[" + b",".join([b'"s"'] * 10) + b"]", id="strings"),
+        pytest.param(b"[" + b",".join([b"null"] * 10) + b"]", id="nulls"),
+        pytest.param(b"[" + b",".join([b"[]"] * 10) + b"]", id="arrays"),
+        pytest.param(b"{" + b",".join(b'"k%d":1' % n for n in range(10)) + b"}", id="members"),
+        pytest.param(b'{"a":[1,2,3,4],"b":{"c":[5,6,7]},"d":8}', id="nested"),
+    ],
+)
+def test_json_of_more_values_than_django_allows_fields_is_compared_as_bytes(
+    rf: RequestFactory, settings: Any, body: bytes
+) -> None:
+    """Every value counts (the body itself, each member and item); past
+    ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` the canonical form gives way to the bytes."""
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 10
+
+    assert keys.canonical_body(json_request(rf, body)) == b"raw:" + body
+
+
+def test_json_of_exactly_the_allowed_number_of_values_is_canonical(
+    rf: RequestFactory, settings: Any
+) -> None:
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 10
+    nested = b'{"a":[1,2,3],"b":{"c":[5.0,6]},"d":null}'  # 10 values
+
+    assert (
+        keys.canonical_body(json_request(rf, nested))
+        == b'json:{"a":[1,2,3],"b":{"c":[5,6]},"d":null}'
+    )
+    assert keys.canonical_body(json_request(rf, json_values(10))).startswith(b"json:")
+    assert keys.canonical_body(json_request(rf, json_values(11))).startswith(b"raw:")
+
+
+def test_without_djangos_limit_every_json_body_is_canonical(
+    rf: RequestFactory, settings: Any
+) -> None:
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = None
+    body = json_values(5000)
+
+    assert keys.canonical_body(json_request(rf, body)).startswith(b"json:")
+
+
+def test_the_limit_counts_the_fields_compared_under_fingerprint_fields(
+    rf: RequestFactory, settings: Any
+) -> None:
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 10
+    body = b'{"amount": 10.50, "items": ' + json_values(50) + b"}"
+
+    picked = keys.canonical_body(json_request(rf, body), fields=("amount",))
+
+    assert picked == b'json:{"amount":105e-1}'
+
+
+class CountingDecimal(Decimal):
+    made = 0
+
+    def __new__(cls, *args: Any) -> CountingDecimal:
+        CountingDecimal.made += 1
+        return super().__new__(cls, *args)
+
+
+def test_a_large_json_body_stops_being_parsed_at_the_limit(
+    rf: RequestFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 2.5 MiB array of numbers (the largest body Django reads by default) made 650,000
+    Decimals and a canonical form of them: seconds and 100+ MB. Past
+    ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` (1000) values, the parse stops."""
+    from idempotency_django import fingerprint as module
+
+    monkeypatch.setattr(module, "Decimal", CountingDecimal)
+    CountingDecimal.made = 0
+    body = json_values(2_621_440 // 4)
+
+    assert keys.canonical_body(json_request(rf, body)) == b"raw:" + body
+    assert CountingDecimal.made <= 1001
+
+
+@pytest.mark.parametrize(("count", "kind"), [(10, b"form:"), (11, b"raw:")])
+def test_a_form_of_more_fields_than_django_allows_is_compared_as_bytes(
+    rf: RequestFactory, settings: Any, count: int, kind: bytes
+) -> None:
+    """As Django's ``request.POST`` refuses it: ``DATA_UPLOAD_MAX_NUMBER_FIELDS``."""
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 10
+    body = form_fields(count)
+
+    canonical = keys.canonical_body(rf.generic("POST", "/o/", data=body, content_type=FORM))
+
+    assert canonical.startswith(kind)
+    if kind == b"raw:":
+        assert canonical == b"raw:" + body
+
+
+def test_a_query_string_of_more_fields_than_django_allows_is_compared_as_it_is(
+    rf: RequestFactory, settings: Any
+) -> None:
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 2
+
+    def with_query(query: str) -> str:
+        return fingerprint(json_request(rf, b"{}", f"/o/?{query}"))
+
+    assert with_query("a=1&b=2") == with_query("b=2&a=1")  # within the limit: sorted
+    assert with_query("a=1&b=2&c=3") != with_query("c=3&b=2&a=1")  # past it: as sent
+    assert with_query("a=1&b=2&c=3") == with_query("a=1&b=2&c=3")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [
+        pytest.param(form_fields(150_000), FORM, id="form"),
+        pytest.param(json_values(500_000), JSON, id="json"),
+    ],
+)
+def test_a_body_past_djangos_limits_is_protected_and_replayed(
+    alice: User, client: Client, body: bytes, content_type: str
+) -> None:
+    assert len(body) > 1_000_000
+    first = send(client, "/effect/", body, content_type)
+    retry = send(client, "/effect/", body, content_type)
+    other = send(
+        client,
+        "/effect/",
+        body + b"&x=1" if content_type == FORM else body[:-1] + b",2]",
+        content_type,
+    )
+
+    assert (first.status_code, retry.status_code, other.status_code) == (201, 201, 422)
+    assert retry["Idempotent-Replayed"] == "true"
+    assert effects() == 1
+
+
 @pytest.mark.parametrize(
     ("body", "near"),
     [
@@ -534,7 +690,7 @@ def test_hostile_forms_get_a_defined_fingerprint(
     def form(payload: bytes) -> str:
         return fingerprint(rf.generic("POST", "/o/", data=payload, content_type=FORM))
 
-    assert VERSION_2.fullmatch(form(body))
+    assert VERSION_3.fullmatch(form(body))
     assert form(body) == form(bytes(body))
     assert form(body) != form(near)
 
@@ -549,7 +705,7 @@ def test_hostile_query_strings_get_a_defined_fingerprint(
     def with_query(value: str) -> str:
         return fingerprint(json_request(rf, b"{}", f"/o/?{value}"))
 
-    assert VERSION_2.fullmatch(with_query(query))
+    assert VERSION_3.fullmatch(with_query(query))
     assert with_query(query) != with_query(near)
 
 
@@ -557,7 +713,7 @@ def test_hostile_multipart_values_get_a_defined_fingerprint(rf: RequestFactory) 
     nul = multipart_request(rf, fields={"a": "\x00"}, files={"f\x00": ("n\x00", b"\x00", "x/y")})
     empty = multipart_request(rf, fields={"a": ""}, files={"f": ("n", b"", "x/y")})
 
-    assert VERSION_2.fullmatch(fingerprint(nul))
+    assert VERSION_3.fullmatch(fingerprint(nul))
     assert fingerprint(nul) != fingerprint(empty)
 
 
@@ -634,8 +790,8 @@ def test_task_fingerprint_equal_values_are_the_same_work(one: Any, other: Any) -
 
 
 def test_task_fingerprint_is_versioned_and_counts_the_endpoint() -> None:
-    assert VERSION_2.fullmatch(task({"order": 7}))
-    assert VERSION_2.fullmatch(task(b"raw"))
+    assert VERSION_3.fullmatch(task({"order": 7}))
+    assert VERSION_3.fullmatch(task(b"raw"))
     assert task({"order": 7}) != task({"order": 7}, endpoint="task:tests.other")
     assert task(b"1") != task("1")
 
@@ -650,7 +806,7 @@ def test_task_fingerprint_writes_full_precision() -> None:
     parts = [b"task", b"task:tests.refund", b"json", expected]
     prefixed = b"".join(len(part).to_bytes(8, "big") + part for part in parts)
 
-    assert task(work) == "2:" + hashlib.sha256(prefixed).hexdigest()
+    assert task(work) == keyed(hashlib.sha256(prefixed).digest())
 
 
 def test_task_fingerprint_of_deeply_nested_work() -> None:
@@ -658,7 +814,7 @@ def test_task_fingerprint_of_deeply_nested_work() -> None:
     for _ in range(10_000):
         deep = [deep]
 
-    assert VERSION_2.fullmatch(task(deep))
+    assert VERSION_3.fullmatch(task(deep))
 
 
 def test_task_fingerprint_names_an_argument_it_cannot_write() -> None:
@@ -702,7 +858,7 @@ def test_task_fingerprint_refuses_what_has_no_canonical_form(work: Any) -> None:
 def test_default_fingerprint_is_version_2_and_fits_the_column(rf: RequestFactory) -> None:
     value = fingerprint(json_request(rf, b"{}"))
 
-    assert VERSION_2.fullmatch(value)
+    assert VERSION_3.fullmatch(value)
     assert len(value) <= FINGERPRINT_MAX_LENGTH
     assert IdempotencyRecord._meta.get_field("fingerprint").max_length == FINGERPRINT_MAX_LENGTH
 
@@ -753,6 +909,31 @@ def test_custom_fingerprints_match_only_the_same_value(
     assert keys.fingerprints_match(stored, current) is match
 
 
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("stored", "value", "match"),
+    [
+        pytest.param("custom:x", "x", True, id="namespaced"),
+        pytest.param("custom:x", "custom:x", False, id="namespaced-is-not-unwrapped"),
+        pytest.param("custom:x", "y", False, id="namespaced-other"),
+        pytest.param("custom-sha256:" + sha("v" * 80), "v" * 80, True, id="namespaced-digest"),
+        pytest.param("custom-sha256:" + sha("v" * 80), "w" * 80, False, id="digest-other"),
+        pytest.param("x", "x", True, id="as-it-was"),
+        pytest.param("sha256:" + sha("v" * 80), "v" * 80, True, id="as-fit-made-it"),
+        pytest.param("2:" + "a" * 64, "2:" + "a" * 64, True, id="as-it-was-looking-versioned"),
+        pytest.param("2:" + "a" * 64, "x", False, id="a-library-version-2"),
+        pytest.param("a" * 64, "x", False, id="a-library-version-1"),
+    ],
+)
+def test_a_custom_value_matches_the_forms_earlier_releases_stored_it_in(
+    stored: str, value: str, match: bool
+) -> None:
+    assert keys.fingerprints_match(stored, keys.custom_fingerprint(value)) is match
+
+
 @pytest.mark.parametrize("size", [1, 73, 74, 80, 81, 500])
 def test_a_custom_fingerprint_fits_and_matches_what_the_previous_release_stored(
     size: int,
@@ -783,6 +964,13 @@ class TestCustomFingerprintSetting:
     @pytest.fixture(autouse=True, params=[amount_and_currency, amount_and_digest])
     def _custom(self, settings: Any, request: pytest.FixtureRequest) -> None:
         settings.IDEMPOTENCY = {"FINGERPRINT": request.param}
+        self.custom = request.param
+
+    def value_of(self, amount: int) -> str:
+        """What the project's FINGERPRINT returns for ``charge(client, amount)``."""
+        body = json.dumps({"amount": amount, "currency": "EUR"})
+        request = RequestFactory().generic("POST", "/effect/", data=body, content_type=JSON)
+        return str(self.custom(request, "POST /effect/"))
 
     def test_another_amount_with_the_key_is_422_not_a_replay(
         self, alice: User, client: Client
@@ -804,13 +992,19 @@ class TestCustomFingerprintSetting:
         assert retry.content == first.content
         assert effects() == 1
 
-    def test_a_record_the_previous_release_stored_still_matches(
-        self, alice: User, client: Client
+    @pytest.mark.parametrize(
+        "stored_as",
+        [
+            pytest.param(lambda value: "custom:" + value, id="namespaced"),
+            pytest.param(lambda value: value, id="as-it-was"),
+        ],
+    )
+    def test_a_record_an_earlier_release_stored_still_matches(
+        self, alice: User, client: Client, stored_as: Callable[[str], str]
     ) -> None:
         first = charge(client, 100)
-        # The previous release stored a custom value as it was, with no namespace.
-        stored = records.get().fingerprint
-        records.update(fingerprint=stored.removeprefix("custom:"))
+        # The previous release stored a custom value namespaced; the one before as it was.
+        records.update(fingerprint=stored_as(self.value_of(100)))
 
         retry = charge(client, 100)
         other = charge(client, 250)
@@ -820,6 +1014,169 @@ class TestCustomFingerprintSetting:
         assert retry.content == first.content
         assert other.status_code == 422
         assert effects() == 1
+
+
+# -- keyed: what a stored fingerprint reveals, and SECRET_KEY rotation -----------------------
+
+
+def pin_guesses() -> dict[str, str]:
+    """Every 4-digit PIN's fingerprint as an unkeyed digest of the canonical form would
+    give it (version 2: "2:" and a SHA-256), by its hex digest: what anyone holding a stored
+    value could try."""
+    guesses = {}
+    for number in range(10_000):
+        pin = f"{number:04d}"
+        body = b'json:{"pin":"' + pin.encode() + b'"}'
+        guesses[keys.digest(b"POST", b"POST /effect/", b"[]", JSON.encode(), body)] = pin
+    return guesses
+
+
+def pin_only(request: HttpRequest, endpoint: str, **options: Any) -> str:
+    """A project's own FINGERPRINT: the short value that makes the request."""
+    return str(json.loads(request.body)["pin"])
+
+
+def post_json(client: Client, body: Any, key: str = "k1") -> Any:
+    return client.post(
+        "/effect/",
+        data=json.dumps(body),
+        content_type=JSON,
+        headers={"Idempotency-Key": key, "X-User": "alice"},
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+class TestKeyedFingerprints:
+    """The stored fingerprint (a table row, a Redis value) is keyed with SECRET_KEY: a short
+    body cannot be guessed back from it, and it still matches across a key rotation."""
+
+    def test_a_short_body_cannot_be_guessed_back_from_the_stored_value(
+        self, alice: User, client: Client
+    ) -> None:
+        assert post_json(client, {"pin": "4821"}).status_code == 201
+        stored = records.get().fingerprint
+        guesses = pin_guesses()
+
+        # Any unkeyed digest of a guess, whole or cut to the stored length, would give it away.
+        assert [pin for digest, pin in guesses.items() if digest[:56] in stored] == []
+        assert VERSION_3.fullmatch(stored)
+        assert stored == keyed(hashlib.sha256(_parts_of_pin("4821")).digest())
+
+    def test_a_custom_value_is_never_stored_as_it_is(
+        self, alice: User, client: Client, settings: Any
+    ) -> None:
+        settings.IDEMPOTENCY = {"FINGERPRINT": pin_only}
+
+        first = post_json(client, {"pin": "4821", "at": 1})
+        retry = post_json(client, {"pin": "4821", "at": 2})
+        other = post_json(client, {"pin": "4822", "at": 3})
+        stored = records.get().fingerprint
+
+        assert "4821" not in stored
+        assert hashlib.sha256(b"4821").hexdigest() not in stored
+        assert VERSION_3.fullmatch(stored)
+        assert (first.status_code, retry.status_code, other.status_code) == (201, 201, 422)
+        assert retry["Idempotent-Replayed"] == "true"
+        assert effects() == 1
+
+    def test_a_record_keyed_with_a_fallback_key_still_tells_retries_from_others(
+        self, alice: User, client: Client, settings: Any
+    ) -> None:
+        settings.SECRET_KEY = "the-old-key"
+        first = post_json(client, {"amount": 1})
+        settings.SECRET_KEY = "the-new-key"
+        settings.SECRET_KEY_FALLBACKS = ["an-older-key", "the-old-key"]
+
+        retry = post_json(client, {"amount": 1})
+        other = post_json(client, {"amount": 2})
+
+        assert first.status_code == 201
+        assert retry.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert other.status_code == 422
+        assert effects() == 1
+
+    def test_a_record_keyed_with_a_key_no_longer_held_is_replayed_never_run_again(
+        self, alice: User, client: Client, settings: Any, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Rotated without a fallback, a record cannot be compared: it counts as the same
+        request (a replay, as across an upgrade), never as a reason to run the view."""
+        settings.SECRET_KEY = "the-old-key"
+        first = post_json(client, {"amount": 1})
+        settings.SECRET_KEY = "the-new-key"
+        settings.SECRET_KEY_FALLBACKS = []
+
+        retry = post_json(client, {"amount": 1})
+        other = post_json(client, {"amount": 2})
+
+        assert retry.status_code == other.status_code == 201
+        assert retry["Idempotent-Replayed"] == other["Idempotent-Replayed"] == "true"
+        assert retry.content == other.content == first.content
+        assert effects() == 1
+        warnings = [r for r in caplog.records if "does not hold" in r.getMessage()]
+        assert len(warnings) == 1  # once per key and process
+
+    def test_new_records_are_keyed_with_the_current_key(
+        self, alice: User, client: Client, settings: Any
+    ) -> None:
+        settings.SECRET_KEY = "the-new-key"
+        settings.SECRET_KEY_FALLBACKS = ["the-old-key"]
+        post_json(client, {"pin": "4821"})
+
+        expected = keyed(hashlib.sha256(_parts_of_pin("4821")).digest(), "the-new-key")
+        assert records.get().fingerprint == expected
+
+    def test_a_record_of_version_2_is_replayed_after_the_upgrade(
+        self, alice: User, client: Client
+    ) -> None:
+        first = post_json(client, {"pin": "4821"})
+        # As the previous release stored it: "2:" and the plain digest.
+        records.update(fingerprint="2:" + hashlib.sha256(_parts_of_pin("4821")).hexdigest())
+
+        retry = post_json(client, {"pin": "4821"})
+
+        assert retry.status_code == 201
+        assert retry["Idempotent-Replayed"] == "true"
+        assert retry.content == first.content
+        assert effects() == 1
+
+
+def _parts_of_pin(pin: str) -> bytes:
+    """The length-prefixed parts of ``POST /effect/`` with ``{"pin": pin}``."""
+    body = b'json:{"pin":"' + pin.encode() + b'"}'
+    parts = [b"POST", b"POST /effect/", b"[]", JSON.encode(), body]
+    return b"".join(len(part).to_bytes(8, "big") + part for part in parts)
+
+
+@pytest.mark.parametrize(
+    ("stored", "shown"),
+    [
+        pytest.param("2:" + "a" * 64, "written by an earlier release, unkeyed: not shown", id="v2"),
+        pytest.param("a" * 64, "written by an earlier release, unkeyed: not shown", id="v1"),
+        pytest.param("custom:4821", "written by an earlier release, unkeyed: not shown", id="c"),
+    ],
+)
+def test_the_admin_never_shows_an_unkeyed_fingerprint(stored: str, shown: str) -> None:
+    assert keys.fingerprint_display(stored) == shown
+
+
+def test_the_admin_shows_a_short_prefix_and_the_key_of_a_keyed_fingerprint(
+    settings: Any,
+) -> None:
+    settings.SECRET_KEY = "the-old-key"
+    old = keys.custom_fingerprint("4821")
+    settings.SECRET_KEY = "the-new-key"
+    new = keys.custom_fingerprint("4821")
+
+    assert keys.fingerprint_display(new) == f"{new[10:22]}… (keyed with SECRET_KEY, id {new[2:10]})"
+    assert keys.fingerprint_display(old).endswith(
+        f"(keyed with a key this server does not hold, id {old[2:10]})"
+    )
+    settings.SECRET_KEY_FALLBACKS = ["the-old-key"]
+    assert keys.fingerprint_display(old).endswith(
+        f"(keyed with a key in SECRET_KEY_FALLBACKS, id {old[2:10]})"
+    )
 
 
 def charge(client: Client, amount: int) -> Any:
@@ -920,7 +1277,7 @@ class TestMultipartThroughViews:
 
         assert first.status_code == 201
         assert retry["Idempotent-Replayed"] == "true"
-        assert records.get().fingerprint.startswith("2:")
+        assert records.get().fingerprint.startswith("3:")
 
 
 @pytest.mark.urls("tests.project.fingerprint_urls")

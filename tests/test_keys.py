@@ -12,6 +12,7 @@ from django.test import RequestFactory
 from idempotency_django import keys
 from idempotency_django.exceptions import KeyMalformed
 from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH, KEY_MAX_LENGTH
+from tests.conftest import keyed
 
 JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"
@@ -320,17 +321,18 @@ def fingerprint(
     )
 
 
-def test_fingerprint_is_version_2_and_a_sha256_hex_digest(rf: RequestFactory) -> None:
+def test_fingerprint_is_version_3_a_key_id_and_a_keyed_digest(rf: RequestFactory) -> None:
     value = fingerprint(rf, b'{"amount": 10}')
     version, _, hexdigest = value.partition(":")
-    assert version == "2"
+    assert version == "3"
     assert len(hexdigest) == 64
     assert int(hexdigest, 16) >= 0
+    assert hexdigest[:8] == keyed(b"", "tests-only-not-secret")[2:10]  # the key's id
 
 
 def test_fingerprint_is_the_documented_canonical_form(rf: RequestFactory) -> None:
-    """Pins version 2: a change to any part of the canonical form fails here, and must come
-    with a new version (see ``keys.fingerprints_match``)."""
+    """Pins version 3: a change to any part of the canonical form, or of how it is keyed,
+    fails here, and must come with a new version (see ``keys.fingerprints_match``)."""
     request = rf.generic(
         "POST",
         "/orders/?b=%41&a=2&a=1",
@@ -346,9 +348,11 @@ def test_fingerprint_is_the_documented_canonical_form(rf: RequestFactory) -> Non
     ]
     prefixed = b"".join(len(part).to_bytes(8, "big") + part for part in parts)
 
-    assert keys.default_fingerprint(request, "POST /orders/") == (
-        "2:" + hashlib.sha256(prefixed).hexdigest()
-    )
+    value = keys.default_fingerprint(request, "POST /orders/")
+
+    assert value == keyed(hashlib.sha256(prefixed).digest())
+    # The same vector as a literal: salted_hmac's construction is part of the promise too.
+    assert value == "3:5b12448bd8677cf0121aa05f4c21b2de4533b76c307079b6c2da29f38a7b9024"
 
 
 def test_fingerprint_ignores_json_key_order_and_whitespace(rf: RequestFactory) -> None:

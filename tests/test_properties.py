@@ -40,7 +40,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"
-VERSION_2 = re.compile(r"2:[0-9a-f]{64}")
+VERSION_3 = re.compile(r"3:[0-9a-f]{64}")
 
 rf = RequestFactory()
 
@@ -853,7 +853,7 @@ def test_any_bytes_with_any_content_type_get_a_fingerprint(
         assert method == "POST"
         assert keys.media_type(request) == "multipart/form-data"
         return
-    assert VERSION_2.fullmatch(value)
+    assert VERSION_3.fullmatch(value)
     assert value == keys.default_fingerprint(
         request_of(body, content_type, method=method), f"{method} /o/"
     )

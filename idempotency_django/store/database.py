@@ -832,3 +832,14 @@ def key_prefix_q(prefix: str, alias: str) -> Q:
     if connections[alias].vendor == "postgresql":
         return Q(key__startswith=prefix)
     return Q(key__gte=prefix, key__lt=prefix + "\U0010ffff")
+
+
+def delete_account(alias: str, account: str, keep_endpoints: Q) -> int:
+    """Delete every record of ``account`` but those ``keep_endpoints`` matches (a task's
+    scope may be any string): one statement on the unique index's leading column. For a
+    principal that is gone for good (``accounts.forget_account``), whatever the records'
+    state: nobody can claim in that account again but a new holder of the same name."""
+    deleted, _ = (
+        IdempotencyRecord.objects.using(alias).filter(account=account).exclude(keep_endpoints)
+    ).delete()
+    return deleted

@@ -104,3 +104,32 @@ REDIS_CLUSTER = {
     },
 }
 # docs:redis-cluster-end
+
+
+# docs:tenant-host
+SCOPED_BY_HOST = {
+    # The host name, lower-cased, without its port, as Django validates it (ALLOWED_HOSTS).
+    "TENANT": "idempotency_django.keys.request_host",
+}
+# docs:tenant-host-end
+
+# docs:tenant-header
+from idempotency_django.keys import tenant_header
+
+SCOPED_BY_HEADER = {"TENANT": tenant_header("X-Org")}  # the header's value, or None
+
+
+def schema_tenant(request):  # with django-tenants: the tenant its middleware found
+    return request.tenant.schema_name
+
+
+SCOPED_BY_SCHEMA = {"TENANT": "tests.docs_snippets.settings_examples.schema_tenant"}
+# docs:tenant-header-end
+
+
+# docs:principals
+NAMESPACED = {
+    # A principal that is not a user: "<app_label>.<model>:<pk>" (users keep their pk).
+    "NAMESPACE_PRINCIPALS": True,
+}
+# docs:principals-end
