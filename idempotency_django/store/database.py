@@ -221,8 +221,9 @@ class DatabaseStore:
         )
 
     def release(self, alias: str, lookup: dict[str, str], token: str) -> int:
-        """Delete the claim's record, fenced by its token: one statement (the ORM's
-        ``delete()`` wraps its ``DELETE`` in a transaction: two more round trips)."""
+        """Delete the claim's record, fenced by its token and the in-progress state: one
+        statement (the ORM's ``delete()`` wraps its ``DELETE`` in a transaction: two more
+        round trips)."""
         connection = connections[alias]
         with transaction.mark_for_rollback_on_error(alias):
             return _execute(
@@ -618,7 +619,12 @@ def _build(connection: Any) -> _Statements:
         converters=tuple(converters),
         complete_fields=complete_fields,
         complete=complete,
-        release=f"DELETE FROM {table} WHERE {where_key} AND {column['token']} = %s",
+        # Fenced by the token and the state: a completed record is never deleted by a late
+        # release (one resent after its first reply was lost).
+        release=(
+            f"DELETE FROM {table} WHERE {where_key} AND {column['token']} = %s "
+            f"AND {column['state']} = '{State.IN_PROGRESS.value}'"
+        ),
         lease_field=fields["lease_expires_at"],
         renew=(
             f"UPDATE {table} SET {column['lease_expires_at']} = %s "

@@ -158,14 +158,15 @@ return 1
 """
 )
 
-# KEYS[1]; ARGV: token. -> 1 | 0
+# KEYS[1]; ARGV: token. -> 1 | 0. Only the claim's own record, and only in progress: a
+# completed record is never deleted by a late release (a resend whose first reply was lost).
 _RELEASE = (
     _PARSE
     + """
 local old = redis.call('GET', KEYS[1])
 if not old then return 0 end
 local state, token = header(old)
-if token ~= ARGV[1] then return 0 end
+if state ~= 'i' or token ~= ARGV[1] then return 0 end
 return redis.call('DEL', KEYS[1])
 """
 )
