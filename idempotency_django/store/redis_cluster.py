@@ -201,11 +201,11 @@ def write_and_wait(
     for _ in range(REDIRECTIONS):
         try:
             return _pipeline(_node_client(client, node), command, replicas, timeout_ms, asking)
-        except redis.exceptions.AskError as error:
-            node, asking = _node(client, error.host, error.port), True
-        except redis.exceptions.MovedError as error:
+        except redis.exceptions.MovedError as error:  # first: MovedError is an AskError
             client.nodes_manager.move_slot(error)
             node, asking = _node(client, error.host, error.port), False
+        except redis.exceptions.AskError as error:
+            node, asking = _node(client, error.host, error.port), True
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
             # A dead master: the next call finds its promoted replica; this one's outcome
             # is unknown, which the caller's policy decides on.
