@@ -60,10 +60,15 @@ store translates them (``_kind``), so that none reaches a view or a task."""
 # BlockingConnectionPool's wait ran out), or the server is at its ``maxclients``. Redis is
 # there and answering others; failing open now would let whoever filled it run views
 # unprotected. redis-py raises them as ConnectionError (older versions by message only).
-_EXHAUSTED_TYPES = tuple(
+_THERE_TYPES = tuple(
     getattr(redis.exceptions, name)
-    for name in ("MaxConnectionsError", "MaxClientsReachedError")
-    if hasattr(redis.exceptions, name)
+    for name in (
+        "MaxConnectionsError",
+        "MaxClientsReachedError",
+        "AuthenticationError",  # and credentials refused: no reconnect changes that either
+        "AuthorizationError",
+    )
+    if hasattr(redis.exceptions, name)  # redis-py 8.2 has them all; older ones fewer
 )
 _EXHAUSTED_WORDS = ("too many connections", "no connection available", "max number of clients")
 # A cluster that no startup node answers (redis-py >= 8.2 raises the subclass
@@ -370,8 +375,6 @@ class RedisStore:
             and any(isinstance(link, _NO_ANSWER) for link in chain[1:])
         ):
             return "unreachable"  # not "no startup node is a cluster": a misconfiguration
-        if building and isinstance(error, _NO_ANSWER):
-            return "unreachable"
         return "other"
 
     # -- the Store interface ----------------------------------------------------------------
@@ -489,7 +492,7 @@ class RedisStore:
         process), built once and kept with the options they were built for."""
         client = self.client()
         options = self.options()
-        if not is_number(timeout) or timeout <= 0 or timeout >= options["SOCKET_TIMEOUT"]:
+        if not 0 < timeout < options["SOCKET_TIMEOUT"]:
             return client
         signature = _signature(options)
         with self._lock:
@@ -643,9 +646,8 @@ def _chain(error: BaseException | None) -> Iterator[BaseException]:
 
 def _there(error: BaseException) -> bool:
     """Redis is there, and no reconnect will change its answer: the pool or the server has
-    no connection to spare (``_EXHAUSTED_TYPES``), or the credentials were refused."""
-    refused = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
-    if isinstance(error, (*_EXHAUSTED_TYPES, *refused)):
+    no connection to spare, or the credentials were refused (``_THERE_TYPES``)."""
+    if isinstance(error, _THERE_TYPES):
         return True
     message = str(error).lower()
     return isinstance(error, redis.ConnectionError) and any(
