@@ -88,9 +88,49 @@ SCOPES = "test_scopes.py::"
 CELERY = "test_celery.py::"
 UNKNOWN = "test_unknown_outcomes.py::"
 RCLUSTER = "test_store_redis_cluster.py::"
+RFAIL = "test_redis_failures.py::"
+ROUTAGE = "test_redis_cluster_outage.py::"
+RLOGIC = "test_redis_store_logic.py::"
 STATEFUL = "test_stateful.py::"
 
 MUTANTS = [
+    Mutant(
+        "release-deletes-completed",
+        "a late release (its first reply lost) deletes the completed record: the key reruns",
+        "store/database.py",
+        "            f\"AND {column['state']} = '{State.IN_PROGRESS.value}'\"\n        ),",
+        "            f\"AND {column['state']} IS NOT NULL\"\n        ),",
+        (
+            "test_lifecycle.py::test_a_late_release_never_deletes_a_completed_record",
+            HOT + "test_completion_and_release_are_fenced_by_the_token",
+        ),
+    ),
+    Mutant(
+        "too-many-connections-fails-open",
+        "a store database with no connection to spare (53300) fails open: views run unprotected",
+        "store/database.py",
+        '        if any(word in message for word in _EXHAUSTED_WORDS):\n            return "other"',
+        '        if False:\n            return "other"',
+        (
+            "test_store_failures.py::test_a_store_database_with_no_connection_to_spare_never_fails_open",
+        ),
+    ),
+    Mutant(
+        "fail-open-setting-unwarned",
+        "ON_STORE_ERROR 'open' in the setting passes without W031",
+        "checks.py",
+        '    if isinstance(user, dict) and user.get("ON_STORE_ERROR") == "open":',
+        "    if False:",
+        ("test_checks.py::test_w030_fail_open_in_the_setting",),
+    ),
+    Mutant(
+        "fail-open-view-unwarned",
+        "a view's own on_store_error='open' passes without W031",
+        "checks.py",
+        '        if policy == "open":\n            name =',
+        "        if False:\n            name =",
+        ("test_checks.py::test_w030_fail_open_on_a_view_of_its_own",),
+    ),
     Mutant(
         "reseal-says-0-were-never-stored",
         "the reseal summary counts records without a stored response when there are none",
@@ -431,9 +471,13 @@ MUTANTS = [
         "release-unfenced",
         "a release no longer fenced by the claim's token: a lost claim deletes the new owner's",
         "store/database.py",
-        "release=f\"DELETE FROM {table} WHERE {where_key} AND {column['token']} = %s\"",
-        'release=f"DELETE FROM {table} WHERE {where_key} AND %s IS NOT NULL"',
-        (DEC + "test_claim_lost_completion_does_not_overwrite_the_new_owner",),
+        "f\"DELETE FROM {table} WHERE {where_key} AND {column['token']} = %s \"",
+        'f"DELETE FROM {table} WHERE {where_key} AND %s IS NOT NULL "',
+        (
+            DEC + "test_claim_lost_completion_does_not_overwrite_the_new_owner",
+            # the new owner still in progress: the state fence alone would not save it
+            HOT + "test_completion_and_release_are_fenced_by_the_token",
+        ),
     ),
     Mutant(
         "unknown-commit-released",
@@ -847,7 +891,18 @@ MUTANTS = [
         "celery.py",
         "        except (TaskInFlight, TaskStoreUnavailable) as exc:",
         "        except TaskInFlight as exc:",
-        (CELERY + "test_worker_retries_through_a_store_outage_and_runs_once_after_it",),
+        (
+            RFAIL + "test_a_celery_task_is_retried_through_a_cluster_outage_and_runs_once_after_it",
+            CELERY + "test_worker_retries_through_a_store_outage_and_runs_once_after_it",
+        ),
+    ),
+    Mutant(
+        "celery-eager-retry-recurses",
+        "apply() or task_always_eager under a store outage retries at once until RecursionError",
+        "celery.py",
+        "            if self.request.is_eager:",
+        "            if False:",
+        (CELERY + "test_apply_under_a_store_outage_gives_the_refusal_instead_of_recursing",),
     ),
     Mutant(
         "celery-in-flight-not-retried",
@@ -1235,17 +1290,30 @@ MUTANTS = [
         "redis-complete-unfenced",
         "the Redis completion is not fenced by the token: a lost claim overwrites the new owner",
         "store/redis.py",
+        "local state, token, _, _, _, d = header(old)\n"
         "if state ~= 'i' or token ~= ARGV[1] then return 0 end",
-        "if state ~= 'i' then return 0 end",
+        "local state, token, _, _, _, d = header(old)\nif state ~= 'i' then return 0 end",
         (REDIS + "test_completion_release_and_renewal_are_fenced_by_the_token",),
     ),
     Mutant(
         "redis-release-unfenced",
         "the Redis release deletes whatever record holds the key, not only its own claim's",
         "store/redis.py",
-        "if token ~= ARGV[1] then return 0 end\nreturn redis.call('DEL', KEYS[1])",
-        "return redis.call('DEL', KEYS[1])",
+        "if state ~= 'i' or token ~= ARGV[1] then return 0 end\nreturn redis.call('DEL', KEYS[1])",
+        "if state ~= 'i' then return 0 end\nreturn redis.call('DEL', KEYS[1])",
         (REDIS + "test_completion_release_and_renewal_are_fenced_by_the_token",),
+    ),
+    Mutant(
+        "redis-release-deletes-completed",
+        "a late Redis release (its first reply lost) deletes the completed record: a rerun",
+        "store/redis.py",
+        "if state ~= 'i' or token ~= ARGV[1] then return 0 end\nreturn redis.call('DEL', KEYS[1])",
+        "if token ~= ARGV[1] then return 0 end\nreturn redis.call('DEL', KEYS[1])",
+        (
+            "test_lifecycle.py::test_a_late_release_never_deletes_a_completed_record",
+            REDIS + "test_completion_release_and_renewal_are_fenced_by_the_token",
+        ),
+        store="redis",
     ),
     Mutant(
         "redis-renew-unfenced",
@@ -1293,6 +1361,136 @@ MUTANTS = [
             STATEFUL + "test_the_engine_follows_the_decision_table",
         ),
         store="redis",
+    ),
+    # Every failure of a Redis client is a failure kind; only "cannot be reached" fails open.
+    Mutant(
+        "redis-cluster-errors-untranslated",
+        "a cluster that cannot be reached (RedisClusterException, no RedisError) is a 500",
+        "store/redis.py",
+        "    redis.exceptions.RedisClusterException,"
+        "  # not a RedisError: SlotNotCoveredError, ...\n",
+        "",
+        (RFAIL + "test_a_cluster_that_cannot_be_reached_is_a_503_not_a_500",),
+    ),
+    Mutant(
+        "redis-unreachable-cluster-never-fails-open",
+        "ON_STORE_ERROR 'open' never fails open for a cluster that cannot be reached",
+        "store/redis.py",
+        '            return "unreachable"'
+        '  # not "no startup node is a cluster": a misconfiguration',
+        '            return "other"',
+        (RFAIL + "test_a_cluster_that_cannot_be_reached_fails_open_when_asked",),
+    ),
+    Mutant(
+        "redis-misconfigured-cluster-fails-open",
+        "a cluster URL on a Redis without cluster mode counts as unreachable: runs unprotected",
+        "store/redis.py",
+        "            and any(isinstance(link, _NO_ANSWER) for link in chain[1:])\n",
+        "",
+        (RFAIL + "test_a_cluster_url_on_a_redis_without_cluster_mode_never_fails_open",),
+    ),
+    Mutant(
+        "redis-exhaustion-fails-open",
+        "a full pool, a Redis at maxclients or refused credentials fail open: views run twice",
+        "store/redis.py",
+        "        if any(_there(link) for link in chain):",
+        "        if False:",
+        (
+            RFAIL + "test_a_full_pool_never_fails_open",
+            RFAIL + "test_a_redis_that_refuses_a_connection_never_fails_open",
+        ),
+    ),
+    Mutant(
+        "redis-blocking-pool-fails-open",
+        "BlockingConnectionPool's 'No connection available' counts as unreachable",
+        "store/redis.py",
+        '_EXHAUSTED_WORDS = ("too many connections", "no connection available", '
+        '"max number of clients")',
+        "_EXHAUSTED_WORDS: tuple[str, ...] = ()",
+        (RFAIL + "test_a_blocking_pool_with_no_connection_to_spare_is_other",),
+    ),
+    Mutant(
+        "redis-cluster-down-never-fails-open",
+        "a cluster that answers CLUSTERDOWN is not 'unreachable': 'open' never fails open",
+        "store/redis.py",
+        "        if any(isinstance(link, _CLUSTER_DOWN) for link in chain):",
+        "        if False:",
+        (RFAIL + "test_a_cluster_that_says_it_is_down_fails_closed_or_open_as_asked",),
+    ),
+    Mutant(
+        "redis-reset-drops-connections-in-use",
+        "reset() closes the connections other threads are using: their commands fail",
+        "store/redis.py",
+        "            redis_cluster.disconnect(current[1], in_use=False)",
+        "            redis_cluster.disconnect(current[1])",
+        (RFAIL + "test_a_reset_leaves_the_connections_other_threads_are_using",),
+    ),
+    Mutant(
+        "redis-renewal-ignores-its-timeout",
+        "a Redis renewal waits out SOCKET_TIMEOUT, past the heartbeat's beat",
+        "store/redis.py",
+        "        client = self._renewal(timeout)",
+        "        client = self.client()",
+        (RFAIL + "test_a_renewal_is_bounded_by_its_timeout_not_by_socket_timeout",),
+    ),
+    # The same promises on the local cluster (python -m tools.redis_cluster start).
+    Mutant(
+        "redis-timeout-behind-cluster-error-fails-open",
+        "a command that timed out, reported as RedisClusterUnreachableError, fails open",
+        "store/redis.py",
+        "        if not building and any(isinstance(link, redis.TimeoutError) for link in chain):",
+        "        if not building and isinstance(error, redis.TimeoutError):",
+        (ROUTAGE + "test_a_frozen_cluster_is_an_unknown_outcome_never_a_fail_open",),
+    ),
+    Mutant(
+        "redis-cluster-build-timeout-never-fails-open",
+        "a cluster frozen while its client is built (nothing sent) is not 'unreachable'",
+        "store/redis.py",
+        "        if not building and any(isinstance(link, redis.TimeoutError) for link in chain):",
+        "        if any(isinstance(link, redis.TimeoutError) for link in chain):",
+        (ROUTAGE + "test_a_cluster_frozen_before_the_client_is_built_fails_open_when_asked",),
+    ),
+    # The pure logic of the cluster options, the read's clock and MOVED: in the main suite.
+    Mutant(
+        "rediss-cluster-url-refused",
+        "a rediss+cluster:// URL is refused by E026",
+        "store/redis_cluster.py",
+        'CLUSTER_URLS = ("redis+cluster://", "rediss+cluster://")',
+        'CLUSTER_URLS = ("redis+cluster://",)',
+        (RLOGIC + "test_e026_accepts_a_cluster_url_and_the_wait_options",),
+    ),
+    Mutant(
+        "wait-timeout-zero-accepted",
+        "WAIT_TIMEOUT_MS = 0 passes E026 (WAIT 0 blocks until the replicas answer)",
+        "store/redis_cluster.py",
+        '("WAIT_TIMEOUT_MS", 1)',
+        '("WAIT_TIMEOUT_MS", 0)',
+        (RLOGIC + "test_e026_names_a_bad_cluster_or_wait_option",),
+    ),
+    Mutant(
+        "redis-read-clock-in-seconds",
+        "the Redis read takes the server's seconds for milliseconds: every lease looks live",
+        "store/redis_cluster.py",
+        "(seconds, micros), value = pipe.execute()\n    return int(seconds) * 1000",
+        "(seconds, micros), value = pipe.execute()\n    return int(seconds)",
+        (RLOGIC + "test_a_read_gives_what_is_left_of_the_lease_by_the_servers_clock",),
+    ),
+    Mutant(
+        "cluster-moved-not-followed",
+        "write_and_wait gives up on a MOVED instead of sending the write to the new owner",
+        "store/redis_cluster.py",
+        "            client.nodes_manager.move_slot(error)\n"
+        "            node, asking = _node(client, error.host, error.port), False",
+        "            raise",
+        (RLOGIC + "test_write_and_wait_follows_a_moved_and_learns_the_new_owner",),
+    ),
+    Mutant(
+        "cluster-moved-not-learned",
+        "write_and_wait follows a MOVED without updating the map: every write pays it again",
+        "store/redis_cluster.py",
+        "            client.nodes_manager.move_slot(error)\n",
+        "",
+        (RLOGIC + "test_write_and_wait_follows_a_moved_and_learns_the_new_owner",),
     ),
     Mutant(
         "redis-no-hash-tag",

@@ -4,6 +4,8 @@
 unless told otherwise) and turns the two "not now" refusals, ``TaskInFlight`` and
 ``TaskStoreUnavailable``, into ``self.retry`` with their ``retry_after``: raised instead,
 either would fail the task, and Celery acks a failed message even under ``acks_late``.
+Run eagerly (``apply()``, ``task_always_eager``), where nothing could deliver it later,
+the refusal is raised to the caller.
 ``acks_late`` and ``reject_on_worker_lost`` are on, so a killed worker's message is
 redelivered, and the lease holds it back until the dead run's claim lapsed. Guide:
 docs/tasks.md.
@@ -62,6 +64,11 @@ class IdempotentTask(Task):  # type: ignore[misc]  # Celery ships no type inform
         try:
             return self._protected_run()(*args, **kwargs)
         except (TaskInFlight, TaskStoreUnavailable) as exc:
+            if self.request.is_eager:
+                # apply() and task_always_eager: no broker to deliver it again later.
+                # Celery would retry at once, in this call, without the countdown, and
+                # again until RecursionError: the caller gets the refusal instead.
+                raise
             raise self.retry(exc=exc, countdown=exc.retry_after) from exc
 
     def _protected_run(self) -> Any:

@@ -48,6 +48,7 @@ def register() -> None:
     checks.register(check_hidden_drf_views, checks.Tags.urls)
     checks.register(check_drf_view_attributes, checks.Tags.urls)
     checks.register(check_codec_settings, "idempotency_django")
+    checks.register(check_fail_open, "idempotency_django", checks.Tags.urls)
 
 
 def check_settings(
@@ -590,6 +591,60 @@ def check_drf_view_attributes(
                 )
             )
     return errors
+
+
+# -- fail-open (ON_STORE_ERROR "open") ---------------------------------------------------------
+
+FAIL_OPEN_HINT = (
+    "'open' trades at-most-once for availability: while the store cannot be reached, a "
+    "request runs its view without a claim, so a retry or a duplicate then runs it again "
+    "(a second charge), and nothing is stored to replay. Only a store that cannot be "
+    "reached fails open (never a timeout, a full pool, a server at its connection limit or "
+    "contention), but whoever can cut the store off decides when views run unprotected. "
+    "Keep 'closed' (the default: 503 with Retry-After) for views whose effects must not "
+    "repeat; where the trade is meant, add this id to SILENCED_SYSTEM_CHECKS."
+)
+
+
+def check_fail_open(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """W031: ``ON_STORE_ERROR`` "open", in the setting or on a routed view (``@idempotent``
+    or a DRF view's ``idempotency_on_store_error``), which says what "open" gives up."""
+    user = getattr(settings, "IDEMPOTENCY", {})
+    warnings: list[checks.CheckMessage] = []
+    if isinstance(user, dict) and user.get("ON_STORE_ERROR") == "open":
+        warnings.append(
+            checks.Warning(
+                "IDEMPOTENCY['ON_STORE_ERROR'] is 'open': views run unprotected while the "
+                "store cannot be reached.",
+                hint=FAIL_OPEN_HINT,
+                id="idempotency_django.W031",
+            )
+        )
+    seen: set[object] = set()
+    for entry in url_patterns():
+        view = getattr(entry.callback, "cls", None) or entry.callback
+        if view in seen:
+            continue
+        seen.add(view)
+        if isinstance(view, type):
+            policy = getattr(view, "idempotency_on_store_error", None)
+        else:
+            options = getattr(view, "idempotency_options", None)
+            policy = getattr(options, "on_store_error", None)
+        if policy == "open":
+            name = f"{getattr(view, '__module__', '?')}.{getattr(view, '__qualname__', view)}"
+            warnings.append(
+                checks.Warning(
+                    f"{name} has on_store_error='open': it runs unprotected while the store "
+                    "cannot be reached.",
+                    hint=FAIL_OPEN_HINT,
+                    obj=view,
+                    id="idempotency_django.W031",
+                )
+            )
+    return warnings
 
 
 # -- the response codec and the hooks (codecs.py) -------------------------------------------

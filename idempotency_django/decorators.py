@@ -90,6 +90,7 @@ def idempotent(view: Any = None, **kwargs: Any) -> Any:
             wrapper = sync_wrapper
         wrapper.__dict__["_non_atomic_requests"] = transactions
         wrapper.__dict__["idempotent_view"] = label  # what system check E011 looks for
+        wrapper.__dict__["idempotency_options"] = options  # and W031 (on_store_error)
         return wrapper  # type: ignore[return-value]
 
     if view is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,12 +27,14 @@ from django.utils import timezone
 
 from idempotency_django import keys
 from idempotency_django.celery import IdempotentTask
+from idempotency_django.exceptions import InFlight
 from idempotency_django.models import IdempotencyRecord
-from idempotency_django.tasks import TaskInFlight
+from idempotency_django.tasks import TaskInFlight, TaskStoreUnavailable
 from tests import records
 from tests.models import SideEffect
 from tests.project import celery_app
-from tests.project.celery_app import charge, held
+from tests.project.celery_app import charge, charge_on_redis, held
+from tools.redis_cluster import SmallCluster, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -115,6 +118,46 @@ def test_called_as_a_function_a_key_in_flight_is_raised_to_the_caller() -> None:
     assert not effects("charge", order)
 
 
+def test_apply_under_a_store_outage_gives_the_refusal_instead_of_recursing(
+    settings: Any,
+) -> None:
+    """Run eagerly (``apply()``, ``task_always_eager``) nothing can deliver the message
+    later: Celery would retry at once, in the same call and without the countdown, until
+    ``RecursionError``. The caller gets the refusal, and nothing ran."""
+    settings.IDEMPOTENCY = {
+        "STORE": "idempotency_django.store.redis.RedisStore",
+        "STORE_OPTIONS": {"URL": f"redis://127.0.0.1:{free_port()}/0"},  # nothing listens
+    }
+    result = note.apply(args=["hello"])
+
+    assert result.state == "FAILURE"
+    assert isinstance(result.result, TaskStoreUnavailable)
+    assert not SideEffect.objects.exists()
+
+
+def test_apply_of_a_key_in_flight_gives_task_in_flight() -> None:
+    order = new_order()
+    endpoint = "task:tests.charge"
+    now = timezone.now()
+    records.create(
+        account="orders",
+        endpoint=endpoint,
+        key=order,
+        fingerprint=keys.task_fingerprint(endpoint, {"amount": 100}, "test"),
+        token="a" * 32,
+        created_at=now,
+        lease_expires_at=now + timedelta(seconds=10),
+        expires_at=now + timedelta(days=1),
+    )
+    result = charge.apply(args=[order, 100])
+
+    assert result.state == "FAILURE"
+    # Celery keeps a failure's exception in a form that pickles: TaskInFlight's base.
+    assert isinstance(result.result, InFlight)
+    assert "still running" in str(result.result)
+    assert not effects("charge", order)
+
+
 def test_defaults_keep_the_message_until_the_work_is_done() -> None:
     assert charge.acks_late is True
     assert charge.reject_on_worker_lost is True
@@ -140,7 +183,7 @@ def broker() -> str:
 class Worker:
     """``celery worker`` (prefork, 2 processes) in a session of its own, on its own queue."""
 
-    def __init__(self, log_path: Path, queue: str) -> None:
+    def __init__(self, log_path: Path, queue: str, redis_store: str) -> None:
         self.queue = queue
         self.log_path = log_path
         self._log = log_path.open("wb")
@@ -148,6 +191,7 @@ class Worker:
             **os.environ,
             "CELERY_TEST_DATABASE": str(connection.settings_dict["NAME"]),
             "CELERY_TEST_QUEUE": queue,
+            "CELERY_TEST_REDIS_STORE": redis_store,
             "PYTHONUNBUFFERED": "1",
         }
         self.process = subprocess.Popen(
@@ -213,12 +257,23 @@ def wait_for(
 
 
 @pytest.fixture(scope="module")
+def redis_store() -> Iterator[SmallCluster]:
+    """A one-node Redis Cluster on a free port, not started: ``charge_on_redis``'s store."""
+    cluster = SmallCluster((free_port(cluster=True),))
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
 def worker(
-    broker: str, django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
+    broker: str,
+    django_db_setup: None,
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_store: SmallCluster,
 ) -> Iterator[Worker]:
     """One worker for the module's tests (each uses keys of its own), on the test database."""
     log_path = tmp_path_factory.mktemp("celery") / "worker.log"
-    started = Worker(log_path, f"idempotency-test-{uuid.uuid4().hex[:12]}")
+    started = Worker(log_path, f"idempotency-test-{uuid.uuid4().hex[:12]}", redis_store.url)
     try:
         started.wait_ready()
         yield started
@@ -286,6 +341,29 @@ def test_worker_retries_through_a_store_outage_and_runs_once_after_it(worker: Wo
 
     assert len(effects("charge", order)) == 1, worker.log()
     assert result == {"effect": effects("charge", order)[0].pk, "amount": 100}
+    assert "TaskStoreUnavailable" in worker.log()
+
+
+@pytest.mark.celery
+def test_worker_retries_through_a_redis_cluster_outage_and_runs_once_after_it(
+    worker: Worker, redis_store: SmallCluster
+) -> None:
+    """The store is a Redis Cluster that cannot be reached (redis-py raises
+    ``RedisClusterUnreachableError``, which is no ``RedisError``): the task is retried, not
+    failed and acked; once the cluster is up, the work runs once."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("needs redis-server")
+    redis_store.kill()
+    order = new_order()
+    message = charge_on_redis.apply_async(args=[order, 100], queue=worker.queue)
+    wait_for(lambda: message.state == "RETRY", RESULT_WITHIN_SECONDS, worker.log)
+    assert not effects("charge_on_redis", order)
+    redis_store.start()
+
+    result = message.get(timeout=RESULT_WITHIN_SECONDS)
+
+    assert len(effects("charge_on_redis", order)) == 1, worker.log()
+    assert result == {"effect": effects("charge_on_redis", order)[0].pk, "amount": 100}
     assert "TaskStoreUnavailable" in worker.log()
 
 

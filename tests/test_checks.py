@@ -459,3 +459,48 @@ def test_the_check_command_reports_a_misspelled_action(settings: Any) -> None:
     settings.ROOT_URLCONF = "tests.project.drf_typo_urls"
     with pytest.raises(SystemCheckError, match=r"idempotency_django\.E018.*'craete'"):
         call_command("check")
+
+
+# -- W031: ON_STORE_ERROR "open" says what it gives up -----------------------------------------
+
+
+def test_w030_fail_open_in_the_setting(settings: Settings) -> None:
+    from idempotency_django.checks import check_fail_open
+
+    assert check_fail_open() == []  # the default, "closed", and no view of its own
+    settings.IDEMPOTENCY = {"ON_STORE_ERROR": "open"}
+    (warning,) = check_fail_open()
+
+    assert warning.id == "idempotency_django.W031"
+    assert warning.level == checks.WARNING
+    assert "'open'" in warning.msg
+    assert "runs it again" in (warning.hint or "")
+    assert "SILENCED_SYSTEM_CHECKS" in (warning.hint or "")
+
+
+def test_w030_fail_open_on_a_view_of_its_own(settings: Settings) -> None:
+    """A decorated function view (once, however many routes) and a DRF view; the view
+    that keeps the default is not named."""
+    from idempotency_django.checks import check_fail_open
+
+    settings.ROOT_URLCONF = "tests.project.fail_open_urls"
+    clear_url_caches()
+    try:
+        warnings = check_fail_open()
+    finally:
+        clear_url_caches()
+
+    assert [warning.id for warning in warnings] == ["idempotency_django.W031"] * 2
+    named = sorted(warning.msg.split(" has ")[0] for warning in warnings)
+    assert named == [
+        "tests.project.fail_open_urls.OpenView",
+        "tests.project.fail_open_urls.opens",
+    ]
+
+
+def test_w030_is_registered(settings: Settings) -> None:
+    settings.IDEMPOTENCY = {"ON_STORE_ERROR": "open"}
+    output = StringIO()
+    call_command("check", stderr=output, stdout=output)
+
+    assert "idempotency_django.W031" in output.getvalue()

@@ -28,6 +28,7 @@ from idempotency_django.decorators import idempotent
 from idempotency_django.exceptions import InFlight, KeyMismatch
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.purge import purge_records
+from idempotency_django.responses import StoredResponse
 from idempotency_django.store import expiry
 from tests import records
 from tests.conftest import Post, effects
@@ -185,6 +186,22 @@ def test_after_the_lease_lapses_an_expired_claim_counts_as_absent() -> None:
 
     taken = claims.claim_or_replay(SCOPE, OTHER, options())
     assert isinstance(taken, claims.Claim)
+
+
+def test_a_late_release_never_deletes_a_completed_record() -> None:
+    """A release is fenced by the claim's token and by the state: one that arrives after
+    the completion (resent after its first reply was lost, or from any other path) leaves
+    the outcome, and the key still replays it instead of running again. Every store."""
+    claim = claims.claim_or_replay(SCOPE, FINGERPRINT, options(ttl=3600))
+    assert isinstance(claim, claims.Claim)
+    assert claims.complete(claim, StoredResponse(201, b'{"id": 1}', []))
+
+    claims.release(claim)
+    again = claims.claim_or_replay(SCOPE, FINGERPRINT, options(ttl=3600))
+
+    assert isinstance(again, StoredResponse)
+    assert (again.status, again.body) == (201, b'{"id": 1}')
+    assert records.get().state == IdempotencyRecord.State.COMPLETED
 
 
 def test_a_view_running_past_its_ttl_keeps_its_key(alice: User, post: Post, settings: Any) -> None:

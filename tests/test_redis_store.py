@@ -282,8 +282,13 @@ def test_completion_release_and_renewal_are_fenced_by_the_token() -> None:
     assert not redis_store.complete("default", lookup(), "a" * 32, complete_values())  # once
     assert redis_store.renew("default", [(lookup(), "a" * 32)], 30, 1) == 0  # completed
     assert redis_store.is_completed("default", lookup(), "a" * 32)
-    assert redis_store.release("default", lookup(), "a" * 32) == 1
-    assert redis_store.read("default", lookup(), "") is None
+    # Fenced by the state too: a late release (its first reply lost) keeps the outcome.
+    assert redis_store.release("default", lookup(), "a" * 32) == 0
+    completed = redis_store.read("default", lookup(), "2:" + "a" * 64)
+    assert completed is not None
+    assert completed.state == "completed"
+    assert completed.stored is not None
+    assert completed.stored.body == b"done"
 
 
 def test_a_completed_record_keeps_the_claims_fingerprint_and_its_response() -> None:

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import InterfaceError, OperationalError, connection, connections
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, connections
 from django.test import RequestFactory
 
 from idempotency_django import signals
 from idempotency_django.models import IdempotencyRecord
+from idempotency_django.store.base import DEFAULT_STORE, get_store
 from idempotency_django.tasks import TaskInFlight, idempotent_task
 from tests.conftest import Post, effects
 from tests.models import SideEffect
@@ -219,3 +221,80 @@ def test_a_claim_that_times_out_on_a_locked_table_is_a_503_and_signalled(
     # The key was free all along: once the lock is gone, it runs.
     assert post("/effect/", {"amount": 1}).status_code == 201
     assert effects() == 1
+
+
+# --- a store that is there but full: never "unreachable", never a fail-open run ----------------
+
+
+@pytest.fixture
+def store_database_full(settings: Any) -> Iterator[str]:
+    """The store in a database alias of its own ("store"), which refuses our connection
+    because it is full, for real: PostgreSQL's "too many connections for role" (53300), for
+    a role whose CONNECTION LIMIT is 0. The work's database ("default") is fine."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL: a role's CONNECTION LIMIT (MariaDB: see the next test)")
+    role = f"idempotency_full_{uuid.uuid4().hex[:8]}"
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(f'CREATE ROLE "{role}" LOGIN CONNECTION LIMIT 0')
+    except DatabaseError as error:
+        pytest.skip(f"cannot create a role: {error}")
+    store_alias = connections["store"]
+    saved = store_alias.settings_dict["USER"]
+    store_alias.close()
+    store_alias.settings_dict["USER"] = role
+    settings.IDEMPOTENCY = {"DATABASE": "store", "ON_STORE_ERROR": "open"}
+    try:
+        yield role
+    finally:
+        store_alias.close()
+        store_alias.settings_dict["USER"] = saved
+        with connection.cursor() as cursor:
+            cursor.execute(f'DROP ROLE "{role}"')
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "store"])
+@pytest.mark.database_store("the database store's connection limit")
+def test_a_store_database_with_no_connection_to_spare_never_fails_open(
+    alice: User, post: Post, store_database_full: str
+) -> None:
+    """Whoever fills the store's connections must not get views run unprotected: a full
+    server is "other" (503), even with ON_STORE_ERROR "open", and the view never runs."""
+    sent: list[tuple[str, str]] = []
+
+    def receiver(**kwargs: Any) -> None:
+        sent.append((kwargs["policy"], kwargs["kind"]))
+
+    signals.store_unavailable.connect(receiver)
+    try:
+        refused = post("/effect/", {"amount": 1})
+    finally:
+        signals.store_unavailable.disconnect(receiver)
+
+    assert refused.status_code == 503
+    assert json.loads(refused.content)["type"].endswith("store-unavailable")
+    assert sent == [("closed", "other")]
+    assert effects() == 0
+
+
+@pytest.mark.database_store("the database store's error codes")
+def test_mariadb_too_many_connections_is_other_and_a_lost_connection_unreachable() -> None:
+    """MariaDB's "Too many connections" (1040) as mysqlclient raises it and Django wraps
+    it. Built here rather than provoked: reaching it means filling the server's global
+    max_connections, which every other client of the server shares."""
+    if connection.vendor != "mysql":
+        pytest.skip("MariaDB/MySQL error codes")
+    import MySQLdb
+
+    def wrapped(code: int, message: str) -> OperationalError:
+        driver = MySQLdb.OperationalError(code, message)
+        error = OperationalError(*driver.args)
+        error.__cause__ = driver
+        return error
+
+    database_store = get_store(DEFAULT_STORE)
+    assert database_store.failure_kind("default", wrapped(1040, "Too many connections")) == (
+        "other"
+    )
+    lost = wrapped(2013, "Lost connection to server during query")
+    assert database_store.failure_kind("default", lost) == "unreachable"

@@ -53,28 +53,6 @@ def on_replica(master: redis_cluster.Node, key: str) -> bytes | None:
     return value if isinstance(value, bytes) else None
 
 
-def test_connect_builds_a_plain_client_unless_told_cluster() -> None:
-    client = redis_store_cluster.connect(SINGLE_URL, cluster=False)
-    assert type(client) is redis.Redis
-    client.close()
-
-
-@pytest.mark.parametrize(
-    ("url", "expected"),
-    [
-        ("redis+cluster://127.0.0.1:7100/0", ("redis://127.0.0.1:7100/0", True)),
-        ("rediss+cluster://h:1/0", ("rediss://h:1/0", True)),
-        ("redis://127.0.0.1:6379/4", ("redis://127.0.0.1:6379/4", False)),
-        ("unix:///run/redis.sock", ("unix:///run/redis.sock", False)),
-    ],
-)
-def test_a_cluster_is_named_by_the_option_or_the_urls_scheme(
-    url: str, expected: tuple[str, bool]
-) -> None:
-    assert redis_store_cluster.cluster_url(url) == expected
-    assert redis_store_cluster.cluster_url(url, True) == (expected[0], True)
-
-
 def test_a_cluster_url_builds_a_cluster_client(cluster: RedisCluster) -> None:
     url = redis_cluster.cluster_url().replace("redis://", "redis+cluster://")
     client = redis_store_cluster.connect(url)
@@ -256,28 +234,3 @@ def test_eval_per_node_is_one_round_trip_per_node(
     holding = sorted(count for count in per_master if count)
     assert len(holding) >= 2  # the keys span several masters
     assert sorted(sent) == holding
-
-
-@pytest.mark.parametrize(
-    ("options", "problem"),
-    [
-        ({"CLUSTER": "yes"}, "CLUSTER 'yes' is not True or False"),
-        ({"WAIT_REPLICAS": -1}, "WAIT_REPLICAS -1 is not a whole number >= 0"),
-        ({"WAIT_REPLICAS": True}, "WAIT_REPLICAS True is not a whole number >= 0"),
-        ({"WAIT_TIMEOUT_MS": 0}, "WAIT_TIMEOUT_MS 0 is not a whole number >= 1"),
-        ({"URL": "http://127.0.0.1:7100/0"}, "URL 'http://127.0.0.1:7100/0' is not a redis://"),
-    ],
-)
-def test_e026_names_a_bad_cluster_or_wait_option(options: dict[str, object], problem: str) -> None:
-    from idempotency_django.store.redis import RedisStore
-
-    (error,) = RedisStore.check_options(options)
-    assert error.id == "idempotency_django.E026"
-    assert problem in error.msg
-
-
-def test_e026_accepts_a_cluster_url_and_the_wait_options() -> None:
-    from idempotency_django.store.redis import RedisStore
-
-    options = {"URL": "redis+cluster://127.0.0.1:7100/0", "WAIT_REPLICAS": 1}
-    assert RedisStore.check_options({**options, "CLUSTER": True, "WAIT_TIMEOUT_MS": 50}) == []

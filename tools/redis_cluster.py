@@ -18,6 +18,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -416,6 +417,33 @@ def replica_cut_off(master: Node) -> Iterator[Node]:
         os.kill(pid, signal.SIGCONT)
 
 
+@contextlib.contextmanager
+def all_down(how: str = "kill") -> Iterator[None]:
+    """Every member down until the block ends: killed (``"kill"``, SIGKILL: connections are
+    refused) or frozen (``"stop"``, SIGSTOP: connections are accepted and never answered).
+    Then restarted (their ``nodes.conf`` kept) or resumed, and the cluster healthy again."""
+    if how not in ("kill", "stop"):
+        raise ValueError(f"how is 'kill' or 'stop', not {how!r}")
+    frozen: list[int] = []
+    try:
+        for port in PORTS:
+            if how == "kill":
+                kill_node(port)
+                continue
+            pid = _pid(port, _node_directory(port))
+            if pid is not None:
+                os.kill(pid, signal.SIGSTOP)
+                frozen.append(pid)
+        yield
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        for port in PORTS:
+            if not answers(port):
+                start_node(port)
+        wait_healthy()
+
+
 def restart_node(port: int, within: float = READY_WITHIN_SECONDS) -> None:
     """Restarts a killed member and waits until the cluster is whole and in sync again."""
     if not answers(port):
@@ -536,6 +564,126 @@ class StandaloneRedis:
         self.kill()
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@dataclass
+class SmallCluster:
+    """A Redis Cluster of masters only on ``ports`` (one will do), the slots shared out in
+    order: a real cluster client's map, ``MOVED`` (``move_slot``), an outage (``kill``) and
+    a return (``start``) in a few seconds, without the six nodes of ``start_cluster``.
+    Nothing is persisted but each node's ``nodes.conf``: a restart comes back empty, with
+    its slots."""
+
+    ports: tuple[int, ...]
+    directory: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.directory is None:
+            self.directory = Path(tempfile.mkdtemp(prefix=f"idempotency-cluster-{self.ports[0]}-"))
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://{HOST}:{self.ports[0]}/0"
+
+    def _directory(self, port: int) -> Path:
+        assert self.directory is not None
+        return self.directory / str(port)
+
+    def start(self) -> SmallCluster:
+        for port in self.ports:
+            if not answers(port):
+                _start_server(
+                    port,
+                    self._directory(port),
+                    "--cluster-enabled", "yes",
+                    "--cluster-config-file", "nodes.conf",
+                    "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+                    "--appendonly", "no",
+                )  # fmt: skip
+        if _info(self.ports[0]).get("cluster_slots_assigned") == "0":
+            share = 16384 // len(self.ports)
+            for index, port in enumerate(self.ports):
+                high = 16383 if index == len(self.ports) - 1 else (index + 1) * share - 1
+                with client(port) as connection:
+                    connection.execute_command("CLUSTER ADDSLOTSRANGE", index * share, high)
+            with client(self.ports[0]) as connection:
+                for port in self.ports[1:]:
+                    connection.execute_command("CLUSTER MEET", HOST, port)
+        _wait(self._ok, f"a cluster of {len(self.ports)} ok on every node")
+        return self
+
+    def _ok(self) -> bool:
+        for port in self.ports:
+            info = _info(port)
+            if info.get("cluster_state") != "ok":
+                return False
+            if info.get("cluster_known_nodes") != str(len(self.ports)):
+                return False
+        return True
+
+    def nodes(self) -> list[Node]:
+        return topology(self.ports)
+
+    def owner(self, key: str) -> Node:
+        slot = keyslot_of(self.ports[0], key)
+        return next(node for node in self.nodes() if node.owns(slot))
+
+    def move_slot(self, slot: int, to_port: int) -> None:
+        """Gives ``slot`` (no key in it) to the node on ``to_port``, as a resharding does:
+        importing, migrating, then the new owner on both; a client whose map is older is
+        answered ``MOVED``."""
+        nodes = {node.port: node for node in self.nodes()}
+        source = next(node for node in nodes.values() if node.owns(slot))
+        target = nodes[to_port]
+        with client(target.port) as connection:
+            connection.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source.id)
+        with client(source.port) as connection:
+            connection.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target.id)
+        for port in (target.port, source.port):
+            with client(port) as connection:
+                connection.execute_command("CLUSTER SETSLOT", slot, "NODE", target.id)
+        _wait(
+            lambda: all(
+                next(node for node in topology([port]) if node.owns(slot)).port == to_port
+                for port in self.ports
+            ),
+            f"slot {slot} on port {to_port} for every node",
+        )
+
+    def kill(self) -> None:
+        for port in self.ports:
+            _kill(port, self._directory(port))
+
+    def stop(self) -> None:
+        self.kill()
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def free_port(cluster: bool = False) -> int:
+    """A port nothing listens on now; for a cluster node, one whose bus port (``port`` +
+    10000) is free and fits too."""
+    for _ in range(1000):
+        with socket.socket() as sock:
+            sock.bind((HOST, 0))
+            port = int(sock.getsockname()[1])
+        if not cluster:
+            return port
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind((HOST, port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port for a cluster node")
+
+
+def keyslot_of(port: int, key: str | bytes) -> int:
+    """The slot of ``key``, as the node on ``port`` computes it."""
+    with client(port) as connection:
+        return int(connection.execute_command("CLUSTER KEYSLOT", key))
 
 
 # --- a Redis store's URL ------------------------------------------------------------------------

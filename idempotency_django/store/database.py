@@ -58,15 +58,16 @@ State = IdempotencyRecord.State
 # time may have waited on anything (a table lock, a slow disk), not on a duplicate of the
 # key, so it is a store that cannot serve now ("other": 503), never "in flight".
 _PG_CONTENTION = frozenset({"40001", "40P01", "55P03"})
-# PostgreSQL: connection exceptions (class 08), admin/crash shutdown, cannot connect now,
-# too many connections.
-_PG_UNREACHABLE_PREFIXES = ("08", "57P01", "57P02", "57P03", "53300")
+# PostgreSQL: connection exceptions (class 08), admin/crash shutdown, cannot connect now.
+# Not too_many_connections (53300): a server that is there but full (perhaps filled on
+# purpose) must fail closed, never run views unprotected (_EXHAUSTED_WORDS below).
+_PG_UNREACHABLE_PREFIXES = ("08", "57P01", "57P02", "57P03")
 # MariaDB/MySQL: lock wait timeout, deadlock. Not max_statement_time (1969) or MySQL's
 # max_execution_time (3024): a statement timeout, as PostgreSQL's 57014 above.
 _MYSQL_CONTENTION = frozenset({1205, 1213})
-# MariaDB/MySQL client errors: can't connect, server gone away, lost connection, too many
-# connections, and the server shutting down.
-_MYSQL_UNREACHABLE = frozenset({1040, 1053, 1927, 2002, 2003, 2005, 2006, 2013, 2055, 4031})
+# MariaDB/MySQL client errors: can't connect, server gone away, lost connection, and the
+# server shutting down. Not "Too many connections" (1040), for the reason above.
+_MYSQL_UNREACHABLE = frozenset({1053, 1927, 2002, 2003, 2005, 2006, 2013, 2055, 4031})
 
 
 class DatabaseStore:
@@ -221,8 +222,9 @@ class DatabaseStore:
         )
 
     def release(self, alias: str, lookup: dict[str, str], token: str) -> int:
-        """Delete the claim's record, fenced by its token: one statement (the ORM's
-        ``delete()`` wraps its ``DELETE`` in a transaction: two more round trips)."""
+        """Delete the claim's record, fenced by its token and the in-progress state: one
+        statement (the ORM's ``delete()`` wraps its ``DELETE`` in a transaction: two more
+        round trips)."""
         connection = connections[alias]
         with transaction.mark_for_rollback_on_error(alias):
             return _execute(
@@ -303,12 +305,20 @@ class DatabaseStore:
         # No code to go by (psycopg raises refused and closed connections without a
         # SQLSTATE): a connection-level failure is told by its message.
         message = str(error).lower()
+        if any(word in message for word in _EXHAUSTED_WORDS):
+            return "other"
         if isinstance(error, OperationalError) and any(
             word in message for word in _UNREACHABLE_WORDS
         ):
             return "unreachable"
         return "other"
 
+
+# A server that refuses a new connection because it is full: PostgreSQL's 53300 ("sorry,
+# too many clients already", "too many connections for role/database", "remaining
+# connection slots are reserved"), which psycopg raises without a SQLSTATE on connect.
+# (In English: a server with translated messages is told by its SQLSTATE only.)
+_EXHAUSTED_WORDS = ("too many clients", "too many connections", "connection slots are reserved")
 
 _UNREACHABLE_WORDS = (
     "connection",
@@ -618,7 +628,12 @@ def _build(connection: Any) -> _Statements:
         converters=tuple(converters),
         complete_fields=complete_fields,
         complete=complete,
-        release=f"DELETE FROM {table} WHERE {where_key} AND {column['token']} = %s",
+        # Fenced by the token and the state: a completed record is never deleted by a late
+        # release (one resent after its first reply was lost).
+        release=(
+            f"DELETE FROM {table} WHERE {where_key} AND {column['token']} = %s "
+            f"AND {column['state']} = '{State.IN_PROGRESS.value}'"
+        ),
         lease_field=fields["lease_expires_at"],
         renew=(
             f"UPDATE {table} SET {column['lease_expires_at']} = %s "

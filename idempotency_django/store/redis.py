@@ -15,9 +15,9 @@ import contextlib
 import hashlib
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
@@ -46,6 +46,39 @@ except ImportError as error:  # pragma: no cover - the extra is not installed
     raise ImproperlyConfigured(
         "The Redis store needs redis-py: pip install 'idempotency-django[redis]'"
     ) from error
+
+T = TypeVar("T")
+
+CLIENT_ERRORS: tuple[type[BaseException], ...] = (
+    redis.RedisError,
+    redis.exceptions.RedisClusterException,  # not a RedisError: SlotNotCoveredError, ...
+)
+"""What a redis-py client raises when Redis or a Redis Cluster fails: every call of the
+store translates them (``_kind``), so that none reaches a view or a task."""
+
+# Exhaustion, not absence: the client's pool is full (MaxConnectionsError, or
+# BlockingConnectionPool's wait ran out), or the server is at its ``maxclients``. Redis is
+# there and answering others; failing open now would let whoever filled it run views
+# unprotected. redis-py raises them as ConnectionError (older versions by message only).
+_THERE_TYPES = tuple(
+    getattr(redis.exceptions, name)
+    for name in (
+        "MaxConnectionsError",
+        "MaxClientsReachedError",
+        "AuthenticationError",  # and credentials refused: no reconnect changes that either
+        "AuthorizationError",
+    )
+    if hasattr(redis.exceptions, name)  # redis-py 8.2 has them all; older ones fewer
+)
+_EXHAUSTED_WORDS = ("too many connections", "no connection available", "max number of clients")
+# A cluster that no startup node answers (redis-py >= 8.2 raises the subclass
+# RedisClusterUnreachableError; older versions a RedisClusterException saying so).
+_CLUSTER_UNREACHABLE_WORDS = "cluster cannot be connected"
+_NO_ANSWER = (redis.ConnectionError, redis.TimeoutError, OSError)
+# The cluster says it is down (CLUSTERDOWN, MASTERDOWN: a failover under way), or no node
+# serves the key's slot: the command was refused before it ran. Also when redis-py then
+# failed to read a new map ("All slots are not covered"), which it raises instead.
+_CLUSTER_DOWN = (redis.exceptions.ClusterDownError, redis.exceptions.SlotNotCoveredError)
 
 IN_PROGRESS = "in_progress"
 COMPLETED = "completed"
@@ -158,14 +191,15 @@ return 1
 """
 )
 
-# KEYS[1]; ARGV: token. -> 1 | 0
+# KEYS[1]; ARGV: token. -> 1 | 0. Only the claim's own record, and only in progress: a
+# completed record is never deleted by a late release (a resend whose first reply was lost).
 _RELEASE = (
     _PARSE
     + """
 local old = redis.call('GET', KEYS[1])
 if not old then return 0 end
 local state, token = header(old)
-if token ~= ARGV[1] then return 0 end
+if state ~= 'i' or token ~= ARGV[1] then return 0 end
 return redis.call('DEL', KEYS[1])
 """
 )
@@ -223,6 +257,8 @@ class RedisStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._client: tuple[tuple[Any, ...], Any, dict[str, Any]] | None = None
+        # The heartbeat's clients, by socket timeout (``renew``), for the same options.
+        self._renewal_clients: tuple[tuple[Any, ...], dict[float, Any]] = ((), {})
 
     # -- connection -------------------------------------------------------------------------
 
@@ -233,9 +269,13 @@ class RedisStore:
     def client(self) -> Any:
         """The client for the current ``STORE_OPTIONS`` (rebuilt when they change, so that
         ``override_settings`` works); one connection pool per process (redis-py resets it
-        in a forked child)."""
+        in a forked child).
+
+        Building a cluster client asks the startup nodes for the cluster's map: a cluster
+        that cannot be reached raises ``StoreError`` here, ``unreachable`` (nothing of ours
+        was sent), and the next call tries again."""
         options = self.options()
-        signature = tuple(sorted((k, repr(v)) for k, v in options.items()))
+        signature = _signature(options)
         current = self._client
         if current is not None and current[0] == signature:
             return current[1]
@@ -243,21 +283,32 @@ class RedisStore:
             current = self._client
             if current is not None and current[0] == signature:
                 return current[1]
-            client = self._connect(options)
+            client = self._built(options)
             self._client = (signature, client, options)
             return client
 
-    def _connect(self, options: dict[str, Any]) -> Any:
+    def _built(self, options: dict[str, Any], socket_timeout: float | None = None) -> Any:
+        """``_connect``, its failure translated (``_kind(building=True)``)."""
+        try:
+            return self._connect(options, socket_timeout)
+        except CLIENT_ERRORS as error:
+            raise StoreError(f"Redis: {error}", self._kind(error, building=True)) from error
+
+    def _connect(self, options: dict[str, Any], socket_timeout: float | None = None) -> Any:
         """A client that never retries on its own: a command that timed out may have run,
-        and the lifecycle decides (``claims.reconnecting`` retries a lost connection once)."""
+        and the lifecycle decides (``claims.reconnecting`` retries a lost connection once).
+        ``socket_timeout``: shorter than ``SOCKET_TIMEOUT`` (the heartbeat's, ``renew``)."""
+        timeout = options["SOCKET_TIMEOUT"] if socket_timeout is None else socket_timeout
         client = redis_cluster.connect(
             options["URL"],
             cluster=bool(options["CLUSTER"]),
-            socket_timeout=options["SOCKET_TIMEOUT"],
-            socket_connect_timeout=options["CONNECT_TIMEOUT"],
+            socket_timeout=timeout,
+            socket_connect_timeout=min(options["CONNECT_TIMEOUT"], timeout),
             retry=Retry(NoBackoff(), 0),
             retry_on_timeout=False,
         )
+        if socket_timeout is not None:
+            return client
         self._scripts = {
             name: client.register_script(source)
             for name, source in (
@@ -273,24 +324,57 @@ class RedisStore:
     def key(self, lookup: dict[str, str]) -> str:
         return record_key(str(self.options()["KEY_PREFIX"]), lookup)
 
-    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        client = self.client()
+    def _call(self, operation: Callable[[Any], T], client: Any = None) -> T:
+        """``operation(client)``, any failure of the client a ``StoreError``: every call the
+        store makes to Redis goes through here (or ``client()``, for building it)."""
         try:
-            return self._scripts[name](keys=list(keys), args=list(args), client=client)
-        except redis.RedisError as error:
+            return operation(self.client() if client is None else client)
+        except CLIENT_ERRORS as error:
             raise self._translated(error) from error
+
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any], client: Any = None) -> Any:
+        return self._call(
+            lambda client: self._scripts[name](keys=list(keys), args=list(args), client=client),
+            client,
+        )
 
     def _translated(self, error: BaseException) -> StoreError:
         return StoreError(f"Redis: {error}", self._kind(error))
 
     @staticmethod
-    def _kind(error: BaseException) -> FailureKind:
-        """A refused, lost or still-loading connection is ``unreachable`` (the one kind that
-        may fail open); a timeout is not: the command may have run (an unknown outcome)."""
-        if isinstance(error, redis.TimeoutError):
+    def _kind(error: BaseException, *, building: bool = False) -> FailureKind:
+        """``unreachable`` (the one kind that may fail open) only where Redis could not be
+        reached and nothing of ours ran: a refused, lost or still-loading connection; a
+        cluster that no node answers (``RedisClusterUnreachableError``), that is down
+        (``CLUSTERDOWN``, ``MASTERDOWN``) or that covers no slot for the key. Everything
+        else is ``other`` (503, never an unprotected run):
+
+        - a timeout anywhere in the error's chain: the command may have run (an unknown
+          outcome); redis-py reports a command that timed out while the cluster could not
+          be rediscovered as ``RedisClusterUnreachableError`` caused by that timeout;
+        - exhaustion: a full pool (``MaxConnectionsError``, "No connection available"), a
+          server at its ``maxclients``; and credentials refused. Redis is there, answering
+          others: failing open would let whoever exhausted it run views unprotected;
+        - any other cluster error (``TRYAGAIN``, ``READONLY``, too many redirections, ...).
+
+        ``building``: raised while the client was built (a cluster client reads the map
+        from its startup nodes): nothing was sent, so a timeout there is unreachable too.
+        """
+        chain = list(_chain(error))
+        if any(_there(link) for link in chain):
+            return "other"
+        if not building and any(isinstance(link, redis.TimeoutError) for link in chain):
             return "other"
         if isinstance(error, redis.ConnectionError):
             return "unreachable"
+        if any(isinstance(link, _CLUSTER_DOWN) for link in chain):
+            return "unreachable"  # refused before it ran: no node serves the key now
+        if (
+            isinstance(error, redis.exceptions.RedisClusterException)
+            and _CLUSTER_UNREACHABLE_WORDS in str(error).lower()
+            and any(isinstance(link, _NO_ANSWER) for link in chain[1:])
+        ):
+            return "unreachable"  # not "no startup node is a cluster": a misconfiguration
         return "other"
 
     # -- the Store interface ----------------------------------------------------------------
@@ -318,20 +402,14 @@ class RedisStore:
     def read(self, alias: str, lookup: dict[str, str], fingerprint: str) -> Snapshot | None:
         """The record (``TIME`` and ``GET`` in one round trip), for tests and tools."""
         key = self.key(lookup)
-        try:
-            server_ms, value = redis_cluster.time_and_get(self.client(), key)
-        except redis.RedisError as error:
-            raise self._translated(error) from error
+        server_ms, value = self._call(lambda client: redis_cluster.time_and_get(client, key))
         if value is None:
             return None
         return _snapshot(key, bytes(value), server_ms, fingerprint)
 
     def read_stored(self, alias: str, pk: Any) -> Stored | None:
         """The stored response of a completed record: one ``GET``."""
-        try:
-            value = self.client().get(pk)
-        except redis.RedisError as error:
-            raise self._translated(error) from error
+        value = self._call(lambda client: client.get(pk))
         if value is None:
             return None
         state, _token, _lease, _expires, meta, body = _parse(bytes(value))
@@ -380,10 +458,8 @@ class RedisStore:
         return bool(reply == 1)
 
     def is_completed(self, alias: str, lookup: dict[str, str], token: str) -> bool:
-        try:
-            value = self.client().get(self.key(lookup))
-        except redis.RedisError as error:
-            raise self._translated(error) from error
+        key = self.key(lookup)
+        value = self._call(lambda client: client.get(key))
         if value is None:
             return False
         state, stored_token, *_ = _parse(bytes(value))
@@ -396,16 +472,40 @@ class RedisStore:
         self, alias: str, claims: Sequence[tuple[dict[str, str], str]], lease: float, timeout: float
     ) -> int:
         """Renew every claim: one script per group of keys (``groups``: all of them on a
-        single Redis, one round trip; a cluster groups them per slot)."""
-        client = self.client()
+        single Redis, one round trip; a cluster groups them per slot). Each round trip is
+        bounded by ``timeout`` where it is shorter than ``SOCKET_TIMEOUT`` (``_renewal``),
+        as the database store bounds its statement: a renewal must not outlast a beat."""
+        client = self._renewal(timeout)
         if redis_cluster.is_cluster(client):
             return self._renew_per_node(client, claims, lease)
         renewed = 0
         for group in self.groups([(self.key(lookup), token) for lookup, token in claims]):
             keys = [key for key, _ in group]
             tokens = [token for _, token in group]
-            renewed += int(self._run("renew", keys, [_ms(lease), *tokens]))
+            renewed += int(self._run("renew", keys, [_ms(lease), *tokens], client))
         return renewed
+
+    def _renewal(self, timeout: float) -> Any:
+        """The client to renew with: the store's own, or one whose socket (and connect)
+        timeout is ``timeout`` when that is shorter than ``SOCKET_TIMEOUT``. One per
+        distinct timeout (the heartbeat's is a third of the shortest lease: a handful per
+        process), built once and kept with the options they were built for."""
+        client = self.client()
+        options = self.options()
+        if not 0 < timeout < options["SOCKET_TIMEOUT"]:
+            return client
+        signature = _signature(options)
+        with self._lock:
+            built_for, clients = self._renewal_clients
+            if built_for != signature:
+                for stale in clients.values():
+                    redis_cluster.disconnect(stale)
+                clients = {}
+                self._renewal_clients = (signature, clients)
+            found = clients.get(timeout)
+            if found is None:
+                found = clients[timeout] = self._built(options, socket_timeout=timeout)
+            return found
 
     def groups(self, claims: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
         """The ``(key, token)`` pairs one renewal script may take together: all of them on a
@@ -415,15 +515,19 @@ class RedisStore:
     def failure_kind(self, alias: str, error: BaseException) -> FailureKind:
         if isinstance(error, StoreError):
             return error.kind
-        return self._kind(error) if isinstance(error, redis.RedisError) else "other"
+        return self._kind(error) if isinstance(error, CLIENT_ERRORS) else "other"
 
     def in_transaction(self, alias: str) -> bool:
         return False
 
     def reset(self, alias: str) -> None:
+        """Before a retry on a new connection: close the pool's idle connections, which may
+        be as dead as the one that failed (a restarted server), never those other threads
+        are using. redis-py has already closed the connection that raised; on a cluster it
+        has also asked for a new map."""
         current = self._client
         if current is not None:
-            redis_cluster.disconnect(current[1])
+            redis_cluster.disconnect(current[1], in_use=False)
 
     # -- Redis Cluster and WAIT (store/redis_cluster.py) -------------------------------------
 
@@ -433,10 +537,10 @@ class RedisStore:
         """On a cluster a script's keys must share a slot: the renewal script once per
         claim, in one round trip per master (``redis_cluster.eval_per_node``)."""
         calls = [(self.key(lookup), [_ms(lease), token]) for lookup, token in claims]
-        try:
-            replies = redis_cluster.eval_per_node(client, self._scripts["renew"], calls)
-        except redis.RedisError as error:
-            raise self._translated(error) from error
+        replies = self._call(
+            lambda client: redis_cluster.eval_per_node(client, self._scripts["renew"], calls),
+            client,
+        )
         return sum(int(reply) for reply in replies if not isinstance(reply, Exception))
 
     def _run_replicated(
@@ -462,7 +566,7 @@ class RedisStore:
                 reply, acked = redis_cluster.write_and_wait(
                     client, keys[0], command, replicas, timeout
                 )
-        except redis.RedisError as error:
+        except CLIENT_ERRORS as error:
             raise self._translated(error) from error
         return reply, acked
 
@@ -485,8 +589,8 @@ class RedisStore:
 
     def usable(self, alias: str) -> bool:
         try:
-            return bool(self.client().ping())
-        except redis.RedisError:
+            return bool(self._call(lambda client: client.ping()))
+        except StoreError:
             self.reset(alias)
             return False
 
@@ -525,6 +629,30 @@ class RedisStore:
             )
             for problem in problems
         ]
+
+
+def _signature(options: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(sorted((k, repr(v)) for k, v in options.items()))
+
+
+def _chain(error: BaseException | None) -> Iterator[BaseException]:
+    """``error`` and what caused it, or what it was raised while handling."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def _there(error: BaseException) -> bool:
+    """Redis is there, and no reconnect will change its answer: the pool or the server has
+    no connection to spare, or the credentials were refused (``_THERE_TYPES``)."""
+    if isinstance(error, _THERE_TYPES):
+        return True
+    message = str(error).lower()
+    return isinstance(error, redis.ConnectionError) and any(
+        word in message for word in _EXHAUSTED_WORDS
+    )
 
 
 def _seconds(delta: timedelta) -> float:

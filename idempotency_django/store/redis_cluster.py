@@ -10,12 +10,14 @@ sends a write and its ``WAIT`` on one connection. The long story: ``docs/stores.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.commands.core import Script
+from redis.exceptions import RedisClusterException
 
 K = TypeVar("K", bound=Hashable)
 
@@ -66,13 +68,27 @@ def is_cluster(client: object) -> bool:
     return isinstance(client, RedisCluster)
 
 
-def disconnect(client: redis.Redis | RedisCluster) -> None:
-    """Closes the client's connections (every node's, on a cluster): after a fork, or a
-    connection the store gave up on."""
+def disconnect(client: redis.Redis | RedisCluster, *, in_use: bool = True) -> None:
+    """Closes the client's connections (every node's, on a cluster); ``in_use=False``: only
+    the idle ones, never a connection another thread is using right now."""
     if isinstance(client, RedisCluster):
-        client.disconnect_connection_pools()
+        pools = [
+            node.redis_connection.connection_pool
+            for node in client.get_nodes()
+            if node.redis_connection is not None
+        ]
     else:
-        client.connection_pool.disconnect()
+        pools = [client.connection_pool]
+    for pool in pools:
+        with contextlib.suppress(OSError):  # already closed
+            pool.disconnect(inuse_connections=in_use)
+
+
+def rediscover(client: RedisCluster) -> None:
+    """Asks the cluster for its map again (a node failed), keeping the error that made us
+    ask: a cluster that cannot be reached now is the caller's to report, as that error."""
+    with contextlib.suppress(redis.RedisError, RedisClusterException):
+        client.nodes_manager.initialize()
 
 
 def time_and_get(client: redis.Redis | RedisCluster, key: str) -> tuple[int, Any]:
@@ -129,7 +145,7 @@ def eval_per_node(
                 _node_client(client, node), script, [calls[index] for index in group]
             )
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-            client.nodes_manager.initialize()  # a dead master: ask the cluster again
+            rediscover(client)  # a dead master: ask the cluster again
             answered = [redis.exceptions.ConnectionError()] * len(group)
         for index, reply in zip(group, answered, strict=True):
             replies[index] = reply
@@ -185,15 +201,15 @@ def write_and_wait(
     for _ in range(REDIRECTIONS):
         try:
             return _pipeline(_node_client(client, node), command, replicas, timeout_ms, asking)
-        except redis.exceptions.AskError as error:
-            node, asking = _node(client, error.host, error.port), True
-        except redis.exceptions.MovedError as error:
+        except redis.exceptions.MovedError as error:  # first: MovedError is an AskError
             client.nodes_manager.move_slot(error)
             node, asking = _node(client, error.host, error.port), False
+        except redis.exceptions.AskError as error:
+            node, asking = _node(client, error.host, error.port), True
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
             # A dead master: the next call finds its promoted replica; this one's outcome
             # is unknown, which the caller's policy decides on.
-            client.nodes_manager.initialize()
+            rediscover(client)
             raise
     raise redis.exceptions.ClusterError(f"too many redirections for a write of {key!r}")
 

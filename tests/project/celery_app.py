@@ -6,8 +6,10 @@ worker is started by the test as::
     python -m celery -A tests.project.celery_app worker --pool prefork --concurrency 2 -Q QUEUE
 
 with ``CELERY_TEST_DATABASE`` naming the test database (on the server of ``DATABASE_URL``)
-and ``CELERY_TEST_BROKER`` the Redis broker (also the result backend). Side effects are
-``SideEffect`` rows labelled ``<task>:<key>:<pid>``, committed as they happen.
+and ``CELERY_TEST_BROKER`` the Redis broker (also the result backend);
+``CELERY_TEST_REDIS_STORE`` is the URL of the Redis store that ``charge_on_redis`` keeps
+its keys in (the others keep them in the database). Side effects are ``SideEffect`` rows
+labelled ``<task>:<key>:<pid>``, committed as they happen.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ if os.environ.get("CELERY_TEST_DATABASE"):  # the worker process
     from django.conf import settings
 
     settings.DATABASES["default"]["NAME"] = os.environ["CELERY_TEST_DATABASE"]
+    if os.environ.get("CELERY_TEST_REDIS_STORE"):
+        settings.IDEMPOTENCY = {
+            "STORE_OPTIONS": {"URL": os.environ["CELERY_TEST_REDIS_STORE"], "KEY_PREFIX": "celery"}
+        }
     django.setup()
 
 app = Celery("tests", broker=BROKER, backend=BROKER)
@@ -61,6 +67,21 @@ def charge(order: str, amount: int) -> dict[str, Any]:
     effect = _effect("charge", order)
     time.sleep(WORK_SECONDS)  # the provider's round trip
     return {"effect": effect, "amount": amount}
+
+
+@app.task(
+    base=IdempotentTask,
+    name="tests.charge_on_redis",
+    idempotency={
+        "scope": "orders",
+        "key": "order",
+        "lease_seconds": LEASE_SECONDS,
+        "store": "idempotency_django.store.redis.RedisStore",
+    },
+)
+def charge_on_redis(order: str, amount: int) -> dict[str, Any]:
+    """``charge`` with its keys in the Redis store (``CELERY_TEST_REDIS_STORE``)."""
+    return {"effect": _effect("charge_on_redis", order), "amount": amount}
 
 
 @app.task(
