@@ -87,6 +87,8 @@ CELERY = "test_celery.py::"
 UNKNOWN = "test_unknown_outcomes.py::"
 RCLUSTER = "test_store_redis_cluster.py::"
 STATEFUL = "test_stateful.py::"
+EXH = "test_exhaustion.py::"
+EVICT = "test_redis_eviction.py::"
 
 MUTANTS = [
     Mutant(
@@ -1241,6 +1243,94 @@ MUTANTS = [
         'return f"{prefix}:{{{digest}}}"',
         'return f"{prefix}:{digest}"',
         (REDIS + "test_every_key_of_a_record_is_in_one_slot_through_a_hash_tag",),
+    ),
+    Mutant(
+        "atomic-claim-lock-wait-unbounded",
+        "in atomic mode a duplicate's claim waits on the first transaction's row until it ends",
+        "claims.py",
+        "        if store.in_transaction(options.alias):\n            # Atomic mode",
+        "        if False:\n            # Atomic mode",
+        (EXH + "test_atomic_mode_conflict_answers_a_duplicate_409_without_waiting_for_the_first",),
+    ),
+    Mutant(
+        "atomic-wait-past-wait-seconds",
+        "under wait, an atomic-mode duplicate waits on the row lock past WAIT_SECONDS",
+        "claims.py",
+        "bound = max(bound, deadline - time.monotonic())",
+        "bound = max(bound, 3600)",
+        (EXH + "test_atomic_mode_wait_bounds_a_duplicates_wait_by_wait_seconds",),
+    ),
+    Mutant(
+        "claim-lock-wait-kept-for-the-view",
+        "PostgreSQL's lock_timeout of the claim is left on for the view's own statements",
+        "store/database.py",
+        "            cursor.execute(\"SELECT set_config('lock_timeout', %s, true)\", [previous])",
+        "            pass",
+        (EXH + "test_the_claims_lock_wait_bound_is_given_back_to_the_view",),
+    ),
+    Mutant(
+        "max-waiters-ignored",
+        "every duplicate of a process may wait under wait: duplicates hold all its threads",
+        "claims.py",
+        "            if self.count >= limit:",
+        "            if False:",
+        (EXH + "test_with_every_waiter_place_taken_a_duplicate_is_told_409_at_once",),
+    ),
+    Mutant(
+        "waiter-place-never-given-back",
+        "a waiter keeps its place: after MAX_WAITERS waits, no duplicate of the process may wait",
+        "claims.py",
+        "        if self.held:\n            waiters.leave()",
+        "        if self.held:\n            pass",
+        (EXH + "test_a_waiter_gives_its_place_back",),
+    ),
+    Mutant(
+        "wait-seconds-unbounded",
+        "WAIT_SECONDS and wait_seconds= accept any wait",
+        "conf.py",
+        'if name == "WAIT_SECONDS" and value > MAX_WAIT_SECONDS:',
+        "if False:",
+        (EXH + "test_wait_seconds_has_a_maximum",),
+    ),
+    Mutant(
+        "quota-never-checked",
+        "MAX_IN_FLIGHT_PER_ACCOUNT is ignored: an account holds any number of requests",
+        "claims.py",
+        "    if options.account_limit is not None:\n        _within_quota",
+        "    if False:\n        _within_quota",
+        (EXH + "test_an_account_at_its_quota_is_told_429_before_any_claim",),
+    ),
+    Mutant(
+        "quota-counts-completed-records",
+        "the quota counts completed records: an account is refused for work that is done",
+        "store/database.py",
+        """f"AND {column['state']} = '{State.IN_PROGRESS.value}' \"""",
+        """f"AND {column['state']} IS NOT NULL \"""",
+        (EXH + "test_completed_and_lapsed_records_do_not_count_toward_the_quota",),
+    ),
+    Mutant(
+        "quota-counts-lapsed-claims",
+        "the quota counts dead workers' lapsed claims: an account is refused for nothing running",
+        "store/database.py",
+        """f"AND {column['lease_expires_at']} > %s LIMIT %s) live\"""",
+        """f"AND {column['lease_expires_at']} IS NOT NULL AND %s IS NOT NULL LIMIT %s) live\"""",
+        (EXH + "test_completed_and_lapsed_records_do_not_count_toward_the_quota",),
+    ),
+    Mutant(
+        "quota-holds-tasks",
+        "tasks are held to the account quota: a queue redelivers them until one completes",
+        "options.py",
+        '"requests": where != TASK}',
+        '"requests": True}',
+        (EXH + "test_tasks_are_not_held_to_the_account_quota",),
+    ),
+    Mutant(
+        "eviction-never-reported",
+        "a Redis that evicts records is taken for one that never does",
+        "store/redis.py",
+        'return next((p for p in policies if p != "noeviction"), "noeviction")',
+        'return "noeviction"',
+        (EVICT + "test_a_redis_that_evicts_keys_is_reported",),
     ),
 ]
 

@@ -23,6 +23,9 @@ claimed = Signal()
 replayed = Signal()
 #: A duplicate arrived while the key's first request was still running.
 in_flight = Signal()
+#: An account had ``MAX_IN_FLIGHT_PER_ACCOUNT`` requests in progress: a new one was refused
+#: (429) before its claim.
+quota_exceeded = Signal()
 #: A key was reused with a different request (answered 422).
 mismatch = Signal()
 #: A claim was released because its view failed (exception or unstored status).
