@@ -1301,12 +1301,16 @@ MUTANTS = [
         (EXH + "test_an_account_at_its_quota_is_told_429_before_any_claim",),
     ),
     Mutant(
-        "quota-counts-completed-records",
-        "the quota counts completed records: an account is refused for work that is done",
+        "quota-count-without-its-index",
+        "the quota's count names no state: the partial index is not used, and every claim of "
+        "a busy account reads its completed records",
         "store/database.py",
         """f"AND {column['state']} = '{State.IN_PROGRESS.value}' \"""",
         """f"AND {column['state']} IS NOT NULL \"""",
-        (EXH + "test_completed_and_lapsed_records_do_not_count_toward_the_quota",),
+        (
+            EXH + "test_completed_and_lapsed_records_do_not_count_toward_the_quota",
+            EXH + "test_the_quota_is_counted_through_the_partial_index_on_postgresql",
+        ),
     ),
     Mutant(
         "quota-counts-lapsed-claims",
