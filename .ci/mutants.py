@@ -89,6 +89,7 @@ RCLUSTER = "test_store_redis_cluster.py::"
 STATEFUL = "test_stateful.py::"
 EXH = "test_exhaustion.py::"
 EVICT = "test_redis_eviction.py::"
+REPLAYED = "test_replay_headers.py::"
 
 MUTANTS = [
     Mutant(
@@ -1335,6 +1336,30 @@ MUTANTS = [
         'return next((p for p in policies if p != "noeviction"), "noeviction")',
         'return "noeviction"',
         (EVICT + "test_a_redis_that_evicts_keys_is_reported",),
+    ),
+    Mutant(
+        "stored-length-replayed",
+        "a stored Content-Length is replayed: a redacted replay announces the first body's length",
+        "responses.py",
+        "    return lower not in NEVER_STORED_HEADERS and lower not in BODY_LENGTH_HEADERS",
+        "    return lower not in NEVER_STORED_HEADERS",
+        (REPLAYED + "test_a_redacted_replay_does_not_carry_the_first_responses_length",),
+    ),
+    Mutant(
+        "replay-without-cache-control",
+        "a replay says nothing of caching when the first response said nothing",
+        "responses.py",
+        '    if "Cache-Control" not in response:\n        response["Cache-Control"]',
+        '    if False:\n        response["Cache-Control"]',
+        (REPLAYED + "test_a_replay_says_no_store_when_the_first_response_said_nothing_of_caching",),
+    ),
+    Mutant(
+        "replay-forgets-the-views-caching",
+        "the view's Cache-Control is not stored: its replays say no-store whatever it allowed",
+        "responses.py",
+        'ALWAYS_STORED_HEADERS = ("Content-Type", "Location", "Cache-Control")',
+        'ALWAYS_STORED_HEADERS = ("Content-Type", "Location")',
+        (REPLAYED + "test_a_replay_keeps_the_caching_the_view_allowed",),
     ),
 ]
 

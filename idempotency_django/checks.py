@@ -32,7 +32,7 @@ from idempotency_django.conf import (
     resolve_callable,
     status_predicate,
 )
-from idempotency_django.responses import NEVER_STORED_HEADERS
+from idempotency_django.responses import BODY_LENGTH_HEADERS, NEVER_STORED_HEADERS
 
 NUMBERS = tuple(MINIMUMS)
 CALLABLES = ("ACCOUNT", "ENDPOINT", "FINGERPRINT")
@@ -119,6 +119,17 @@ def check_settings(
                 f"IDEMPOTENCY['STORED_HEADERS'] names {', '.join(forbidden)}.",
                 hint="Cookies and credentials belong to one exchange and are never replayed.",
                 id="idempotency_django.E007",
+            )
+        )
+    lengths = [name for name in stored if name.lower() in BODY_LENGTH_HEADERS]
+    if lengths:
+        errors.append(
+            checks.Warning(
+                f"IDEMPOTENCY['STORED_HEADERS'] names {', '.join(lengths)}, which is never "
+                "stored: a replay's length is that of the body it sends.",
+                hint="Remove it: a redacted body is shorter than the first one, and the "
+                "server counts the bytes a replay sends.",
+                id="idempotency_django.W041",
             )
         )
     if values["DATABASE"] is not None and values["DATABASE"] not in connections:

@@ -408,6 +408,19 @@ def test_the_quota_needs_a_store_that_can_count(settings: Any) -> None:
     assert "idempotency_django.E042" in [e.id for e in checks.check_settings()]
 
 
+def test_the_published_contract_names_429_while_a_quota_is_set(settings: Any) -> None:
+    from idempotency_django import contract
+
+    settings.IDEMPOTENCY = {"MAX_IN_FLIGHT_PER_ACCOUNT": 5}
+    limited = contract.document({}, required=True, ttl=60, stored=lambda status: False)
+    settings.IDEMPOTENCY = {}
+    unlimited = contract.document({}, required=True, ttl=60, stored=lambda status: False)
+
+    assert "Retry-After" in limited["responses"]["429"]["headers"]
+    assert "quota-exceeded" in limited["responses"]["429"]["description"]
+    assert "429" not in unlimited["responses"]
+
+
 @pytest.mark.django_db
 @pytest.mark.database_store("the PostgreSQL plan of the quota's count")
 def test_the_quota_is_counted_through_the_partial_index_on_postgresql(alice: User) -> None:
