@@ -90,6 +90,8 @@ STATEFUL = "test_stateful.py::"
 EXH = "test_exhaustion.py::"
 EVICT = "test_redis_eviction.py::"
 REPLAYED = "test_replay_headers.py::"
+EXPOSED = "test_admin_exposure.py::"
+REDIRECTS = "test_client_redirects.py::"
 
 MUTANTS = [
     Mutant(
@@ -1360,6 +1362,81 @@ MUTANTS = [
         'ALWAYS_STORED_HEADERS = ("Content-Type", "Location", "Cache-Control")',
         'ALWAYS_STORED_HEADERS = ("Content-Type", "Location")',
         (REPLAYED + "test_a_replay_keeps_the_caching_the_view_allowed",),
+    ),
+    Mutant(
+        "signals-carry-the-raw-key",
+        "receivers get the client's key as it is: an error tracker or a metrics label keeps it",
+        "signals.py",
+        "key=key_digest(key), **extra",
+        "key=key, **extra",
+        ("test_signals.py::test_receivers_get_the_keys_digest_and_ask_for_the_key_itself",),
+    ),
+    Mutant(
+        "raw-key-not-given-to-receivers",
+        "a receiver that asks for the key itself gets nothing it can use",
+        "signals.py",
+        "    sending = _sending.set(key)",
+        '    sending = _sending.set("")',
+        ("test_signals.py::test_the_key_is_given_to_receivers_only_while_the_signal_is_sent",),
+    ),
+    Mutant(
+        "admin-history-keeps-the-key",
+        "the admin's history, kept forever, names each released key as it is",
+        "admin.py",
+        "key=signals.key_digest(record.key),",
+        "key=record.key,",
+        (EXPOSED + "test_the_history_of_a_release_names_the_key_by_its_digest",),
+    ),
+    Mutant(
+        "admin-any-lookup",
+        "the admin's query string takes any field lookup: a full scan of the table per page",
+        "admin.py",
+        "        return lookup in ALLOWED_LOOKUPS",
+        "        return True",
+        (EXPOSED + "test_a_lookup_no_index_serves_is_refused",),
+    ),
+    Mutant(
+        "admin-sorts-by-the-query-string",
+        "the admin sorts by ?o=: a sort of the whole table per page",
+        "admin.py",
+        '            return ["-expires_at", "-pk"]\n        return ["-pk"]',
+        '            return ["-expires_at", "-pk"]\n'
+        "        return super().get_ordering(request, queryset)",
+        (EXPOSED + "test_a_sort_in_the_query_string_is_ignored",),
+    ),
+    Mutant(
+        "admin-silent-on-bodies-in-clear",
+        "the admin does not say that, without a codec, its readers read every stored body",
+        "admin.py",
+        '    return {"bodies_in_clear": conf.RESPONSE_CODEC is None}',
+        '    return {"bodies_in_clear": False}',
+        (EXPOSED + "test_without_a_codec_the_list_and_each_record_say_the_bodies_are_in_clear",),
+    ),
+    Mutant(
+        "client-key-to-another-origin",
+        "the client follows a redirect to another origin with the key (and the body)",
+        "client.py",
+        "        if not _key_may_follow(response.request.url, following.url):",
+        "        if False:",
+        (REDIRECTS + "test_a_redirect_to_another_origin_that_resends_the_body_is_not_followed",),
+    ),
+    Mutant(
+        "client-logs-the-key",
+        "the client's logs and errors name the key as it is",
+        "client.py",
+        "            shown=self.log_key(key),",
+        "            shown=key,",
+        (REDIRECTS + "test_the_key_is_not_logged_or_raised_as_it_is",),
+    ),
+    Mutant(
+        "client-auth-applied-on-redirects",
+        "the client applies its credentials again to every redirect, another origin's too",
+        "client.py",
+        "            response = self.http.send(following, auth=None, follow_redirects=False)",
+        "            response = self.http.send(\n"
+        "                following, auth=_auth(auth), follow_redirects=False\n"
+        "            )",
+        (REDIRECTS + "test_credentials_are_not_sent_again_to_another_origin",),
     ),
 ]
 
