@@ -3,8 +3,9 @@
 Partial: only in-progress records have an entry, so it stays small and costs nothing to a
 completed record. PostgreSQL (built ``CONCURRENTLY``, hence a non-atomic migration) and
 SQLite have partial indexes; MariaDB/MySQL have none, and there the count reads the
-account's part of the unique index instead (docs/security.md). Not in the model's
-``Meta.indexes``: Django would warn on MariaDB/MySQL that the condition is ignored.
+``(state, lease_expires_at)`` index or the unique index instead (docs/security.md). Not in
+the model's ``Meta.indexes``: Django would warn on MariaDB/MySQL that the condition is
+ignored.
 """
 
 from __future__ import annotations

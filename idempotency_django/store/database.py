@@ -263,7 +263,9 @@ class DatabaseStore:
         """How many of ``account``'s records are in use (in progress under a live lease),
         counted no further than ``limit``. PostgreSQL and SQLite read the partial index of
         in-progress records (``idempotency_record_in_use``, migration 0005); MariaDB/MySQL,
-        which have no partial indexes, the account's part of the unique index."""
+        which have no partial indexes, the in-progress records of every account (the
+        ``(state, lease_expires_at)`` index) or the account's records (the unique index),
+        whichever the planner expects fewer of."""
         connection = connections[alias]
         fields = {field.name: field for field in IdempotencyRecord._meta.concrete_fields}
         column = {
