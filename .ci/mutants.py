@@ -92,6 +92,11 @@ RFAIL = "test_redis_failures.py::"
 ROUTAGE = "test_redis_cluster_outage.py::"
 RLOGIC = "test_redis_store_logic.py::"
 STATEFUL = "test_stateful.py::"
+EXH = "test_exhaustion.py::"
+EVICT = "test_redis_eviction.py::"
+REPLAYED = "test_replay_headers.py::"
+EXPOSED = "test_admin_exposure.py::"
+REDIRECTS = "test_client_redirects.py::"
 
 MUTANTS = [
     Mutant(
@@ -1656,6 +1661,197 @@ MUTANTS = [
         '    if not text.strip() or text == "None":',
         "    if False:",
         (SCOPES + "test_an_account_of_empty_or_none_text_is_refused_as_anonymous",),
+    ),
+    Mutant(
+        "atomic-claim-lock-wait-unbounded",
+        "in atomic mode a duplicate's claim waits on the first transaction's row until it ends",
+        "claims.py",
+        "        if store.in_transaction(options.alias):\n            # Atomic mode",
+        "        if False:\n            # Atomic mode",
+        (EXH + "test_atomic_mode_conflict_answers_a_duplicate_409_without_waiting_for_the_first",),
+    ),
+    Mutant(
+        "atomic-wait-past-wait-seconds",
+        "under wait, an atomic-mode duplicate waits on the row lock past WAIT_SECONDS",
+        "claims.py",
+        "bound = max(bound, deadline - time.monotonic())",
+        "bound = max(bound, 3600)",
+        (EXH + "test_atomic_mode_wait_bounds_a_duplicates_wait_by_wait_seconds",),
+    ),
+    Mutant(
+        "claim-lock-wait-kept-for-the-view",
+        "PostgreSQL's lock_timeout of the claim is left on for the view's own statements",
+        "store/database.py",
+        "            cursor.execute(\"SELECT set_config('lock_timeout', %s, true)\", [previous])",
+        "            pass",
+        (EXH + "test_the_claims_lock_wait_bound_is_given_back_to_the_view",),
+    ),
+    Mutant(
+        "max-waiters-ignored",
+        "every duplicate of a process may wait under wait: duplicates hold all its threads",
+        "claims.py",
+        "            if self.count >= limit:",
+        "            if False:",
+        (EXH + "test_with_every_waiter_place_taken_a_duplicate_is_told_409_at_once",),
+    ),
+    Mutant(
+        "waiter-place-never-given-back",
+        "a waiter keeps its place: after MAX_WAITERS waits, no duplicate of the process may wait",
+        "claims.py",
+        "        if self.held:\n            waiters.leave()",
+        "        if self.held:\n            pass",
+        (EXH + "test_a_waiter_gives_its_place_back",),
+    ),
+    Mutant(
+        "wait-seconds-unbounded",
+        "WAIT_SECONDS and wait_seconds= accept any wait",
+        "conf.py",
+        'if name == "WAIT_SECONDS" and value > MAX_WAIT_SECONDS:',
+        "if False:",
+        (EXH + "test_wait_seconds_has_a_maximum",),
+    ),
+    Mutant(
+        "quota-never-checked",
+        "MAX_IN_FLIGHT_PER_ACCOUNT is ignored: an account holds any number of requests",
+        "claims.py",
+        "    if options.account_limit is not None:\n        _within_quota",
+        "    if False:\n        _within_quota",
+        (EXH + "test_an_account_at_its_quota_is_told_429_before_any_claim",),
+    ),
+    Mutant(
+        "quota-count-without-its-index",
+        "the quota's count names no state: the partial index is not used, and every claim of "
+        "a busy account reads its completed records",
+        "store/database.py",
+        """f"AND {column['state']} = '{State.IN_PROGRESS.value}' \"""",
+        """f"AND {column['state']} IS NOT NULL \"""",
+        (
+            EXH + "test_completed_and_lapsed_records_do_not_count_toward_the_quota",
+            EXH + "test_the_quota_is_counted_through_the_partial_index_on_postgresql",
+        ),
+    ),
+    Mutant(
+        "quota-counts-lapsed-claims",
+        "the quota counts dead workers' lapsed claims: an account is refused for nothing running",
+        "store/database.py",
+        """f"AND {column['lease_expires_at']} > %s LIMIT %s) live\"""",
+        """f"AND {column['lease_expires_at']} IS NOT NULL AND %s IS NOT NULL LIMIT %s) live\"""",
+        (EXH + "test_completed_and_lapsed_records_do_not_count_toward_the_quota",),
+    ),
+    Mutant(
+        "quota-holds-tasks",
+        "tasks are held to the account quota: a queue redelivers them until one completes",
+        "options.py",
+        '"requests": where != TASK}',
+        '"requests": True}',
+        (EXH + "test_tasks_are_not_held_to_the_account_quota",),
+    ),
+    Mutant(
+        "eviction-never-reported",
+        "a Redis that evicts records is taken for one that never does",
+        "store/redis.py",
+        'return next((p for p in policies if p != "noeviction"), "noeviction")',
+        'return "noeviction"',
+        (EVICT + "test_a_redis_that_evicts_keys_is_reported",),
+    ),
+    Mutant(
+        "stored-length-replayed",
+        "a stored Content-Length is replayed: a redacted replay announces the first body's length",
+        "responses.py",
+        "    return lower not in NEVER_STORED_HEADERS and lower not in BODY_LENGTH_HEADERS",
+        "    return lower not in NEVER_STORED_HEADERS",
+        (REPLAYED + "test_a_redacted_replay_does_not_carry_the_first_responses_length",),
+    ),
+    Mutant(
+        "replay-without-cache-control",
+        "a replay says nothing of caching when the first response said nothing",
+        "responses.py",
+        '    if "Cache-Control" not in response:\n        response["Cache-Control"]',
+        '    if False:\n        response["Cache-Control"]',
+        (REPLAYED + "test_a_replay_says_no_store_when_the_first_response_said_nothing_of_caching",),
+    ),
+    Mutant(
+        "replay-forgets-the-views-caching",
+        "the view's Cache-Control is not stored: its replays say no-store whatever it allowed",
+        "responses.py",
+        'ALWAYS_STORED_HEADERS = ("Content-Type", "Location", "Cache-Control")',
+        'ALWAYS_STORED_HEADERS = ("Content-Type", "Location")',
+        (REPLAYED + "test_a_replay_keeps_the_caching_the_view_allowed",),
+    ),
+    Mutant(
+        "signals-carry-the-raw-key",
+        "receivers get the client's key as it is: an error tracker or a metrics label keeps it",
+        "signals.py",
+        "key=key_digest(key), **extra",
+        "key=key, **extra",
+        ("test_signals.py::test_receivers_get_the_keys_digest_and_ask_for_the_key_itself",),
+    ),
+    Mutant(
+        "raw-key-not-given-to-receivers",
+        "a receiver that asks for the key itself gets nothing it can use",
+        "signals.py",
+        "    sending = _sending.set(key)",
+        '    sending = _sending.set("")',
+        ("test_signals.py::test_the_key_is_given_to_receivers_only_while_the_signal_is_sent",),
+    ),
+    Mutant(
+        "admin-history-keeps-the-key",
+        "the admin's history, kept forever, names each released key as it is",
+        "admin.py",
+        "key=signals.key_digest(record.key),",
+        "key=record.key,",
+        (EXPOSED + "test_the_history_of_a_release_names_the_key_by_its_digest",),
+    ),
+    Mutant(
+        "admin-any-lookup",
+        "the admin's query string takes any field lookup: a full scan of the table per page",
+        "admin.py",
+        "        return lookup in ALLOWED_LOOKUPS",
+        "        return True",
+        (EXPOSED + "test_a_lookup_no_index_serves_is_refused",),
+    ),
+    Mutant(
+        "admin-sorts-by-the-query-string",
+        "the admin sorts by ?o=: a sort of the whole table per page",
+        "admin.py",
+        '            return ["-expires_at", "-pk"]\n        return ["-pk"]',
+        '            return ["-expires_at", "-pk"]\n'
+        "        return super().get_ordering(request, queryset)",
+        (EXPOSED + "test_a_sort_in_the_query_string_is_ignored",),
+    ),
+    Mutant(
+        "admin-silent-on-bodies-in-clear",
+        "the admin does not say that, without a codec, its readers read every stored body",
+        "admin.py",
+        '    return {"bodies_in_clear": conf.RESPONSE_CODEC is None}',
+        '    return {"bodies_in_clear": False}',
+        (EXPOSED + "test_without_a_codec_the_list_and_each_record_say_the_bodies_are_in_clear",),
+    ),
+    Mutant(
+        "client-key-to-another-origin",
+        "the client follows a redirect to another origin with the key (and the body)",
+        "client.py",
+        "        if not _key_may_follow(response.request.url, following.url):",
+        "        if False:",
+        (REDIRECTS + "test_a_redirect_to_another_origin_that_resends_the_body_is_not_followed",),
+    ),
+    Mutant(
+        "client-logs-the-key",
+        "the client's logs and errors name the key as it is",
+        "client.py",
+        "            shown=self.log_key(key),",
+        "            shown=key,",
+        (REDIRECTS + "test_the_key_is_not_logged_or_raised_as_it_is",),
+    ),
+    Mutant(
+        "client-auth-applied-on-redirects",
+        "the client applies its credentials again to every redirect, another origin's too",
+        "client.py",
+        "            response = self.http.send(following, auth=None, follow_redirects=False)",
+        "            response = self.http.send(\n"
+        "                following, auth=_auth(auth), follow_redirects=False\n"
+        "            )",
+        (REDIRECTS + "test_credentials_are_not_sent_again_to_another_origin",),
     ),
 ]
 

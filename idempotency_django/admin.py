@@ -163,10 +163,12 @@ class RecordChangeList(ChangeList):
 
     def get_ordering(self, request: HttpRequest, queryset: QuerySet[Any]) -> list[Any]:
         """Newest first; expired records by expiry, latest first: the ``expires_at`` index
-        walked backwards, where "newest first" would pass over every unexpired record."""
+        walked backwards, where "newest first" would pass over every unexpired record. An
+        ``?o=`` in the query string is ignored: no column sorts (``sortable_by``), and a sort
+        by one would read and sort the whole table."""
         if self.params.get(ExpiredListFilter.parameter_name) == "yes":
             return ["-expires_at", "-pk"]
-        return super().get_ordering(request, queryset)
+        return ["-pk"]
 
     def get_results(self, request: HttpRequest) -> None:
         """Label the page's accounts with one ``ACCOUNT_DISPLAY`` call per distinct
@@ -313,6 +315,28 @@ class IdempotencyRecordAdmin(RecordAdminBase):
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return RecordChangeList
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        """Only the filters' own lookups, each served by an index (``ALLOWED_LOOKUPS``). Any
+        other field lookup in the query string (``?response_body__contains=``,
+        ``?created_at__year=``) would read the whole table: Django answers it 400."""
+        return lookup in ALLOWED_LOOKUPS
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> Any:
+        return super().changelist_view(request, {**(extra_context or {}), **_notices()})
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> Any:
+        return super().change_view(
+            request, object_id, form_url, {**(extra_context or {}), **_notices()}
+        )
 
     def get_object(
         self, request: HttpRequest, object_id: str, from_field: str | None = None
@@ -574,10 +598,19 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         """The admin history, the log and the ``released`` signal, for each release."""
         user_id = request.user.pk
         if released and user_id is not None:
-            # The admin's history ("Deleted …"), like a delete from the admin would log.
+            # The admin's history ("Deleted …"), like a delete from the admin would log. It
+            # is kept forever: it names each key by its digest, never the key itself.
             LogEntry.objects.log_actions(
                 user_id=user_id,
-                queryset=released,
+                queryset=[
+                    IdempotencyRecord(
+                        pk=record.pk,
+                        account=record.account,
+                        endpoint=record.endpoint,
+                        key=signals.key_digest(record.key),
+                    )
+                    for record in released
+                ],
                 action_flag=DELETION,
                 change_message=(
                     "Force-released the in-progress key (its lease may have been live)."
@@ -594,12 +627,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
                     record.account, record.endpoint, record.key, admin_forced=forced
                 ),
             )
-            signals.released.send(
-                IdempotencyRecord,
-                account=record.account,
-                endpoint=record.endpoint,
-                key=record.key,
-            )
+            signals.send(signals.released, record.account, record.endpoint, record.key)
 
     @admin.action(
         description="Delete selected records that have expired",
@@ -621,6 +649,28 @@ class IdempotencyRecordAdmin(RecordAdminBase):
                 f"Kept {_records(skipped)} not yet expired (or still in progress).",
                 messages.WARNING,
             )
+
+
+#: The query-string lookups the records' list accepts: its filters' own. State, lease and
+#: expiry are served by the ``(state, lease_expires_at)`` and ``expires_at`` indexes, endpoint
+#: and status by ``(endpoint, id)`` and ``(response_status, id)``.
+ALLOWED_LOOKUPS = frozenset(
+    {
+        *(
+            f"{field}{lookup}"
+            for field in ("state", "endpoint", "response_status")
+            for lookup in ("", "__exact", "__isnull")
+        ),
+        LeaseListFilter.parameter_name,
+        ExpiredListFilter.parameter_name,
+    }
+)
+
+
+def _notices() -> dict[str, Any]:
+    """What the list and each record's page warn of: stored bodies kept in clear, readable
+    by everyone with the view permission (``bodies_in_clear.html``)."""
+    return {"bodies_in_clear": conf.RESPONSE_CODEC is None}
 
 
 def _records(count: int) -> str:

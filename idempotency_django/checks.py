@@ -20,7 +20,9 @@ from idempotency_django.conf import (
     CHOICES,
     DEFAULTS,
     HTTP_METHODS,
+    MAX_WAIT_SECONDS,
     MINIMUMS,
+    NULLABLE,
     SAFE_METHODS,
     conf,
     is_list_of_names,
@@ -30,7 +32,7 @@ from idempotency_django.conf import (
     resolve_callable,
     status_predicate,
 )
-from idempotency_django.responses import NEVER_STORED_HEADERS
+from idempotency_django.responses import BODY_LENGTH_HEADERS, NEVER_STORED_HEADERS
 
 NUMBERS = tuple(MINIMUMS)
 CALLABLES = ("ACCOUNT", "ENDPOINT", "FINGERPRINT")
@@ -49,6 +51,7 @@ def register() -> None:
     checks.register(check_drf_view_attributes, checks.Tags.urls)
     checks.register(check_codec_settings, "idempotency_django")
     checks.register(check_fail_open, "idempotency_django", checks.Tags.urls)
+    checks.register(check_store_eviction, "idempotency_django")
 
 
 def check_settings(
@@ -84,7 +87,7 @@ def check_settings(
     bad_numbers = [
         name
         for name in NUMBERS
-        if not _is_duration(values[name]) and not (name == "TTL_SECONDS" and values[name] is None)
+        if not _is_duration(values[name]) and not (name in NULLABLE and values[name] is None)
     ]
     for name in bad_numbers:
         errors.append(
@@ -96,6 +99,7 @@ def check_settings(
         )
     if not {"LEASE_SECONDS", "TTL_SECONDS", "MAX_RUN_SECONDS"} & set(bad_numbers):
         errors.extend(_check_durations(values))
+    errors.extend(_check_exhaustion(values, bad_numbers))
     for name in CALLABLES:
         errors.extend(_check_callable(name, resolve_callable, values[name]))
     if values["TENANT"] is not None:
@@ -122,6 +126,17 @@ def check_settings(
                 id="idempotency_django.E007",
             )
         )
+    lengths = [name for name in stored if name.lower() in BODY_LENGTH_HEADERS]
+    if lengths:
+        errors.append(
+            checks.Warning(
+                f"IDEMPOTENCY['STORED_HEADERS'] names {', '.join(lengths)}, which is never "
+                "stored: a replay's length is that of the body it sends.",
+                hint="Remove it: a redacted body is shorter than the first one, and the "
+                "server counts the bytes a replay sends.",
+                id="idempotency_django.W041",
+            )
+        )
     if values["DATABASE"] is not None and values["DATABASE"] not in connections:
         errors.append(
             checks.Error(
@@ -137,7 +152,7 @@ def check_settings(
 def _check_store(values: dict[str, Any]) -> list[checks.CheckMessage]:
     """E019: a ``STORE`` that cannot be loaded; E025: ``MODE`` atomic with a store outside
     the database; then the store's own checks of ``STORE_OPTIONS`` (``check_options``)."""
-    from idempotency_django.store.base import get_store
+    from idempotency_django.store.base import CountsInUse, get_store
 
     try:
         store = get_store(values["STORE"]) if isinstance(values["STORE"], str) else None
@@ -166,6 +181,15 @@ def _check_store(values: dict[str, Any]) -> list[checks.CheckMessage]:
                 "spans that store and the database.",
                 hint="Use MODE 'commit' with this store, or the database store for atomic mode.",
                 id="idempotency_django.E025",
+            )
+        )
+    if values["MAX_IN_FLIGHT_PER_ACCOUNT"] is not None and not isinstance(store, CountsInUse):
+        errors.append(
+            checks.Error(
+                f"IDEMPOTENCY['MAX_IN_FLIGHT_PER_ACCOUNT'] is set, but {type(store).__name__} "
+                "cannot count an account's requests in progress.",
+                hint="Use the database store for the quota, or set it to None.",
+                id="idempotency_django.E042",
             )
         )
     check_options = getattr(store, "check_options", None)
@@ -208,6 +232,32 @@ def _check_scopes(values: dict[str, Any]) -> list[checks.CheckMessage]:
     return errors
 
 
+def _check_exhaustion(values: dict[str, Any], bad_numbers: list[str]) -> list[checks.CheckMessage]:
+    """E040: a wait longer than ``MAX_WAIT_SECONDS``; E041: a quota that is not a whole
+    number of at least 1."""
+    errors: list[checks.CheckMessage] = []
+    if "WAIT_SECONDS" not in bad_numbers and values["WAIT_SECONDS"] > MAX_WAIT_SECONDS:
+        errors.append(
+            checks.Error(
+                f"IDEMPOTENCY['WAIT_SECONDS'] is {values['WAIT_SECONDS']!r}, over "
+                f"{MAX_WAIT_SECONDS:g} s.",
+                hint="A waiting request holds a worker thread and its connections, and its "
+                "client has given up long before: wait a few seconds, then answer 409.",
+                id="idempotency_django.E040",
+            )
+        )
+    quota = values["MAX_IN_FLIGHT_PER_ACCOUNT"]
+    if problem("MAX_IN_FLIGHT_PER_ACCOUNT", quota) is not None:
+        errors.append(
+            checks.Error(
+                f"IDEMPOTENCY['MAX_IN_FLIGHT_PER_ACCOUNT'] is {quota!r}.",
+                hint="Give None (no bound) or a whole number of at least 1, e.g. 20.",
+                id="idempotency_django.E041",
+            )
+        )
+    return errors
+
+
 def _tenancy_signs() -> list[str]:
     """What makes a project look multi-tenant: an installed app or a middleware named for
     tenants (django-tenants, django-tenant-schemas, a project's own), or ``ALLOWED_HOSTS``
@@ -228,6 +278,35 @@ def _tenancy_signs() -> list[str]:
         if isinstance(host, str) and host.startswith(".")
     ]
     return signs
+
+
+def check_store_eviction(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """W040: a Redis store whose server may evict records (``maxmemory-policy`` other than
+    ``noeviction``). Silent where the server does not tell (``eviction_policy``)."""
+    from idempotency_django.store.base import get_store
+
+    if not isinstance(getattr(settings, "IDEMPOTENCY", {}), dict):
+        return []  # reported as E001
+    try:
+        store = get_store()
+    except ImproperlyConfigured:
+        return []  # reported as E019
+    read = getattr(store, "eviction_policy", None)
+    policy = read() if read is not None else None
+    if policy is None or policy == "noeviction":
+        return []
+    return [
+        checks.Warning(
+            f"The Redis store's server has maxmemory-policy {policy!r}: when it runs out of "
+            "memory it evicts keys, idempotency records among them, and a retry of an "
+            "evicted key runs the work again.",
+            hint="Give the store a Redis of its own with maxmemory-policy noeviction (a full "
+            "Redis then refuses new claims, answered 503, instead of forgetting old ones).",
+            id="idempotency_django.W040",
+        )
+    ]
 
 
 def _is_duration(value: Any) -> bool:

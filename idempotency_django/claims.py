@@ -13,6 +13,7 @@ replay, conflict or mismatch costs two.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -20,16 +21,19 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from idempotency_django import codecs, signals
-from idempotency_django.exceptions import InFlight, KeyMismatch, ResponseNotStored
+from idempotency_django.conf import conf
+from idempotency_django.exceptions import InFlight, KeyMismatch, QuotaExceeded, ResponseNotStored
 from idempotency_django.keys import fingerprints_match
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse
 from idempotency_django.signals import emit
 from idempotency_django.store.base import (
     CLAIMED,
+    CountsInUse,
     Snapshot,
     Store,
     Stored,
@@ -38,6 +42,7 @@ from idempotency_django.store.base import (
     is_expired,
     is_in_use,
     is_lapsed,
+    lock_wait,
     store_alias,
 )
 
@@ -51,6 +56,54 @@ State = IdempotencyRecord.State
 # taken over by another request, between its read and its write). Past this, the
 # caller is told to retry later rather than spin.
 MAX_RACES = 5
+
+# How long a claim made inside a transaction (atomic mode) waits for a row lock under the
+# "conflict" policy: long enough for the store's own short writes on the key (a renewal, a
+# purge batch), never for a duplicate's view. MariaDB/MySQL count whole seconds: 1 s there.
+CONFLICT_LOCK_WAIT = 0.1
+
+
+class Waiters:
+    """The requests of this process that wait for a duplicate right now (``IN_FLIGHT =
+    "wait"``), at most ``MAX_WAITERS``: past that, a duplicate is answered 409 at once, so
+    that duplicates of one slow request cannot hold every worker thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def enter(self) -> bool:
+        """Take a place among the waiters, or ``False`` when they are all taken."""
+        limit = conf.MAX_WAITERS
+        with self._lock:
+            if self.count >= limit:
+                return False
+            self.count += 1
+            return True
+
+    def leave(self) -> None:
+        with self._lock:
+            self.count -= 1
+
+
+waiters = Waiters()
+
+
+class _Place:
+    """One request's place among the ``waiters``: taken at its first wait, given back when
+    it is answered."""
+
+    def __init__(self) -> None:
+        self.held = False
+
+    def take(self) -> bool:
+        self.held = self.held or waiters.enter()
+        return self.held
+
+    def give_back(self) -> None:
+        if self.held:
+            waiters.leave()
+            self.held = False
 
 
 @dataclass(frozen=True)
@@ -74,6 +127,8 @@ class ClaimPolicy:
     wait_seconds: float
     retry_after: int
     store: Store = field(default_factory=get_store)  # IDEMPOTENCY["STORE"] unless given
+    # MAX_IN_FLIGHT_PER_ACCOUNT for requests (None: no bound; tasks have none).
+    account_limit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -120,14 +175,28 @@ def claim_or_replay(
 
     Raises ``KeyMismatch`` when the key belongs to a different request, ``InFlight`` when
     its first request is still running (after waiting, under the ``wait`` policy) or a
-    concurrent transaction holds it (a lock timeout, a deadlock), and ``ResponseNotStored``
-    when it completed without a storable response. Any other store error propagates.
+    concurrent transaction holds it (a lock timeout, a deadlock), ``ResponseNotStored``
+    when it completed without a storable response, and ``QuotaExceeded`` (before any claim)
+    when the account has ``account_limit`` requests in progress. Any other store error
+    propagates.
 
     Give the same ``token`` when calling again for the same request (after a lost
     connection): a claim whose commit the first call never heard of is then recognised as
     this request's own, not reported as a duplicate in flight.
     """
     token = token or new_token()
+    if options.account_limit is not None:
+        _within_quota(scope, options, options.account_limit)
+    place = _Place()
+    try:
+        return _claim_or_replay(scope, fingerprint, options, token, place)
+    finally:
+        place.give_back()
+
+
+def _claim_or_replay(
+    scope: Scope, fingerprint: str, options: ClaimPolicy, token: str, place: _Place
+) -> Claim | StoredResponse:
     store = options.store
     deadline = time.monotonic() + (options.wait_seconds if options.in_flight == "wait" else 0)
     delay = 0.05
@@ -135,8 +204,15 @@ def claim_or_replay(
     reported_in_flight = False
     while True:
         now = timezone.now()
+        bound = None
+        if store.in_transaction(options.alias):
+            # Atomic mode: a duplicate's insert waits on the first transaction's row until
+            # it commits or rolls back; the policy bounds that wait.
+            bound = CONFLICT_LOCK_WAIT
+            if options.in_flight == "wait" and place.take():
+                bound = max(bound, deadline - time.monotonic())
         try:
-            claimed = _claim_or_read(scope, fingerprint, token, now, options)
+            claimed = _claim_or_read(scope, fingerprint, token, now, options, bound=bound)
         except store.errors as error:
             if store.failure_kind(options.alias, error) != "contention":
                 raise
@@ -144,7 +220,11 @@ def claim_or_replay(
             # database gave up on a lock for it: that is a request in flight, never a
             # reason to run unprotected.
             emit(signals.in_flight, logging.INFO, "Idempotency key contended.", **scope.lookup())
-            if store.in_transaction(options.alias) or time.monotonic() >= deadline:
+            if (
+                store.in_transaction(options.alias)
+                or time.monotonic() >= deadline
+                or not place.take()
+            ):
                 raise InFlight(
                     "A request with this Idempotency-Key is still being processed.",
                     retry_after=options.retry_after,
@@ -203,13 +283,38 @@ def claim_or_replay(
             )
             reported_in_flight = True
         remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        if remaining <= 0 or not place.take():
             raise InFlight(
                 "A request with this Idempotency-Key is still being processed.",
                 retry_after=options.retry_after,
             )
         time.sleep(min(delay, remaining))
         delay = min(delay * 2, 0.5)
+
+
+def _within_quota(scope: Scope, options: ClaimPolicy, limit: int) -> None:
+    """Refuse a request of an account that has ``limit`` requests in progress already
+    (``MAX_IN_FLIGHT_PER_ACCOUNT``), before it claims anything. A bound, not an exact
+    count: requests of one account that claim at the same instant may each see room."""
+    store = options.store
+    if not isinstance(store, CountsInUse):
+        raise ImproperlyConfigured(
+            f"IDEMPOTENCY MAX_IN_FLIGHT_PER_ACCOUNT: {type(store).__name__} cannot count an "
+            "account's requests in progress (the database store can)."
+        )
+    if store.count_in_use(options.alias, scope.account, timezone.now(), limit) < limit:
+        return
+    emit(
+        signals.quota_exceeded,
+        logging.WARNING,
+        "Idempotency: the account has MAX_IN_FLIGHT_PER_ACCOUNT requests in progress.",
+        **scope.lookup(),
+    )
+    raise QuotaExceeded(
+        f"This account has {limit} requests in progress, the most allowed at once; retry "
+        "when one of them has completed.",
+        retry_after=options.retry_after,
+    )
 
 
 def claim_again(scope: Scope, fingerprint: str, options: ClaimPolicy) -> Claim | None:
@@ -228,6 +333,7 @@ def _claim_or_read(
     options: ClaimPolicy,
     *,
     read: bool = True,
+    bound: float | None = None,
 ) -> Claim | Snapshot | None:
     values = {
         **scope.lookup(),
@@ -241,7 +347,8 @@ def _claim_or_read(
     }
     if not read:
         return _claim(scope, token, options) if options.store.claim(options.alias, values) else None
-    claimed = options.store.claim_or_read(options.alias, values, fingerprint)
+    with lock_wait(options.store, options.alias, bound):
+        claimed = options.store.claim_or_read(options.alias, values, fingerprint)
     if claimed == CLAIMED:
         emit(signals.claimed, logging.DEBUG, "Idempotency key claimed.", **scope.lookup())
         return _claim(scope, token, options)

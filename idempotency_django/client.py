@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import hashlib
+import hmac
 import json
 import logging
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -109,17 +112,37 @@ class IdempotentResult:
         return self.response.json()
 
 
+# The secret of ``hidden_key``: made when the module is imported, never stored or sent.
+_HIDDEN_KEY_SECRET = os.urandom(32)
+
+
+def hidden_key(key: str) -> str:
+    """How the client's logs and errors name a key by default: ``key-hmac:`` and 16 hex
+    digits of an HMAC-SHA256 under a secret made when the process starts. The same key
+    reads the same within the process (its attempts can be followed), and a log reader
+    cannot recover a key by hashing guesses (``order-1042``): that takes the secret. Give
+    ``log_key=str`` to log keys as they are, or a digest of your own."""
+    digest = hmac.new(_HIDDEN_KEY_SECRET, key.encode("utf-8", "surrogatepass"), hashlib.sha256)
+    return "key-hmac:" + digest.hexdigest()[:16]
+
+
 class RetriesExhausted(Exception):
     """Every attempt failed before an answer (connection errors, timeouts): the outcome is
-    unknown. The operation may have run; retry it later **with the same key**. The last
-    transport error is ``__cause__``."""
+    unknown. The operation may have run; retry it later **with the same key** (``key``;
+    the message names it as the client's ``log_key`` shows it). The last transport error
+    is ``__cause__``."""
 
     def __init__(
-        self, key: str, attempts: int, history: tuple[httpx.Response | Exception, ...]
+        self,
+        key: str,
+        attempts: int,
+        history: tuple[httpx.Response | Exception, ...],
+        shown: str | None = None,
     ) -> None:
         super().__init__(
-            f"No answer after {attempts} attempt(s) with Idempotency-Key {key!r}; the outcome "
-            "is unknown: retry later with the same key."
+            f"No answer after {attempts} attempt(s) with Idempotency-Key "
+            f"{hidden_key(key) if shown is None else shown}; the outcome is unknown: retry "
+            "later with the same key."
         )
         self.key = key
         self.attempts = attempts
@@ -201,6 +224,7 @@ class _Attempts:
     jitter: Callable[[], float]
     replay_header: str
     should_retry: Callable[[httpx.Response], bool]
+    shown: str = ""  # the key as logs and errors name it (``log_key``)
     started: float = 0.0
     count: int = 0
     history: list[httpx.Response | Exception] = field(default_factory=list)
@@ -264,8 +288,8 @@ class _Attempts:
         if self.clock() - self.started + pause >= self.policy.deadline:
             return None
         logger.info(
-            "Retrying Idempotency-Key %r after attempt %d (%s) in %.2f s",
-            self.key,
+            "Retrying Idempotency-Key %s after attempt %d (%s) in %.2f s",
+            self.shown,
             self.count,
             why,
             pause,
@@ -284,11 +308,30 @@ class _Attempts:
         )
 
     def exhausted(self) -> RetriesExhausted:
-        return RetriesExhausted(self.key, self.count, tuple(self.history))
+        return RetriesExhausted(self.key, self.count, tuple(self.history), self.shown)
 
 
 def _auth(auth: httpx.Auth | tuple[str, str] | None) -> Any:
     return httpx.USE_CLIENT_DEFAULT if auth is None else auth
+
+
+def _key_may_follow(sent_to: httpx.URL, redirected_to: httpx.URL) -> bool:
+    """Whether a redirect stays with the origin the key was sent to (scheme, host, port), or
+    is that host's upgrade from http to https (which httpx lets ``Authorization`` follow)."""
+
+    def port(url: httpx.URL) -> int | None:
+        return url.port or {"http": 80, "https": 443}.get(url.scheme)
+
+    if redirected_to.host != sent_to.host:
+        return False
+    if redirected_to.scheme == sent_to.scheme:
+        return port(redirected_to) == port(sent_to)
+    return (
+        sent_to.scheme == "http"
+        and redirected_to.scheme == "https"
+        and port(sent_to) == 80
+        and port(redirected_to) == 443
+    )
 
 
 class _Base:
@@ -301,12 +344,37 @@ class _Base:
         replay_header: str,
         clock: Callable[[], float],
         jitter: Callable[[], float],
+        log_key: Callable[[str], str],
     ) -> None:
         self.policy = policy or RetryPolicy()
         self.header = header
         self.replay_header = replay_header
         self._clock = clock
         self._jitter = jitter
+        self.log_key = log_key
+
+    def next_hop(self, response: httpx.Response, hops: int) -> httpx.Request | None:
+        """The request that follows ``response``'s redirect, or ``None``: it is no redirect,
+        the wrapped client does not follow redirects, or it leads to another origin and
+        would send the body again (307, 308; or a 301/302 of anything but a POST).
+
+        The key never leaves the origin it was sent to: httpx would carry it along, as any
+        header but ``Authorization`` and ``Cookie``. A redirect to another origin that
+        becomes a ``GET`` (303, or a POST's 301/302) is followed without the key; one that
+        would send the body again is not followed at all, and is the answer: sent without
+        its key, it could run twice there, and its retries with it.
+        """
+        following = response.next_request
+        if following is None or not self.http.follow_redirects:
+            return None
+        if hops >= self.http.max_redirects:
+            raise httpx.TooManyRedirects("Exceeded maximum allowed redirects.", request=following)
+        if not _key_may_follow(response.request.url, following.url):
+            if following.method not in ("GET", "HEAD"):
+                return None
+            for name in [name for name in following.headers if name.lower() == self.header.lower()]:
+                del following.headers[name]
+        return following
 
     def should_retry(self, response: httpx.Response) -> bool:
         """Whether ``response`` leaves the outcome unknown or asks to be retried.
@@ -341,6 +409,7 @@ class _Base:
             jitter=self._jitter,
             replay_header=self.replay_header,
             should_retry=self.should_retry,
+            shown=self.log_key(key),  # after check_key: a key the server accepts
         )
         request = self.http.build_request(
             method,
@@ -372,7 +441,10 @@ class IdempotentClient(_Base):
             result = pay.post("/charges/", key=order.payment_key, json={"amount": 1000})
             if result.status_code == 201: ...
 
-    ``sleep``, ``clock`` and ``jitter`` (a ``[0, 1)`` random source) are for tests.
+    ``log_key`` names a key in the client's logs and errors (``hidden_key``: a digest, by
+    default). A redirect is followed as the wrapped client says (``follow_redirects``), but
+    the key never goes to another origin (``next_hop``). ``sleep``, ``clock`` and ``jitter``
+    (a ``[0, 1)`` random source) are for tests.
     """
 
     http: httpx.Client
@@ -388,8 +460,9 @@ class IdempotentClient(_Base):
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
+        log_key: Callable[[str], str] = hidden_key,
     ) -> None:
-        super().__init__(policy, header, replay_header, clock, jitter)
+        super().__init__(policy, header, replay_header, clock, jitter, log_key)
         self._owned = http is None
         self.http = http if http is not None else httpx.Client()
         self.timeout = self.http.timeout if timeout is None else httpx.Timeout(timeout)
@@ -431,7 +504,7 @@ class IdempotentClient(_Base):
         while True:
             attempts.start(request, self.timeout)
             try:
-                response = self.http.send(request, auth=_auth(auth))
+                response = self._send(request, auth)
             except Exception as error:
                 pause = attempts.pause_after_error(error)
             else:
@@ -440,6 +513,20 @@ class IdempotentClient(_Base):
                     return attempts.result(response)
                 response.close()
             self._sleep(pause)
+
+    def _send(
+        self, request: httpx.Request, auth: httpx.Auth | tuple[str, str] | None
+    ) -> httpx.Response:
+        """One attempt: the request, and the redirects ``next_hop`` lets it follow (each
+        sent as httpx built it, without applying ``auth`` again)."""
+        response = self.http.send(request, auth=_auth(auth), follow_redirects=False)
+        history: list[httpx.Response] = []
+        while (following := self.next_hop(response, len(history))) is not None:
+            response.close()
+            history.append(response)
+            response = self.http.send(following, auth=None, follow_redirects=False)
+            response.history = list(history)
+        return response
 
     def post(self, url: httpx.URL | str, *, key: str, **kwargs: Any) -> IdempotentResult:
         return self.request("POST", url, key=key, **kwargs)
@@ -467,8 +554,9 @@ class AsyncIdempotentClient(_Base):
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
+        log_key: Callable[[str], str] = hidden_key,
     ) -> None:
-        super().__init__(policy, header, replay_header, clock, jitter)
+        super().__init__(policy, header, replay_header, clock, jitter, log_key)
         self._owned = http is None
         self.http = http if http is not None else httpx.AsyncClient()
         self.timeout = self.http.timeout if timeout is None else httpx.Timeout(timeout)
@@ -505,7 +593,7 @@ class AsyncIdempotentClient(_Base):
         while True:
             attempts.start(request, self.timeout)
             try:
-                response = await self.http.send(request, auth=_auth(auth))
+                response = await self._send(request, auth)
             except Exception as error:
                 pause = attempts.pause_after_error(error)
             else:
@@ -514,6 +602,17 @@ class AsyncIdempotentClient(_Base):
                     return attempts.result(response)
                 await response.aclose()
             await self._sleep(pause)
+
+    async def _send(self, request: httpx.Request, auth: httpx.Auth | tuple[str, str] | None) -> Any:
+        """See ``IdempotentClient._send``."""
+        response = await self.http.send(request, auth=_auth(auth), follow_redirects=False)
+        history: list[httpx.Response] = []
+        while (following := self.next_hop(response, len(history))) is not None:
+            await response.aclose()
+            history.append(response)
+            response = await self.http.send(following, auth=None, follow_redirects=False)
+            response.history = list(history)
+        return response
 
     async def post(self, url: httpx.URL | str, *, key: str, **kwargs: Any) -> IdempotentResult:
         return await self.request("POST", url, key=key, **kwargs)

@@ -37,6 +37,9 @@ DEFAULTS: dict[str, Any] = {
     "MODE": "commit",
     "IN_FLIGHT": "conflict",
     "WAIT_SECONDS": 10.0,
+    # Under "wait": how many requests of one process may wait for a duplicate at once; the
+    # next one is answered 409 at once (docs/security.md, "Exhaustion").
+    "MAX_WAITERS": 8,
     "RETRY_AFTER_SECONDS": 1,
     "LEASE_SECONDS": 10.0,
     "MAX_RUN_SECONDS": 300.0,
@@ -53,7 +56,10 @@ DEFAULTS: dict[str, Any] = {
     "FINGERPRINT": "idempotency_django.keys.default_fingerprint",
     "STORE_STATUSES": "idempotency_django.responses.is_definitive",
     "STORED_HEADERS": (),
-    "MAX_RESPONSE_BYTES": 1024 * 1024,
+    "MAX_RESPONSE_BYTES": 64 * 1024,
+    # At most this many requests of one account in progress at once (None: no bound); more
+    # are answered 429 before their claim (docs/security.md, "Exhaustion").
+    "MAX_IN_FLIGHT_PER_ACCOUNT": None,
     # Stored responses at rest (codecs.py): a codec (None: the bytes as they are), its
     # Fernet keys (the first encrypts, all decrypt), and the redaction and replay hooks.
     "RESPONSE_CODEC": None,
@@ -86,6 +92,7 @@ DEFAULTS: dict[str, Any] = {
 # keep up with a busy database.
 MINIMUMS: dict[str, float] = {
     "WAIT_SECONDS": 0,
+    "MAX_WAITERS": 0,
     "RETRY_AFTER_SECONDS": 0,
     "LEASE_SECONDS": 1,
     "MAX_RUN_SECONDS": 0,
@@ -95,6 +102,12 @@ MINIMUMS: dict[str, float] = {
     "PURGE_RATE": 0,
     "STALE_IN_PROGRESS_SECONDS": 0,
 }
+# The most a request may wait for a duplicate (``WAIT_SECONDS``, ``wait_seconds=``): a waiting
+# request holds a worker thread and its connections, and clients and proxies give up after
+# 30 to 60 seconds, when the wait is for nobody.
+MAX_WAIT_SECONDS = 60.0
+# Settings where None is a value: records kept forever, no quota.
+NULLABLE = ("TTL_SECONDS", "MAX_IN_FLIGHT_PER_ACCOUNT")
 CHOICES: dict[str, tuple[str, ...]] = {
     "MODE": MODES,
     "IN_FLIGHT": IN_FLIGHT_POLICIES,
@@ -134,12 +147,21 @@ def problem(name: str, value: Any) -> str | None:
     ``@idempotent``, the DRF mixin and the task API share."""
     if name in CHOICES and value not in CHOICES[name]:
         return f"expected one of {', '.join(CHOICES[name])}"
+    if name in NULLABLE and value is None:
+        return None
     if name in MINIMUMS:
-        if name == "TTL_SECONDS" and value is None:
-            return None
         least = MINIMUMS[name]
         if not is_number(value) or value < least:
             return f"expected a number of at least {least:g}"
+    if name == "WAIT_SECONDS" and value > MAX_WAIT_SECONDS:
+        return (
+            f"expected at most {MAX_WAIT_SECONDS:g} seconds: a waiting request holds a worker, "
+            "and its client has given up by then"
+        )
+    if name == "MAX_IN_FLIGHT_PER_ACCOUNT" and (
+        isinstance(value, bool) or not isinstance(value, int) or value < 1
+    ):
+        return "expected None or a whole number of at least 1"
     if name in ("METHODS", "STORED_HEADERS", "EXEMPT_URL_NAMES") and not is_list_of_names(value):
         return "expected a list of names"
     if name == "METHODS":
@@ -288,6 +310,10 @@ class Settings:
         if not is_list_of_names(value):
             value = DEFAULTS["METHODS"]
         return frozenset(method.upper() for method in value)
+
+    @property
+    def MAX_WAITERS(self) -> int:
+        return int(self.checked("MAX_WAITERS"))
 
     @property
     def RETRY_AFTER_SECONDS(self) -> int:

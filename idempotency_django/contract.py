@@ -27,6 +27,7 @@ PROBLEMS: dict[int, tuple[type[exceptions.IdempotencyError], ...]] = {
     409: (exceptions.InFlight, exceptions.ResponseNotStored, ResponseUnreadable),
     413: (exceptions.BodyTooLarge,),
     422: (exceptions.KeyMismatch,),
+    429: (exceptions.QuotaExceeded,),  # published while MAX_IN_FLIGHT_PER_ACCOUNT is set
     500: (exceptions.WorkNotCommitted,),
     503: (exceptions.StoreUnavailable,),
 }
@@ -40,6 +41,8 @@ _WHEN = {
     "to store, or the stored response cannot be read): it is not run again.",
     413: "The request body is too large to fingerprint (DATA_UPLOAD_MAX_MEMORY_SIZE).",
     422: "This {header} was already used with a different request (method, path, query or body).",
+    429: "The account already has MAX_IN_FLIGHT_PER_ACCOUNT requests in progress: this one "
+    "was refused before it claimed its key, and nothing ran. Retry after Retry-After seconds.",
     500: "The request's work failed to commit and was rolled back (a deferred constraint, a "
     "serialization failure): the key is free again, and the same request would most likely "
     "fail the same way. Not retried automatically.",
@@ -145,9 +148,16 @@ def problem_response(status: int) -> dict[str, Any]:
         "description": f"{_WHEN[status].format(header=conf.HEADER)} Problem type: {slugs}.",
         "content": {PROBLEM_MEDIA_TYPE: {"schema": problem_schema()}},
     }
-    if status in (409, 503):
+    if status in (409, 429, 503):
         response["headers"] = {"Retry-After": _retry_after()}
     return response
+
+
+def published_statuses() -> list[int]:
+    """The statuses of ``PROBLEMS`` an operation can answer with these settings: ``429`` only
+    while ``MAX_IN_FLIGHT_PER_ACCOUNT`` is set."""
+    quota = conf.get("MAX_IN_FLIGHT_PER_ACCOUNT") is not None
+    return [status for status in PROBLEMS if status != 429 or quota]
 
 
 def replay_header() -> dict[str, Any]:
@@ -206,7 +216,7 @@ def document(
     operation.setdefault("parameters", []).append(key_parameter(required=required, ttl=ttl))
     responses: dict[Any, Any] = operation.setdefault("responses", {})
     ints = bool(responses) and all(isinstance(status, int) for status in responses)
-    for status in PROBLEMS:
+    for status in published_statuses():
         ours = problem_response(status)
         name = next((n for n in (status, str(status)) if n in responses), None)
         if name is None:

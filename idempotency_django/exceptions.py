@@ -61,6 +61,15 @@ class InFlight(IdempotencyError):
     title = "A request is outstanding for this Idempotency-Key"
 
 
+class QuotaExceeded(IdempotencyError):
+    """The account has ``MAX_IN_FLIGHT_PER_ACCOUNT`` requests in progress already: refused
+    before its claim, with ``Retry-After``, as a rate limit is."""
+
+    status = 429
+    slug = "quota-exceeded"
+    title = "Too many requests of this account are in progress"
+
+
 class ResponseNotStored(IdempotencyError):
     status = 409
     slug = "response-not-stored"

@@ -31,7 +31,6 @@ from idempotency_django.exceptions import (
     WorkNotCommitted,
 )
 from idempotency_django.heartbeat import heartbeat
-from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse
 from idempotency_django.store.base import Store
 
@@ -355,9 +354,7 @@ class Protected:
             exc_info=error,
             extra=signals.log_fields(**self.scope.lookup()),
         )
-        signals.store_unavailable.send(
-            IdempotencyRecord, policy=policy, kind=kind, **self.scope.lookup()
-        )
+        signals.send(signals.store_unavailable, policy=policy, kind=kind, **self.scope.lookup())
         if policy == "open":
             return None
         return Refused(self._unavailable("The request was not processed"))

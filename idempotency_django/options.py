@@ -102,6 +102,9 @@ class Options:
     # Set by the DRF mixin from its get_idempotency_key hook: no adapter takes it by name.
     key: Callable[[Any], str | None] | None = _option(None, default=None, nullable=True)
     label: str = "@idempotent"  # names the view or task in errors and warnings
+    # A client's requests (every adapter but the task API): MAX_IN_FLIGHT_PER_ACCOUNT
+    # bounds them; a task is the project's own work, redelivered until it runs.
+    requests: bool = True
     # The 403's detail: where the account comes from differs per adapter (set by each).
     anonymous_detail: str = (
         "Authenticate to use an Idempotency-Key on this endpoint. (If the view does "
@@ -146,7 +149,7 @@ class Options:
             for name, value in values.items()
             if value is not _UNSET and (value is not None or accepted[name].nullable)
         }
-        return cls(**{**own, **fixed, "label": label})
+        return cls(**{**own, **fixed, "label": label, "requests": where != TASK})
 
     def pick(self, name: str) -> Any:
         """The view's own value, or its setting."""
@@ -307,6 +310,9 @@ class Resolved:
                 wait_seconds=float(checked("wait_seconds")),
                 retry_after=int(conf.checked("RETRY_AFTER_SECONDS")),
                 store=store,
+                account_limit=(
+                    conf.checked("MAX_IN_FLIGHT_PER_ACCOUNT") if self.options.requests else None
+                ),
             ),
             mode=mode,
             max_run=float(checked("max_run_seconds")),

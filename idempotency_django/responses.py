@@ -13,7 +13,16 @@ from django.http import HttpResponse, HttpResponseBase
 from idempotency_django.conf import conf
 from idempotency_django.exceptions import IdempotencyError
 
-ALWAYS_STORED_HEADERS = ("Content-Type", "Location")
+# Cache-Control too: a replay says what the first response said of caching, and without it
+# "no-store" (``replay``).
+ALWAYS_STORED_HEADERS = ("Content-Type", "Location", "Cache-Control")
+#: What a replay says of caching when the first response said nothing: it answers one
+#: client's retry of an unsafe request with a stored result, which no cache should keep.
+REPLAY_CACHE_CONTROL = "no-store"
+#: Headers that describe the body's bytes, not the response: never stored or replayed from
+#: the store (lower case). A redacted body is shorter than the first one, and the server
+#: (or ``CommonMiddleware``) counts the bytes a replay sends.
+BODY_LENGTH_HEADERS = frozenset({"content-length"})
 
 #: Headers never stored and never replayed, whatever ``STORED_HEADERS`` says (lower case).
 #: A replay goes to whoever holds the key, over another connection, maybe through other
@@ -67,7 +76,7 @@ def stored_header_names() -> list[str]:
     """The allow-list (``Content-Type``, ``Location`` and ``STORED_HEADERS``), less the
     ``NEVER_STORED_HEADERS``."""
     names = [*ALWAYS_STORED_HEADERS, *conf.STORED_HEADERS]
-    return [name for name in names if name.lower() not in NEVER_STORED_HEADERS]
+    return [name for name in names if _replayable(name)]
 
 
 def _connection_options(response: HttpResponseBase) -> frozenset[str]:
@@ -97,9 +106,10 @@ def replay(stored: StoredResponse) -> HttpResponse:
     """The stored response, as a new response marked with ``REPLAY_HEADER``, then passed
     to the ``REPLAY_HOOK`` if one is set.
 
-    The ``NEVER_STORED_HEADERS`` are dropped here as well as at capture: a record stored
-    by an older version, or written by hand, must not replay them either. The hook gets
-    this new response and what was read: a replay never writes to the store.
+    The ``NEVER_STORED_HEADERS`` and ``BODY_LENGTH_HEADERS`` are dropped here as well as at
+    capture: a record stored by an older version, or written by hand, must not replay them
+    either. ``Cache-Control`` is the first response's, or ``no-store``. The hook gets this
+    new response and what was read: a replay never writes to the store.
     """
     headers = [(name, value) for name, value in stored.headers if _replayable(name)]
     response = HttpResponse(stored.body, status=stored.status)
@@ -107,6 +117,8 @@ def replay(stored: StoredResponse) -> HttpResponse:
         del response["Content-Type"]
     for name, value in headers:
         response[name] = value
+    if "Cache-Control" not in response:
+        response["Cache-Control"] = REPLAY_CACHE_CONTROL
     response[conf.REPLAY_HEADER] = "true"
     hook = conf.optional_callable("REPLAY_HOOK")
     if hook is None:
@@ -123,7 +135,8 @@ def replay(stored: StoredResponse) -> HttpResponse:
 
 
 def _replayable(name: str) -> bool:
-    return name.lower() not in NEVER_STORED_HEADERS
+    lower = name.lower()
+    return lower not in NEVER_STORED_HEADERS and lower not in BODY_LENGTH_HEADERS
 
 
 def problem_response(error: IdempotencyError) -> HttpResponseBase:

@@ -1,14 +1,16 @@
 """Signals for metrics and alerting, and the matching log records.
 
 Every signal is sent with ``sender=IdempotencyRecord`` and ``account``, ``endpoint`` and
-``key``, and logged on the ``idempotency_django`` logger with those as ``extra`` fields.
-Every log record that names a key builds its fields here (``log_fields``, ``log_key``):
-the one place where ``LOG_KEYS`` is honoured and control characters are escaped, so no
-call site can leak a key or forge a line. Each signal: docs/signals.md.
+``key`` (as its digest, ``key_digest``: a receiver that needs the key itself calls
+``raw_key()``), and logged on the ``idempotency_django`` logger with those as ``extra``
+fields. Every log record that names a key builds its fields here (``log_fields``,
+``log_key``): the one place where ``LOG_KEYS`` is honoured and control characters are
+escaped, so no call site can leak a key or forge a line. Each signal: docs/signals.md.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from typing import Any
 
@@ -23,6 +25,9 @@ claimed = Signal()
 replayed = Signal()
 #: A duplicate arrived while the key's first request was still running.
 in_flight = Signal()
+#: An account had ``MAX_IN_FLIGHT_PER_ACCOUNT`` requests in progress: a new one was refused
+#: (429) before its claim.
+quota_exceeded = Signal()
 #: A key was reused with a different request (answered 422).
 mismatch = Signal()
 #: A claim was released because its view failed (exception or unstored status).
@@ -50,19 +55,54 @@ def emit(
     at DEBUG, in production), this builds nothing: no keyword arguments, no log fields.
     """
     if signal.receivers:
-        from idempotency_django.models import IdempotencyRecord
-
-        signal.send(IdempotencyRecord, account=account, endpoint=endpoint, key=key, **extra)
+        send(signal, account, endpoint, key, **extra)
     if logger.isEnabledFor(level):
         logger.log(level, message, extra=log_fields(account, endpoint, key, **extra))
 
 
-#: The prefix of a key logged under ``LOG_KEYS = "hash"``: names the algorithm, so that a
-#: reader (or a later version that changes it) knows what the digest is.
+#: The prefix of a key's digest (signals, the admin's history, ``LOG_KEYS = "hash"``): names
+#: the algorithm, so that a reader (or a later version that changes it) knows what it is.
 LOG_KEY_DIGEST_PREFIX = "hmac-sha256:"
-# Fixed, so that one deployment (one SECRET_KEY) logs a key as the same digest everywhere,
+# Fixed, so that one deployment (one SECRET_KEY) names a key by the same digest everywhere,
 # and distinct from every other use of SECRET_KEY, so the digest is useless elsewhere.
 _LOG_KEY_SALT = "idempotency_django.signals.log_key"
+
+# The key of the signal being sent, for a receiver that asks for it (``raw_key``).
+_sending: contextvars.ContextVar[str] = contextvars.ContextVar("idempotency_django.key")
+
+
+def send(signal: Signal, account: str, endpoint: str, key: str, **extra: Any) -> None:
+    """Send ``signal`` for one key: receivers get ``key`` as its digest (``key_digest``), and
+    the key itself from ``raw_key()`` while they run. A receiver that logs or forwards its
+    arguments (an error tracker, a metrics label) then never carries the client's key."""
+    from idempotency_django.models import IdempotencyRecord
+
+    sending = _sending.set(key)
+    try:
+        signal.send(
+            IdempotencyRecord, account=account, endpoint=endpoint, key=key_digest(key), **extra
+        )
+    finally:
+        _sending.reset(sending)
+
+
+def raw_key() -> str:
+    """The key, as the client sent it, of the signal being sent: for a receiver that needs
+    it (to find the record, to tell the client), which asks for it by calling this. Raises
+    ``LookupError`` anywhere else."""
+    try:
+        return _sending.get()
+    except LookupError:
+        raise LookupError(
+            "signals.raw_key() gives the key to a receiver of an idempotency_django signal, "
+            "while the signal is sent."
+        ) from None
+
+
+def key_digest(key: str) -> str:
+    """``hmac-sha256:`` and an HMAC-SHA256 of ``key`` keyed with ``SECRET_KEY``: what signals
+    and the admin's history name a key by, and logs under ``LOG_KEYS = "hash"``."""
+    return LOG_KEY_DIGEST_PREFIX + salted_hmac(_LOG_KEY_SALT, key, algorithm="sha256").hexdigest()
 
 
 def log_key(key: str) -> str:
@@ -78,8 +118,7 @@ def log_key(key: str) -> str:
     from idempotency_django.conf import conf
 
     if conf.LOG_KEYS == "hash":
-        digest = salted_hmac(_LOG_KEY_SALT, key, algorithm="sha256").hexdigest()
-        return LOG_KEY_DIGEST_PREFIX + digest
+        return key_digest(key)
     return key
 
 

@@ -103,6 +103,7 @@ def test_e002_unknown_choice(settings: Settings, name: str, value: object) -> No
     "name",
     [
         "WAIT_SECONDS",
+        "MAX_WAITERS",
         "RETRY_AFTER_SECONDS",
         "LEASE_SECONDS",
         "MAX_RUN_SECONDS",

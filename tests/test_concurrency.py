@@ -121,17 +121,22 @@ def lock_waiters() -> int:
                 "AND datname = current_database()"
             )
         else:
-            # innodb_trx lags behind here; the process list shows each waiting statement.
+            # innodb_trx lags behind here; the process list shows each waiting statement
+            # (a claim in a transaction with its lock wait bound in front).
             cursor.execute(
                 "SELECT count(*) FROM information_schema.processlist "
-                "WHERE info LIKE 'INSERT INTO `idempotency_django_idempotencyrecord`%'"
+                "WHERE info LIKE 'INSERT INTO `idempotency_django_idempotencyrecord`%' "
+                "OR info LIKE 'SET STATEMENT innodb_lock_wait_timeout=% FOR INSERT INTO "
+                "`idempotency_django_idempotencyrecord`%'"
             )
         return int(cursor.fetchone()[0])
 
 
 @pytest.mark.database_store("atomic mode: the claim in the work's transaction")
 def test_atomic_mode_duplicates_block_on_the_unique_index_then_replay(alice: User) -> None:
-    results, threads = run_together("/atomic/", {"gate": True})
+    """Under "wait", up to WAIT_SECONDS (under "conflict" they are answered 409: see
+    test_lifecycle's lock-wait tests)."""
+    results, threads = run_together("/atomic-waiting/", {"gate": True})
     assert gate.entered.wait(20)
     assert wait_until(lambda: lock_waiters() >= THREADS - 1)
     finish(threads)
@@ -147,13 +152,13 @@ def test_atomic_mode_rollback_lets_a_waiting_duplicate_run(alice: User) -> None:
     """The first attempt fails after its side effect: both roll back, and a waiter runs."""
     first: queue.Queue[Any] = queue.Queue()
     thread = threading.Thread(
-        target=lambda: first.put(send("/atomic/", {"gate": True, "status": 503}))
+        target=lambda: first.put(send("/atomic-waiting/", {"gate": True, "status": 503}))
     )
     thread.start()
     assert gate.entered.wait(20)
     second: queue.Queue[Any] = queue.Queue()
     waiter = threading.Thread(
-        target=lambda: second.put(send("/atomic/", {"gate": True, "status": 503}))
+        target=lambda: second.put(send("/atomic-waiting/", {"gate": True, "status": 503}))
     )
     waiter.start()
     assert wait_until(lambda: lock_waiters() >= 1)

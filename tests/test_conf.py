@@ -57,7 +57,9 @@ def test_defaults(default_settings: Settings) -> None:
     assert resolve_callable(conf.get("FINGERPRINT"), "FINGERPRINT") is keys.default_fingerprint
     assert status_predicate(conf.get("STORE_STATUSES")) is responses.is_definitive
     assert conf.STORED_HEADERS == ()
-    assert conf.MAX_RESPONSE_BYTES == 1024 * 1024
+    assert conf.MAX_RESPONSE_BYTES == 64 * 1024
+    assert conf.MAX_WAITERS == 8
+    assert conf.get("MAX_IN_FLIGHT_PER_ACCOUNT") is None
     assert conf.DATABASE is None
     assert conf.get("ON_STORE_ERROR") == "closed"
     assert conf.REPLAY_HEADER == "Idempotent-Replayed"

@@ -18,6 +18,7 @@ from idempotency_django.exceptions import (
     KeyMalformed,
     KeyMismatch,
     KeyMissing,
+    QuotaExceeded,
     ResponseNotStored,
     StoreUnavailable,
     WorkNotCommitted,
@@ -74,9 +75,19 @@ def test_capture_drops_headers_not_on_the_allow_list(settings: Settings) -> None
     settings.IDEMPOTENCY = {}
     response = HttpResponse(b"ok", content_type="text/plain")
     response["X-Request-Id"] = "r-1"
-    response["Cache-Control"] = "no-store"
+    response["ETag"] = '"v1"'
     stored = capture(response)
     assert stored.headers == [("Content-Type", "text/plain")]
+
+
+def test_capture_keeps_cache_control_for_the_replays(settings: Settings) -> None:
+    response = HttpResponse(b"ok", content_type="text/plain")
+    response["Cache-Control"] = "private, max-age=60"
+    stored = capture(response)
+    assert stored.headers == [
+        ("Content-Type", "text/plain"),
+        ("Cache-Control", "private, max-age=60"),
+    ]
 
 
 def test_capture_keeps_headers_named_in_stored_headers(settings: Settings) -> None:
@@ -191,6 +202,7 @@ def test_replay_drops_them_from_a_record_stored_before_they_were_forbidden() -> 
     assert dict(replayed.items()) == {
         "Content-Type": "application/json",
         "X-Request-Id": "r-1",
+        "Cache-Control": "no-store",
         "Idempotent-Replayed": "true",
     }
     assert not replayed.cookies
@@ -234,6 +246,7 @@ def test_replay_rebuilds_status_body_and_headers(settings: Settings) -> None:
         "Content-Type": "application/json",
         "Location": "/orders/7",
         "X-Request-Id": "r-1",
+        "Cache-Control": "no-store",
         "Idempotent-Replayed": "true",
     }
 
@@ -247,7 +260,10 @@ def test_replay_of_a_stored_record_is_exact() -> None:
     replayed = replay(stored)
     assert replayed.status_code == 422
     assert replayed.content == b"\x00binary\xff"
-    assert [(k, v) for k, v in replayed.items() if k != "Idempotent-Replayed"] == stored.headers
+    assert [(k, v) for k, v in replayed.items() if k != "Idempotent-Replayed"] == [
+        *stored.headers,
+        ("Cache-Control", "no-store"),  # the first response said nothing of caching
+    ]
 
 
 def test_replay_adds_the_replayed_header() -> None:
@@ -287,7 +303,13 @@ def test_capture_of_a_replay_matches_the_original(settings: Settings) -> None:
     original = HttpResponseRedirect("/next")
     original["X-Request-Id"] = "r-2"
     stored = capture(original)
-    assert capture(replay(stored)) == stored
+    again = capture(replay(stored))
+    assert again.status == stored.status
+    assert again.body == stored.body
+    # The replay's "no-store" (the first response said nothing of caching) is kept: a
+    # replay of the replay says the same.
+    assert again.headers == [*stored.headers[:2], ("Cache-Control", "no-store"), stored.headers[2]]
+    assert replay(again).items() == replay(stored).items()
 
 
 # problem_response
@@ -308,6 +330,7 @@ EXPECTED = [
     pytest.param(KeyMismatch, 422, "key-mismatch", id="KeyMismatch"),
     pytest.param(InFlight, 409, "in-flight", id="InFlight"),
     pytest.param(ResponseNotStored, 409, "response-not-stored", id="ResponseNotStored"),
+    pytest.param(QuotaExceeded, 429, "quota-exceeded", id="QuotaExceeded"),
     pytest.param(StoreUnavailable, 503, "store-unavailable", id="StoreUnavailable"),
     pytest.param(WorkNotCommitted, 500, "work-not-committed", id="WorkNotCommitted"),
 ]

@@ -108,7 +108,7 @@ def not_stored() -> Iterator[list[dict[str, Any]]]:
     sent: list[dict[str, Any]] = []
 
     def receiver(**kwargs: Any) -> None:
-        sent.append(kwargs)
+        sent.append({**kwargs, "key": signals.raw_key()})
 
     signals.outcome_not_stored.connect(receiver)
     yield sent

@@ -44,7 +44,7 @@ def sent() -> Iterator[Callable[[str], list[dict[str, Any]]]]:
     for name in ALL:
 
         def receiver(sender: Any, name: str = name, **kwargs: Any) -> None:
-            calls[name].append({"sender": sender, **kwargs})
+            calls[name].append({"sender": sender, **kwargs, "raw_key": signals.raw_key()})
 
         signal: Signal = getattr(signals, name)
         signal.connect(receiver, weak=False)
@@ -58,7 +58,7 @@ def test_claimed_then_replayed(alice: User, post: Post, sent: Any) -> None:
     post("/effect/", {"amount": 1})
     post("/effect/", {"amount": 1})
 
-    scope = {"account": str(alice.pk), "endpoint": "POST /effect/", "key": "k1"}
+    scope = {"account": str(alice.pk), "endpoint": "POST /effect/", "raw_key": "k1"}
     assert [{k: c[k] for k in scope} for c in sent("claimed")] == [scope]
     assert sent("claimed")[0]["sender"] is IdempotencyRecord
     assert [c["status"] for c in sent("replayed")] == [201]
@@ -70,7 +70,7 @@ def test_mismatch_and_released(alice: User, post: Post, sent: Any) -> None:
     post("/effect/", {"status": 503}, key="k2")
 
     assert len(sent("mismatch")) == 1
-    assert [c["key"] for c in sent("released")] == ["k2"]
+    assert [c["raw_key"] for c in sent("released")] == ["k2"]
 
 
 def test_in_flight_and_lease_taken_over(alice: User, post: Post, sent: Any) -> None:
@@ -204,6 +204,69 @@ def test_a_forged_path_stays_on_one_log_line(
         assert "\n" not in text
         assert "\r" not in text
         assert "\x00" not in text
+
+
+def test_receivers_get_the_keys_digest_and_ask_for_the_key_itself(
+    alice: User, post: Post, sent: Any
+) -> None:
+    """A receiver that forwards its arguments (an error tracker, a metrics label) never
+    carries the client's key: ``key`` is its keyed digest, whatever ``LOG_KEYS`` says."""
+    post("/effect/", {"amount": 1}, key="order-4711")
+    post("/effect/", {"amount": 2}, key="order-4711")  # a mismatch
+    post("/effect/", {"status": 503}, key="order-4712")  # released
+
+    every = [call for name in ALL for call in sent(name)]
+    assert len(every) >= 4
+    for call in every:
+        assert call["key"] == signals.key_digest(call["raw_key"])
+        assert "order-47" not in repr({k: v for k, v in call.items() if k != "raw_key"})
+    assert {call["raw_key"] for call in every} == {"order-4711", "order-4712"}
+
+
+def test_the_key_is_given_to_receivers_only_while_the_signal_is_sent() -> None:
+    with pytest.raises(LookupError, match="receiver"):
+        signals.raw_key()
+    seen: list[str] = []
+
+    def receiver(**kwargs: Any) -> None:
+        seen.append(signals.raw_key())
+
+    signals.mismatch.connect(receiver)
+    try:
+        signals.send(signals.mismatch, "a", "POST /x/", "k-raw")
+    finally:
+        signals.mismatch.disconnect(receiver)
+
+    assert seen == ["k-raw"]
+    with pytest.raises(LookupError):
+        signals.raw_key()
+
+
+def test_an_async_receiver_asks_for_the_key_too() -> None:
+    seen: list[tuple[str, str]] = []
+
+    async def receiver(key: str, **kwargs: Any) -> None:
+        seen.append((key, signals.raw_key()))
+
+    signals.mismatch.connect(receiver)
+    try:
+        signals.send(signals.mismatch, "a", "POST /x/", "k-async")
+    finally:
+        signals.mismatch.disconnect(receiver)
+
+    assert seen == [(signals.key_digest("k-async"), "k-async")]
+
+
+def test_the_docs_receiver_gets_the_digest_and_asks_for_the_key(alice: User, post: Post) -> None:
+    from tests.docs_snippets import signals_raw_key
+
+    try:
+        post("/effect/", {"status": 503}, key="order-4711")  # released
+    finally:
+        signals.released.disconnect(signals_raw_key.on_released)
+
+    assert signals_raw_key.audit == [f"released {signals.key_digest('order-4711')}"]
+    assert signals_raw_key.notified == [(str(alice.pk), "order-4711")]
 
 
 # This module is also the URLconf of the test above: a view whose path can hold anything.

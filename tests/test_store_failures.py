@@ -204,7 +204,7 @@ def test_a_claim_that_times_out_on_a_locked_table_is_a_503_and_signalled(
     sent: list[dict[str, Any]] = []
 
     def receiver(**kwargs: Any) -> None:
-        sent.append(kwargs)
+        sent.append({**kwargs, "key": signals.raw_key()})
 
     signals.store_unavailable.connect(receiver)
     try:

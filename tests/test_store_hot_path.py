@@ -249,14 +249,16 @@ def test_a_row_that_keeps_vanishing_under_a_request_ends_in_409_not_a_spin(
 
 
 def a_duplicate_waiting_on_the_lock() -> tuple[Any, Any]:
-    """A POST to ``/atomic/`` held in its view (its claim uncommitted), then a duplicate
-    waiting on the unique index behind it; both let go: their responses, in that order."""
+    """A POST to an atomic-mode view under "wait" held in its view (its claim
+    uncommitted), then a duplicate waiting on the unique index behind it; both let go:
+    their responses, in that order."""
     first: queue.Queue[Any] = queue.Queue()
-    holder = threading.Thread(target=lambda: first.put(send("/atomic/", {"gate": True})))
+    path = "/atomic-waiting/"
+    holder = threading.Thread(target=lambda: first.put(send(path, {"gate": True})))
     holder.start()
     assert gate.entered.wait(20)
     second: queue.Queue[Any] = queue.Queue()
-    waiter = threading.Thread(target=lambda: second.put(send("/atomic/", {"gate": True})))
+    waiter = threading.Thread(target=lambda: second.put(send(path, {"gate": True})))
     waiter.start()
     assert wait_until(lambda: lock_waiters() >= 1)
     finish([holder, waiter])

@@ -137,7 +137,7 @@ def sent() -> Iterator[list[tuple[str, dict[str, Any]]]]:
         def receiver(name: str = name, **kwargs: Any) -> None:
             kwargs.pop("signal")
             kwargs.pop("sender")
-            received.append((name, kwargs))
+            received.append((name, {**kwargs, "key": signals.raw_key()}))
 
         receivers[name] = receiver
         getattr(signals, name).connect(receiver)

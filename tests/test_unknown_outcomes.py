@@ -131,7 +131,7 @@ def test_an_outcome_the_store_refuses_after_the_work_committed_is_signalled_and_
     sent: list[dict[str, Any]] = []
 
     def receiver(**kwargs: Any) -> None:
-        sent.append(kwargs)
+        sent.append({**kwargs, "key": signals.raw_key()})
 
     def refuse_completions(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
         if is_completion(sql, params):

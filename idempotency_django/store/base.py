@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
-from typing import Any, ClassVar, Final, Literal, Protocol, TypeAlias
+from typing import Any, ClassVar, Final, Literal, Protocol, TypeAlias, runtime_checkable
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -174,6 +175,29 @@ class Store(Protocol):
     def in_transaction(self, alias: str) -> bool: ...
     def reset(self, alias: str) -> None: ...
     def usable(self, alias: str) -> bool: ...
+
+
+@runtime_checkable
+class BoundsLockWaits(Protocol):
+    """A store whose claims can wait on a row lock held by a concurrent transaction (the
+    database store, in atomic mode), and that can bound that wait."""
+
+    def lock_wait(self, alias: str, seconds: float) -> AbstractContextManager[None]: ...
+
+
+def lock_wait(store: Store, alias: str, seconds: float | None) -> AbstractContextManager[None]:
+    """Bound the row-lock waits of the claim run inside to ``seconds`` (``None``: leave them
+    as they are), where ``store`` can wait on a lock at all."""
+    if seconds is None or not isinstance(store, BoundsLockWaits):
+        return nullcontext()
+    return store.lock_wait(alias, seconds)
+
+
+@runtime_checkable
+class CountsInUse(Protocol):
+    """A store that can count an account's records in use (``MAX_IN_FLIGHT_PER_ACCOUNT``)."""
+
+    def count_in_use(self, alias: str, account: str, now: datetime, limit: int) -> int: ...
 
 
 DEFAULT_STORE: Final = "idempotency_django.store.database.DatabaseStore"

@@ -16,7 +16,7 @@ import logging
 import math
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Final, TypeVar
@@ -255,6 +255,36 @@ class DatabaseStore:
         for lookup, token in claims:
             params += [*_key(lookup), token]
         return _execute(connection, statements.renew_many(len(claims)), params, _rowcount)
+
+    def lock_wait(self, alias: str, seconds: float) -> AbstractContextManager[None]:
+        """Bound how long the claim run inside waits for a row lock (``_lock_timeout``):
+        in atomic mode a duplicate's insert waits on the first request's transaction."""
+        return _lock_timeout(alias, seconds)
+
+    def count_in_use(self, alias: str, account: str, now: datetime, limit: int) -> int:
+        """How many of ``account``'s records are in use (in progress under a live lease),
+        counted no further than ``limit``. PostgreSQL and SQLite read the partial index of
+        in-progress records (``idempotency_record_in_use``, migration 0005); MariaDB/MySQL,
+        which have no partial indexes, the in-progress records of every account (the
+        ``(state, lease_expires_at)`` index) or the account's records (the unique index),
+        whichever the planner expects fewer of."""
+        connection = connections[alias]
+        fields = {field.name: field for field in IdempotencyRecord._meta.concrete_fields}
+        column = {
+            name: connection.ops.quote_name(str(field.column)) for name, field in fields.items()
+        }
+        qn = connection.ops.quote_name
+        sql = (
+            f"SELECT COUNT(*) FROM (SELECT 1 FROM {qn(IdempotencyRecord._meta.db_table)} "
+            f"WHERE {column['account']} = %s "
+            # A literal, not a parameter: a prepared statement's generic plan can use a
+            # partial index only when its condition is written out.
+            f"AND {column['state']} = '{State.IN_PROGRESS.value}' "
+            f"AND {column['lease_expires_at']} > %s LIMIT %s) live"
+        )
+        lease = fields["lease_expires_at"].get_db_prep_save(now, connection)
+        row = _execute(connection, sql, [account, lease, limit], _fetchone)
+        return int(row[0])
 
     def in_transaction(self, alias: str) -> bool:
         return connections[alias].in_atomic_block
@@ -673,6 +703,70 @@ def _statement_timeout(alias: str, seconds: float) -> Iterator[None]:
             yield
     else:
         yield
+
+
+# PostgreSQL: the transaction's lock_timeout as it was (read first: the CTE is evaluated
+# before the row that calls set_config), then the new one for this transaction only.
+_PG_SET_LOCK_TIMEOUT = (
+    "WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS value) "
+    "SELECT value, set_config('lock_timeout', %s, true) FROM previous"
+)
+
+
+@contextmanager
+def _lock_timeout(alias: str, seconds: float) -> Iterator[None]:
+    """Bound the row-lock waits of the statements run inside to ``seconds``, then give the
+    connection its own bound back: the view's statements after the claim wait as they
+    always did. For a claim inside a transaction (atomic mode), where a duplicate's insert
+    waits on the first request's uncommitted row.
+
+    PostgreSQL: ``lock_timeout`` for the transaction (``set_config(…, true)``, ``SET
+    LOCAL``), put back after the claim; a claim that failed aborted the transaction, which
+    is rolled back with the setting. MariaDB: ``SET STATEMENT innodb_lock_wait_timeout=…
+    FOR`` in front of the claim's ``INSERT``. MySQL: the session's
+    ``innodb_lock_wait_timeout``, put back after. Both count whole seconds (rounded up).
+    SQLite has no row locks: its ``timeout`` bounds the wait for the database lock.
+    """
+    connection = connections[alias]
+    whole_seconds = max(0, math.ceil(seconds))
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(_PG_SET_LOCK_TIMEOUT, [str(max(1, math.ceil(seconds * 1000)))])
+            previous = cursor.fetchone()[0]
+        yield
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+    elif connection.vendor == "mysql" and _set_statement(connection):
+        prefix = f"SET STATEMENT innodb_lock_wait_timeout={whole_seconds} FOR "
+
+        def bounded(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            if sql.lstrip()[:6].upper() == "INSERT":  # the claim, not its read
+                sql = prefix + sql
+            return execute(sql, params, many, context)
+
+        with connection.execute_wrapper(bounded):
+            yield
+    elif connection.vendor == "mysql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SET @idempotency_lock_wait = @@SESSION.innodb_lock_wait_timeout, "
+                "SESSION innodb_lock_wait_timeout = %s",
+                [whole_seconds],
+            )
+        try:
+            yield
+        finally:
+            # A session setting outlives the transaction: always put back (a connection
+            # that cannot take it any more is broken, and dropped by Django).
+            with suppress(DatabaseError), connection.cursor() as cursor:
+                cursor.execute("SET SESSION innodb_lock_wait_timeout = @idempotency_lock_wait")
+    else:
+        yield
+
+
+def _set_statement(connection: Any) -> bool:
+    """Whether the server takes ``SET STATEMENT … FOR`` (MariaDB; MySQL does not)."""
+    return bool(connection.mysql_is_mariadb)
 
 
 # -- the admin's and the purge's statements -------------------------------------------------

@@ -596,6 +596,29 @@ class RedisStore:
 
     # -- checks -----------------------------------------------------------------------------
 
+    def eviction_policy(self) -> str | None:
+        """The ``maxmemory-policy`` of the store's Redis (on a cluster, the first master's
+        that is not ``noeviction``), or ``None`` when the server does not tell: ``CONFIG``
+        disabled or renamed (as on many managed services), refused by an ACL, or the server
+        unreachable. Under any policy but ``noeviction`` Redis evicts keys when it runs out
+        of memory, a claim or a stored outcome among them, and a retry then runs the work
+        again. Read by the system check ``W040`` (and for a health check to call)."""
+        try:
+            client = self.client()
+            if redis_cluster.is_cluster(client):
+                replies = [
+                    client.config_get("maxmemory-policy", target_nodes=node)
+                    for node in client.get_primaries()
+                ]
+            else:
+                replies = [client.config_get("maxmemory-policy")]
+        except redis.RedisError:
+            return None
+        policies = [reply.get("maxmemory-policy") for reply in replies]
+        if not policies or None in policies:
+            return None
+        return next((p for p in policies if p != "noeviction"), "noeviction")
+
     @staticmethod
     def check_options(value: Any) -> list[checks.CheckMessage]:
         """E026: ``STORE_OPTIONS`` that this store cannot use."""

@@ -20,6 +20,8 @@ urlpatterns = [
     path("apart/", views.slash_twin),
     path("optional/", views.optional),
     path("atomic/", views.atomic),
+    path("atomic-waiting/", views.atomic_waiting),
+    path("atomic-short-wait/", views.atomic_short_wait),
     path("inside-atomic/", views.inside_atomic),
     path("waiting/", views.waiting),
     path("short-wait/", views.short_wait),

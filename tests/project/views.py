@@ -84,6 +84,17 @@ def atomic(request: HttpRequest) -> HttpResponse:
     return _effect(request, "atomic")
 
 
+@idempotent(mode="atomic", in_flight="wait", wait_seconds=20)
+def atomic_waiting(request: HttpRequest) -> HttpResponse:
+    """Atomic mode under "wait": a duplicate waits on the first transaction's row."""
+    return _effect(request, "atomic")
+
+
+@idempotent(mode="atomic", in_flight="wait", wait_seconds=1)
+def atomic_short_wait(request: HttpRequest) -> HttpResponse:
+    return _effect(request, "atomic")
+
+
 @transaction.atomic
 @idempotent
 def inside_atomic(request: HttpRequest) -> HttpResponse:
