@@ -87,6 +87,7 @@ CELERY = "test_celery.py::"
 UNKNOWN = "test_unknown_outcomes.py::"
 RCLUSTER = "test_store_redis_cluster.py::"
 STATEFUL = "test_stateful.py::"
+DURATIONS = "test_durations.py::"
 
 MUTANTS = [
     Mutant(
@@ -1241,6 +1242,43 @@ MUTANTS = [
         'return f"{prefix}:{{{digest}}}"',
         'return f"{prefix}:{digest}"',
         (REDIS + "test_every_key_of_a_record_is_in_one_slot_through_a_hash_tag",),
+    ),
+    # Durations have an upper bound (100 years): past it, now + a TTL is not a date.
+    Mutant(
+        "duration-unbounded",
+        "a TTL or lease past the year 9999 is accepted where a view declares it, and a request "
+        "under such a setting crashes with OverflowError instead of being refused",
+        "conf.py",
+        "        if too_long(name, value):\n",
+        "        if False:\n",
+        (
+            DURATIONS + "test_a_views_duration_over_the_bound_is_refused_naming_the_view",
+            DURATIONS + "test_a_request_under_a_duration_setting_over_the_bound_runs_nothing",
+        ),
+    ),
+    Mutant(
+        "duration-check-unbounded",
+        "no system check reports a duration setting past the bound (E030)",
+        "checks.py",
+        "        if too_long(name, values[name]):\n",
+        "        if False:\n",
+        (DURATIONS + "test_e030_a_duration_over_a_hundred_years",),
+    ),
+    Mutant(
+        "heartbeat-timeout-unclamped",
+        "a lease of months sets a statement_timeout PostgreSQL refuses: no renewal ever succeeds",
+        "store/database.py",
+        "            milliseconds = min(milliseconds, _PG_MAX_TIMEOUT_MS)\n",
+        "",
+        (DURATIONS + "test_a_claim_leased_for_the_bound_is_renewed_by_the_heartbeats_statement",),
+    ),
+    Mutant(
+        "purge-age-unbounded",
+        "a purge age past 100 years is a traceback (OverflowError), not a usage error",
+        "purge.py",
+        "    if seconds > MAX_DURATION_SECONDS:\n",
+        "    if False:\n",
+        (DURATIONS + "test_the_purge_command_refuses_an_age_over_a_hundred_years",),
     ),
 ]
 

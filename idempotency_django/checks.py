@@ -19,7 +19,9 @@ from idempotency_django import codecs
 from idempotency_django.conf import (
     CHOICES,
     DEFAULTS,
+    DURATIONS,
     HTTP_METHODS,
+    MAX_DURATION_SECONDS,
     MINIMUMS,
     SAFE_METHODS,
     conf,
@@ -29,6 +31,7 @@ from idempotency_django.conf import (
     problem,
     resolve_callable,
     status_predicate,
+    too_long,
 )
 from idempotency_django.responses import NEVER_STORED_HEADERS
 
@@ -92,6 +95,18 @@ def check_settings(
                 id="idempotency_django.E003",
             )
         )
+    for name in DURATIONS:
+        if too_long(name, values[name]):
+            errors.append(
+                checks.Error(
+                    f"IDEMPOTENCY[{name!r}] is {values[name]!r}, longer than 100 years "
+                    f"({MAX_DURATION_SECONDS} s): it cannot be added to the current time on "
+                    "every store.",
+                    hint="Give at most 100 years"
+                    + (", or None to keep keys forever." if name == "TTL_SECONDS" else "."),
+                    id="idempotency_django.E030",
+                )
+            )
     if not {"LEASE_SECONDS", "TTL_SECONDS", "MAX_RUN_SECONDS"} & set(bad_numbers):
         errors.extend(_check_durations(values))
     for name in CALLABLES:

@@ -6,8 +6,8 @@ Every value is looked up when it is used, never cached at import, so that
 
 from __future__ import annotations
 
-import math
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -89,6 +89,22 @@ MINIMUMS: dict[str, float] = {
     "PURGE_RATE": 0,
     "STALE_IN_PROGRESS_SECONDS": 0,
 }
+# The longest duration any setting, argument or command option may give: 100 years of 365
+# days. Longer is "forever" in practice, and where it is not representable it fails at
+# request time (now + a TTL past the year 9999 raises OverflowError). Within it, now + the
+# bound fits every store: datetimes up to 9999 (the database columns, MariaDB's DATETIME
+# included), Redis PX in milliseconds (3.2e12, far below 2**63) and the Lua scripts' doubles
+# (exact below 2**53 ms), threading's TIMEOUT_MAX (292 years) for the heartbeat's sleep.
+# TTL_SECONDS = None stays "forever". docs/settings.md ("Durations").
+MAX_DURATION_SECONDS = 100 * 365 * 24 * 60 * 60
+DURATIONS = (
+    "WAIT_SECONDS",
+    "RETRY_AFTER_SECONDS",
+    "LEASE_SECONDS",
+    "MAX_RUN_SECONDS",
+    "TTL_SECONDS",
+    "STALE_IN_PROGRESS_SECONDS",
+)
 CHOICES: dict[str, tuple[str, ...]] = {
     "MODE": MODES,
     "IN_FLIGHT": IN_FLIGHT_POLICIES,
@@ -100,7 +116,16 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 
 def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A real number that a float can hold: not a bool, NaN or an infinity, and not an int
+    too large to convert (``math.isfinite(10**400)`` raises rather than answers)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    return -sys.float_info.max <= value <= sys.float_info.max
+
+
+def too_long(name: str, value: Any) -> bool:
+    """Whether ``value`` is a number over ``MAX_DURATION_SECONDS`` for the duration ``name``."""
+    return name in DURATIONS and is_number(value) and value > MAX_DURATION_SECONDS
 
 
 def is_list_of_names(value: Any) -> bool:
@@ -134,6 +159,9 @@ def problem(name: str, value: Any) -> str | None:
         least = MINIMUMS[name]
         if not is_number(value) or value < least:
             return f"expected a number of at least {least:g}"
+        if too_long(name, value):
+            forever = " (None keeps keys forever)" if name == "TTL_SECONDS" else ""
+            return f"expected at most {MAX_DURATION_SECONDS} seconds (100 years){forever}"
     if name in ("METHODS", "STORED_HEADERS", "EXEMPT_URL_NAMES") and not is_list_of_names(value):
         return "expected a list of names"
     if name == "METHODS":

@@ -628,6 +628,12 @@ def _build(connection: Any) -> _Statements:
     )
 
 
+# The largest statement timeouts the servers take: PostgreSQL's statement_timeout (an int of
+# milliseconds) and MariaDB's max_statement_time (a year).
+_PG_MAX_TIMEOUT_MS = 2**31 - 1
+_MARIADB_MAX_STATEMENT_TIME = 31_536_000
+
+
 @contextmanager
 def _statement_timeout(alias: str, seconds: float) -> Iterator[None]:
     """Bound the statements run inside to ``seconds``, lock waits included (the heartbeat's
@@ -643,10 +649,14 @@ def _statement_timeout(alias: str, seconds: float) -> Iterator[None]:
     if connection.vendor == "postgresql":
         with transaction.atomic(using=alias), connection.cursor() as cursor:
             milliseconds = max(1, math.ceil(seconds * 1000))
+            # statement_timeout is an int of milliseconds: a beat of a lease over 74 days
+            # would be refused ("outside the valid range"), and every renewal with it.
+            milliseconds = min(milliseconds, _PG_MAX_TIMEOUT_MS)
             cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(milliseconds)])
             yield
     elif connection.vendor == "mysql" and connection.mysql_is_mariadb:  # type: ignore[attr-defined]
-        prefix = f"SET STATEMENT max_statement_time={max(seconds, 0.001):.3f} FOR "
+        bound = min(max(seconds, 0.001), _MARIADB_MAX_STATEMENT_TIME)
+        prefix = f"SET STATEMENT max_statement_time={bound:.3f} FOR "
 
         def bounded(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
             # Only the renewal: not what Django runs to set up a new connection.
