@@ -1280,6 +1280,18 @@ MUTANTS = [
         "    if False:\n",
         (DURATIONS + "test_the_purge_command_refuses_an_age_over_a_hundred_years",),
     ),
+    Mutant(
+        "prepared-log-says-resent",
+        "a statement refused inside a transaction is logged as sent again unprepared, which "
+        "it never is (the heartbeat's renewal, a request transaction)",
+        "store/database.py",
+        "_stop_preparing(connection, error, sent_again=not in_transaction)",
+        "_stop_preparing(connection, error, sent_again=True)",
+        (
+            PREP + "test_the_heartbeat_says_a_refused_statement_in_its_transaction_is_not_"
+            "sent_again",
+        ),
+    ),
 ]
 
 ROOT = Path(__file__).resolve().parent.parent

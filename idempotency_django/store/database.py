@@ -425,8 +425,9 @@ def _execute(connection: Any, sql: str, params: Sequence[Any], result: Callable[
     except DatabaseError as error:
         if not _prepared_statement_refused(connection, error):
             raise
-        _stop_preparing(connection, error)
-        if connection.in_atomic_block or not connection.get_autocommit():
+        in_transaction = connection.in_atomic_block or not connection.get_autocommit()
+        _stop_preparing(connection, error, sent_again=not in_transaction)
+        if in_transaction:
             raise
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -449,18 +450,29 @@ def _prepared_statement_refused(connection: Any, error: DatabaseError) -> bool:
     )
 
 
-def _stop_preparing(connection: Any, error: DatabaseError) -> None:
+def _stop_preparing(connection: Any, error: DatabaseError, *, sent_again: bool) -> None:
     """Prepare nothing more on this connection (psycopg's ``prepare_threshold = None``): its
-    next statements are sent unprepared until Django replaces it (``CONN_MAX_AGE``)."""
+    next statements are sent unprepared until Django replaces it (``CONN_MAX_AGE``).
+
+    The warning says what became of the statement: sent again unprepared, or, inside a
+    transaction (a request transaction, the heartbeat's renewal), not sent again at all:
+    PostgreSQL aborted that transaction, so the statement fails and its transaction rolls
+    back."""
     connection.connection.prepare_threshold = None
+    became = (
+        "it is sent again unprepared"
+        if sent_again
+        else "it is not sent again: PostgreSQL aborted the transaction it ran in, which rolls back"
+    )
     logger.warning(
         "PostgreSQL refused a prepared statement of the idempotency store (SQLSTATE %s: %s); "
-        "it is sent again unprepared, and this connection prepares nothing more. After a "
-        "schema change this is expected once per connection; otherwise a transaction-mode "
-        "pooler does not keep prepared statements (PgBouncer before 1.21, or "
-        "max_prepared_statements = 0): leave OPTIONS prepare_threshold unset behind it.",
+        "%s, and this connection prepares nothing more. After a schema change this is "
+        "expected once per connection; otherwise a transaction-mode pooler does not keep "
+        "prepared statements (PgBouncer before 1.21, or max_prepared_statements = 0): leave "
+        "OPTIONS prepare_threshold unset behind it.",
         getattr(error.__cause__, "sqlstate", None),
         error,
+        became,
     )
 
 
