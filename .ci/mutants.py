@@ -1292,6 +1292,18 @@ MUTANTS = [
             "sent_again",
         ),
     ),
+    Mutant(
+        "own-store-under-atomic-accepted",
+        "a view given the Redis store under a project-wide MODE atomic is declared, then "
+        "answers 500 to every request",
+        "options.py",
+        'mode = self.mode if own_mode else setting_at_declaration("MODE")',
+        "mode = self.mode if own_mode else None",
+        (
+            REDIS + "test_a_redis_store_of_its_own_under_a_project_wide_atomic_mode_is_refused_"
+            "where_declared",
+        ),
+    ),
 ]
 
 ROOT = Path(__file__).resolve().parent.parent

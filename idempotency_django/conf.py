@@ -218,6 +218,14 @@ _DURATIONS = ("LEASE_SECONDS", "TTL_SECONDS", "MAX_RUN_SECONDS")
 _INVALID: Any = object()
 
 
+def setting_at_declaration(name: str) -> Any:
+    """The setting ``name`` as a view's or task's declaration reads it, to refuse there what
+    its request would refuse; ``None`` when the setting is itself invalid (left to the
+    system checks, as ``check_durations`` leaves it)."""
+    value = _valid_setting(name)
+    return None if value is _INVALID else value
+
+
 def _valid_setting(name: str) -> Any:
     try:
         value = conf.get(name)
