@@ -258,8 +258,8 @@ MUTANTS = [
         "contention-fails-open",
         "a lock timeout (a concurrent duplicate) counts as an unreachable store: fails open",
         "store/database.py",
-        'if sqlstate in _PG_CONTENTION:\n                return "contention"',
-        'if sqlstate in _PG_CONTENTION:\n                return "unreachable"',
+        'if sqlstate in _PG_CONTENTION:\n            return "contention"',
+        'if sqlstate in _PG_CONTENTION:\n            return "unreachable"',
         (ATOM + "test_a_lock_timeout_on_a_duplicate_is_a_409_even_when_failing_open",),
     ),
     Mutant(
@@ -282,8 +282,8 @@ MUTANTS = [
         "release-on-interface-error",
         "a view failing with InterfaceError releases its key (its work may have committed)",
         "lifecycle.py",
-        "return isinstance(error, (OperationalError, InterfaceError))",
-        "return isinstance(error, OperationalError)",
+        "    if isinstance(error, InterfaceError):\n        return True\n",
+        "",
         (
             UNKNOWN + "test_a_view_that_lost_its_connection_keeps_its_key_until_its_lease_lapses"
             "[decorator-InterfaceError]",
@@ -1302,6 +1302,32 @@ MUTANTS = [
         (
             REDIS + "test_a_redis_store_of_its_own_under_a_project_wide_atomic_mode_is_refused_"
             "where_declared",
+        ),
+    ),
+    # Unknown outcomes: only an error that says the database rolled the work back is known.
+    Mutant(
+        "rolled-back-work-keeps-its-key",
+        "a lock timeout or deadlock, which the database rolled back, keeps the key for a lease: "
+        "the retry is told 409 for an outcome that is known",
+        "lifecycle.py",
+        "    return isinstance(error, OperationalError) and not rolled_back(error)",
+        "    return isinstance(error, OperationalError)",
+        (
+            UNKNOWN + "test_a_view_whose_row_lock_timed_out_releases_its_key_and_the_retry_runs",
+            UNKNOWN + "test_a_view_picked_as_a_deadlock_victim_releases_its_key_and_the_retry_runs",
+            UNKNOWN + "test_a_task_whose_row_lock_timed_out_releases_its_key",
+        ),
+    ),
+    Mutant(
+        "any-operational-error-rolled-back",
+        "every OperationalError counts as rolled back: a lost connection releases the key of "
+        "work that may have committed",
+        "store/database.py",
+        '    return error_kind(error, _vendor_of(error)) == "contention"',
+        "    return True",
+        (
+            UNKNOWN + "test_a_view_that_lost_its_connection_keeps_its_key_until_its_lease_lapses",
+            UNKNOWN + "test_a_lost_connection_stays_unknown_and_a_lock_timeout_does_not",
         ),
     ),
 ]

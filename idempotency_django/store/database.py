@@ -278,36 +278,67 @@ class DatabaseStore:
         Only the first may fail open; contention is what a concurrent duplicate causes and
         must never let a second execution through.
         """
-        if isinstance(error, InterfaceError):
-            return "unreachable"
-        if not isinstance(error, DatabaseError):
-            return "other"
-        vendor = connections[alias].vendor
-        cause = error.__cause__ or error
-        if vendor == "postgresql":
-            sqlstate = getattr(cause, "sqlstate", None)
-            if sqlstate in _PG_CONTENTION:
-                return "contention"
-            if sqlstate is not None:
-                return "unreachable" if sqlstate.startswith(_PG_UNREACHABLE_PREFIXES) else "other"
-        elif vendor == "mysql":
-            code = _mysql_code(error)
-            if code in _MYSQL_CONTENTION:
-                return "contention"
-            if code is not None:
-                return "unreachable" if code in _MYSQL_UNREACHABLE else "other"
-        elif vendor == "sqlite":
-            message = str(error).lower()
-            if "locked" in message or "busy" in message:
-                return "contention"
-        # No code to go by (psycopg raises refused and closed connections without a
-        # SQLSTATE): a connection-level failure is told by its message.
-        message = str(error).lower()
-        if isinstance(error, OperationalError) and any(
-            word in message for word in _UNREACHABLE_WORDS
-        ):
-            return "unreachable"
+        return error_kind(error, connections[alias].vendor)
+
+
+def rolled_back(error: BaseException) -> bool:
+    """Whether a Django database error, from any alias, says the database rolled back what
+    raised it: a deadlock, a serialization failure, a lock timeout (the codes of the
+    "contention" kind). Nothing of that statement committed, and its transaction is gone
+    (PostgreSQL aborts it; MariaDB rolls it back on a deadlock, and Django's ``atomic``
+    does on the way out after a lock timeout): the lifecycle's unknown-outcome rule
+    (``lifecycle.outcome_unknown``) counts it as a known failure. The vendor is the
+    driver's, told by the error itself: the work's database need not be the store's."""
+    return error_kind(error, _vendor_of(error)) == "contention"
+
+
+def _vendor_of(error: BaseException) -> str | None:
+    module = type(error.__cause__).__module__ if error.__cause__ is not None else ""
+    for prefix, vendor in _DRIVERS:
+        if module.startswith(prefix):
+            return vendor
+    return None
+
+
+# The modules of the drivers' exceptions, and the vendor (``connection.vendor``) of each.
+_DRIVERS = (
+    ("psycopg", "postgresql"),
+    ("MySQLdb", "mysql"),
+    ("pymysql", "mysql"),
+    ("sqlite3", "sqlite"),
+)
+
+
+def error_kind(error: BaseException, vendor: str | None) -> FailureKind:
+    """The failure kind of a Django database error on a database of ``vendor``: what
+    ``DatabaseStore.failure_kind`` answers, and what ``rolled_back`` asks of any error."""
+    if isinstance(error, InterfaceError):
+        return "unreachable"
+    if not isinstance(error, DatabaseError):
         return "other"
+    cause = error.__cause__ or error
+    if vendor == "postgresql":
+        sqlstate = getattr(cause, "sqlstate", None)
+        if sqlstate in _PG_CONTENTION:
+            return "contention"
+        if sqlstate is not None:
+            return "unreachable" if sqlstate.startswith(_PG_UNREACHABLE_PREFIXES) else "other"
+    elif vendor == "mysql":
+        code = _mysql_code(error)
+        if code in _MYSQL_CONTENTION:
+            return "contention"
+        if code is not None:
+            return "unreachable" if code in _MYSQL_UNREACHABLE else "other"
+    elif vendor == "sqlite":
+        message = str(error).lower()
+        if "locked" in message or "busy" in message:
+            return "contention"
+    # No code to go by (psycopg raises refused and closed connections without a
+    # SQLSTATE): a connection-level failure is told by its message.
+    message = str(error).lower()
+    if isinstance(error, OperationalError) and any(word in message for word in _UNREACHABLE_WORDS):
+        return "unreachable"
+    return "other"
 
 
 _UNREACHABLE_WORDS = (
