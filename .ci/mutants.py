@@ -88,6 +88,7 @@ UNKNOWN = "test_unknown_outcomes.py::"
 RCLUSTER = "test_store_redis_cluster.py::"
 STATEFUL = "test_stateful.py::"
 DURATIONS = "test_durations.py::"
+ENCRYPTION = "test_codecs_encryption.py::"
 
 MUTANTS = [
     Mutant(
@@ -1328,6 +1329,56 @@ MUTANTS = [
         (
             UNKNOWN + "test_a_view_that_lost_its_connection_keeps_its_key_until_its_lease_lapses",
             UNKNOWN + "test_a_lost_connection_stays_unknown_and_a_lock_timeout_does_not",
+        ),
+    ),
+    # REQUIRE_BOUND_RESPONSES: once resealed, a response bound to no record is refused.
+    Mutant(
+        "require-bound-replays-sealed-unbound",
+        "under REQUIRE_BOUND_RESPONSES a response sealed before binding (maybe copied from "
+        "another account's record) is replayed",
+        "codecs.py",
+        "    if not bound and bound_required():\n        raise _unbound(stored.status)\n",
+        "",
+        (
+            ENCRYPTION + "test_under_require_bound_responses_an_unbound_response_is_refused_never_"
+            "rerun",
+        ),
+    ),
+    Mutant(
+        "require-bound-replays-clear",
+        "under REQUIRE_BOUND_RESPONSES a response stored in clear is replayed",
+        "codecs.py",
+        "        if bound_required():\n"
+        "            raise _unbound(stored.status)\n"
+        "        return stored",
+        "        return stored",
+        (
+            ENCRYPTION + "test_under_require_bound_responses_an_unbound_response_is_refused_never_"
+            "rerun",
+        ),
+    ),
+    Mutant(
+        "reseal-binds-an-unbound-copy",
+        "under REQUIRE_BOUND_RESPONSES the reseal binds an unbound response to the record it "
+        "was copied into, which then replays it",
+        "codecs.py",
+        "        opened = unseal(stored, account=account, endpoint=endpoint, key=key)\n",
+        "        opened = (\n"
+        "            _unframe(stored.status, codec.decode(stored.body[len(SEALED) :]))\n"
+        "            if stored.body.startswith(SEALED_UNBOUND)\n"
+        "            else unseal(stored, account=account, endpoint=endpoint, key=key)\n"
+        "        )\n",
+        (ENCRYPTION + "test_under_require_bound_responses_reseal_never_binds_an_unbound_response",),
+    ),
+    Mutant(
+        "require-bound-without-codec-unwarned",
+        "REQUIRE_BOUND_RESPONSES without a codec, which binds nothing, is not warned (W021)",
+        "checks.py",
+        '        if conf.get("REQUIRE_BOUND_RESPONSES") is True:',
+        "        if False:",
+        (
+            ENCRYPTION + "test_require_bound_responses_without_a_codec_changes_nothing_and_is_"
+            "warned",
         ),
     ),
 ]

@@ -24,6 +24,7 @@ from idempotency_django.conf import (
     MAX_DURATION_SECONDS,
     MINIMUMS,
     SAFE_METHODS,
+    SWITCHES,
     conf,
     is_list_of_names,
     is_number,
@@ -192,7 +193,7 @@ def _check_switches_and_names(values: dict[str, Any]) -> list[checks.CheckMessag
     """E014, E015, E016, W005: the values that, wrong, would switch protection off or
     leave it on nothing, without a word (a header no request can carry, a method typo)."""
     errors: list[checks.CheckMessage] = []
-    for name in ("ENABLED", "REQUIRED"):
+    for name in SWITCHES:
         if not isinstance(values[name], bool):
             errors.append(
                 checks.Error(
@@ -531,16 +532,27 @@ def check_codec_settings(
 
 def _check_codec() -> list[checks.CheckMessage]:
     if conf.RESPONSE_CODEC is None:
+        warnings: list[checks.CheckMessage] = []
         if conf.ENCRYPTION_KEYS:
-            return [
+            warnings.append(
                 checks.Warning(
                     "IDEMPOTENCY ENCRYPTION_KEYS is set, but RESPONSE_CODEC is not: stored "
                     "responses are not encrypted.",
                     hint='Set RESPONSE_CODEC to "idempotency_django.codecs.FernetCodec".',
                     id="idempotency_django.W020",
                 )
-            ]
-        return []
+            )
+        if conf.get("REQUIRE_BOUND_RESPONSES") is True:
+            warnings.append(
+                checks.Warning(
+                    "IDEMPOTENCY REQUIRE_BOUND_RESPONSES is True, but RESPONSE_CODEC is not "
+                    "set: responses are stored in clear, bound to nothing, and replayed.",
+                    hint="Set RESPONSE_CODEC (it binds every response it seals to its "
+                    "record), or leave REQUIRE_BOUND_RESPONSES out.",
+                    id="idempotency_django.W021",
+                )
+            )
+        return warnings
     try:
         codec = codecs.get_codec()
         assert codec is not None

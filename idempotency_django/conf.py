@@ -54,6 +54,9 @@ DEFAULTS: dict[str, Any] = {
     "ENCRYPTION_KEYS": (),
     "REDACT_RESPONSE": None,
     "REPLAY_HOOK": None,
+    # With a codec: replay only responses sealed and bound to their own record (True once
+    # reseal_idempotency_responses has bound the older ones: docs/stored-responses.md).
+    "REQUIRE_BOUND_RESPONSES": False,
     # The admin: an account as people read it, and a search term to the accounts it names.
     "ACCOUNT_DISPLAY": "idempotency_django.admin.username_display",
     "ACCOUNT_SEARCH": "idempotency_django.admin.accounts_by_username",
@@ -105,6 +108,9 @@ DURATIONS = (
     "TTL_SECONDS",
     "STALE_IN_PROGRESS_SECONDS",
 )
+# The True/False settings: anything else is E014, and counts as True until fixed (the safe
+# side of each: protection on, a key required, unbound responses refused).
+SWITCHES = ("ENABLED", "REQUIRED", "REQUIRE_BOUND_RESPONSES")
 CHOICES: dict[str, tuple[str, ...]] = {
     "MODE": MODES,
     "IN_FLIGHT": IN_FLIGHT_POLICIES,
@@ -168,7 +174,7 @@ def problem(name: str, value: Any) -> str | None:
         unknown = [method for method in value if method.upper() not in HTTP_METHODS]
         if unknown:
             return f"{unknown[0]!r} is not an HTTP method (one of {', '.join(HTTP_METHODS)})"
-    if name in ("ENABLED", "REQUIRED") and not isinstance(value, bool):
+    if name in SWITCHES and not isinstance(value, bool):
         return "expected True or False"
     if name in ("HEADER", "REPLAY_HEADER") and not (
         isinstance(value, str) and HEADER_NAME.fullmatch(value)
