@@ -1381,6 +1381,67 @@ MUTANTS = [
             "warned",
         ),
     ),
+    # Promises an independent mutation run found no main-suite test for. Each survived the
+    # suite's modules that concern them (on PostgreSQL) before its test was added, but the
+    # heartbeat's wake-up, which test_concurrency's lease test caught there too.
+    Mutant(
+        "ninja-own-account-ignored",
+        "a django-ninja operation's own account= is replaced by ninja's authenticated caller",
+        "ninja.py",
+        '    if values.get("account") in (None, _UNSET):\n        values["account"] = _account',
+        '    if True:\n        values["account"] = _account',
+        ("test_ninja.py::test_an_operations_own_account_takes_precedence_over_ninjas_caller",),
+    ),
+    Mutant(
+        "own-wait-seconds-ignored",
+        "a view's or task's own wait_seconds is ignored: WAIT_SECONDS bounds its wait instead",
+        "options.py",
+        '                wait_seconds=float(checked("wait_seconds")),',
+        '                wait_seconds=float(conf.checked("WAIT_SECONDS")),',
+        (
+            DEC + "test_a_views_own_wait_seconds_bounds_its_wait_not_the_setting",
+            "test_tasks.py::test_a_tasks_own_wait_seconds_bounds_its_wait_not_the_setting",
+        ),
+    ),
+    Mutant(
+        "async-inner-layer-runs-twice",
+        "async code calls an inner layer of the same scope twice under one claim: the work of "
+        "one key done twice",
+        "protect.py",
+        "        if held[guard.scope]:\n"
+        "            return _ran_once(error_response)\n"
+        "        with _inner(held, guard.scope):\n"
+        "            return await call_view()",
+        "        with _inner(held, guard.scope):\n            return await call_view()",
+        ("test_middleware.py::test_under_asgi_a_second_inner_call_under_one_claim_is_refused",),
+    ),
+    Mutant(
+        "endpoint-slash-twin-other-arguments",
+        "a path and its slash twin share an endpoint even when they resolve to other arguments",
+        "keys.py",
+        "    same_route = twin.func == match.func and twin.args == match.args and twin.kwargs == "
+        "match.kwargs",
+        "    same_route = twin.func == match.func",
+        (DEC + "test_slash_twins_that_resolve_to_other_arguments_keep_their_own_keys",),
+    ),
+    Mutant(
+        "heartbeat-not-woken-by-a-shorter-lease",
+        "a claim with a shorter lease than the heartbeat sleeps on does not wake it: its lease "
+        "lapses while its view runs",
+        "heartbeat.py",
+        "        if sleeping is None or lease / 3 < sleeping:",
+        "        if sleeping is None:",
+        ("test_heartbeat.py::test_a_claim_with_a_shorter_lease_wakes_the_sleeping_heartbeat",),
+    ),
+    Mutant(
+        "heartbeat-timeout-in-seconds",
+        "the renewal's statement_timeout is sent in seconds, read as milliseconds: a row lock "
+        "of a few milliseconds fails every renewal",
+        "store/database.py",
+        "            milliseconds = max(1, math.ceil(seconds * 1000))",
+        "            milliseconds = max(1, math.ceil(seconds))",
+        ("test_heartbeat.py::test_a_renewal_waits_out_a_row_lock_shorter_than_its_timeout",),
+    ),
 ]
 
 ROOT = Path(__file__).resolve().parent.parent

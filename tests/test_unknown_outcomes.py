@@ -30,7 +30,7 @@ from idempotency_django import signals
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.tasks import TaskInFlight, idempotent_task
 from tests import records
-from tests.conftest import Post, effects, wait_until
+from tests.conftest import Post, another_waits_for_a_row_lock, effects, wait_until
 from tests.models import SideEffect
 from tests.project import unknown_outcome_views
 from tests.test_lifecycle import is_completion
@@ -205,24 +205,6 @@ def row_held(label: str) -> Iterator[None]:
     finally:
         let_go.set()
         holder.join(60)
-
-
-def another_waits_for_a_row_lock() -> bool:
-    """Whether another connection to this database waits for a row lock now (PostgreSQL:
-    its ``query`` may still show the statement before; MariaDB: the locking read runs)."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND datname = current_database() AND pid <> pg_backend_pid()"
-            )
-        else:
-            cursor.execute(
-                "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() "
-                "AND id <> CONNECTION_ID() AND info LIKE %s",
-                ["SELECT id FROM % FOR UPDATE"],
-            )
-        return int(cursor.fetchone()[0]) > 0
 
 
 @pytest.mark.concurrency

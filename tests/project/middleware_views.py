@@ -243,3 +243,9 @@ async def async_charge(request: HttpRequest) -> HttpResponse:
 
 async def async_calls_charge(request: HttpRequest) -> HttpResponse:
     return await async_charge(request)
+
+
+async def async_calls_charge_twice(request: HttpRequest) -> HttpResponse:
+    first = await async_charge(request)
+    second = await async_charge(request)
+    return JsonResponse({"first": first.status_code, "second": second.status_code}, status=201)
