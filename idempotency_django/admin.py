@@ -474,6 +474,11 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         except codecs.ResponseUnreadable as error:
             if error.misbound:
                 return "encrypted for another record (the row was copied or altered); not shown"
+            if error.unbound:
+                return (
+                    "encrypted before responses were bound to their record; refused on "
+                    "replay (REQUIRE_BOUND_RESPONSES), not shown"
+                )
             return "encrypted, and the configured RESPONSE_CODEC cannot decrypt it"
         logger.info(
             "Idempotency stored response shown decrypted in the admin to %s.",

@@ -19,11 +19,14 @@ from idempotency_django import codecs
 from idempotency_django.conf import (
     CHOICES,
     DEFAULTS,
+    DURATIONS,
     HTTP_METHODS,
+    MAX_DURATION_SECONDS,
     MAX_WAIT_SECONDS,
     MINIMUMS,
     NULLABLE,
     SAFE_METHODS,
+    SWITCHES,
     conf,
     is_list_of_names,
     is_number,
@@ -31,6 +34,7 @@ from idempotency_django.conf import (
     problem,
     resolve_callable,
     status_predicate,
+    too_long,
 )
 from idempotency_django.responses import BODY_LENGTH_HEADERS, NEVER_STORED_HEADERS
 
@@ -97,6 +101,18 @@ def check_settings(
                 id="idempotency_django.E003",
             )
         )
+    for name in DURATIONS:
+        if too_long(name, values[name]):
+            errors.append(
+                checks.Error(
+                    f"IDEMPOTENCY[{name!r}] is {values[name]!r}, longer than 100 years "
+                    f"({MAX_DURATION_SECONDS} s): it cannot be added to the current time on "
+                    "every store.",
+                    hint="Give at most 100 years"
+                    + (", or None to keep keys forever." if name == "TTL_SECONDS" else "."),
+                    id="idempotency_django.E028",
+                )
+            )
     if not {"LEASE_SECONDS", "TTL_SECONDS", "MAX_RUN_SECONDS"} & set(bad_numbers):
         errors.extend(_check_durations(values))
     errors.extend(_check_exhaustion(values, bad_numbers))
@@ -317,7 +333,7 @@ def _check_switches_and_names(values: dict[str, Any]) -> list[checks.CheckMessag
     """E014, E015, E016, W005: the values that, wrong, would switch protection off or
     leave it on nothing, without a word (a header no request can carry, a method typo)."""
     errors: list[checks.CheckMessage] = []
-    for name in ("ENABLED", "REQUIRED"):
+    for name in SWITCHES:
         if not isinstance(values[name], bool):
             errors.append(
                 checks.Error(
@@ -757,16 +773,27 @@ def check_codec_settings(
 
 def _check_codec() -> list[checks.CheckMessage]:
     if conf.RESPONSE_CODEC is None:
+        warnings: list[checks.CheckMessage] = []
         if conf.ENCRYPTION_KEYS:
-            return [
+            warnings.append(
                 checks.Warning(
                     "IDEMPOTENCY ENCRYPTION_KEYS is set, but RESPONSE_CODEC is not: stored "
                     "responses are not encrypted.",
                     hint='Set RESPONSE_CODEC to "idempotency_django.codecs.FernetCodec".',
                     id="idempotency_django.W020",
                 )
-            ]
-        return []
+            )
+        if conf.get("REQUIRE_BOUND_RESPONSES") is True:
+            warnings.append(
+                checks.Warning(
+                    "IDEMPOTENCY REQUIRE_BOUND_RESPONSES is True, but RESPONSE_CODEC is not "
+                    "set: responses are stored in clear, bound to nothing, and replayed.",
+                    hint="Set RESPONSE_CODEC (it binds every response it seals to its "
+                    "record), or leave REQUIRE_BOUND_RESPONSES out.",
+                    id="idempotency_django.W021",
+                )
+            )
+        return warnings
     try:
         codec = codecs.get_codec()
         assert codec is not None

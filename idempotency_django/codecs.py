@@ -71,6 +71,9 @@ class ResponseUnreadable(ResponseNotStored):
     #: True when the response opens but was sealed for another record (another account,
     #: endpoint, key or status): a row was copied or altered. Answered all the same.
     misbound = False
+    #: True when the response is bound to no record (stored in clear, or sealed before
+    #: binding) and ``REQUIRE_BOUND_RESPONSES`` refuses such responses.
+    unbound = False
 
 
 class _Misbound(ValueError):
@@ -239,9 +242,13 @@ def unseal(stored: StoredResponse, *, account: str, endpoint: str, key: str) -> 
     """A stored outcome of the record of ``account``, ``endpoint`` and ``key``, as it will
     be replayed. Raises ``ResponseNotStored`` for a record whose response could not be
     stored, ``ResponseUnreadable`` for one the codec cannot open or that was sealed for
-    another record (``misbound``); replays a record stored without a codec as it is."""
+    another record (``misbound``); replays a record stored without a codec as it is, and
+    one sealed before binding unchecked, unless ``REQUIRE_BOUND_RESPONSES`` refuses both
+    (``unbound``)."""
     body = stored.body if isinstance(stored.body, bytes) else bytes(stored.body)
     if not body.startswith(b"\x00"):  # the common case, in one comparison
+        if bound_required():
+            raise _unbound(stored.status)
         return stored
     if body == UNSTORABLE:
         raise ResponseNotStored(
@@ -250,6 +257,8 @@ def unseal(stored: StoredResponse, *, account: str, endpoint: str, key: str) -> 
             "(redaction or encoding failed)."
         )
     bound = body.startswith(SEALED)
+    if not bound and bound_required():
+        raise _unbound(stored.status)
     if not (bound or body.startswith(SEALED_UNBOUND)):
         return stored
     try:
@@ -280,6 +289,31 @@ def unseal(stored: StoredResponse, *, account: str, endpoint: str, key: str) -> 
         )
         unreadable.misbound = isinstance(error, _Misbound)
         raise unreadable from error
+
+
+def bound_required() -> bool:
+    """Whether only responses bound to their record may be replayed: a codec is set and
+    ``REQUIRE_BOUND_RESPONSES`` is on (anything but ``False`` counts as on: E014)."""
+    user = conf.raw()
+    return (
+        user.get("RESPONSE_CODEC") is not None
+        and user.get("REQUIRE_BOUND_RESPONSES", False) is not False
+    )
+
+
+def _unbound(status: int) -> ResponseUnreadable:
+    logger.error(
+        "Idempotency stored response is bound to no record (stored in clear, or sealed "
+        "before responses were bound), and REQUIRE_BOUND_RESPONSES refuses it: it may have "
+        "been copied from another record. Its retries get a 409 problem; the view does not "
+        "run again."
+    )
+    unreadable = ResponseUnreadable(
+        f"The first request with this Idempotency-Key completed with status {status}, but "
+        "its stored response cannot be read back."
+    )
+    unreadable.unbound = True
+    return unreadable
 
 
 def is_sealed(body: bytes | None) -> bool:
@@ -342,11 +376,13 @@ def _redacted(redact: Callable[..., Any], outcome: StoredResponse) -> StoredResp
 @dataclass(frozen=True)
 class Resealed:
     """What ``reseal_records`` did: records sealed again under the codec's current key,
-    records it could not open (left as they are), and records it skipped (not stored)."""
+    records it could not open (left as they are), records it skipped (not stored), and
+    records it left unbound because ``REQUIRE_BOUND_RESPONSES`` is on."""
 
     resealed: int
     unreadable: int
     skipped: int
+    unbound: int = 0
 
 
 def reseal_records(*, using: str | None = None, batch_size: int = 100) -> Resealed:
@@ -356,6 +392,14 @@ def reseal_records(*, using: str | None = None, batch_size: int = 100) -> Reseal
     After it, keys that only old records needed can be dropped at once, without waiting
     ``TTL_SECONDS`` (and with ``TTL_SECONDS = None``, ever). A record whose sealed
     response is bound to another record counts as unreadable and is left as it is.
+
+    Each response is bound to the record it is read from, in the same ``SELECT``, and
+    written back to that record only. A bound response proves where it came from; an
+    unbound one (in clear, or sealed before binding) cannot, so it is bound only while
+    ``REQUIRE_BOUND_RESPONSES`` is off, the one-time step before turning it on. Once it is
+    on, the app writes nothing unbound: an unbound response found then was put there by
+    something else (a row copied from another record), and is left as it is (``unbound``),
+    refused on replay, never given a binding it could not earn.
 
     Redaction is not applied again: it already was, or the record predates it. Each
     record is read and written on its own (a body can be ``MAX_RESPONSE_BYTES``), and the
@@ -372,14 +416,16 @@ def reseal_records(*, using: str | None = None, batch_size: int = 100) -> Reseal
     records = IdempotencyRecord.objects.using(alias).filter(
         state=IdempotencyRecord.State.COMPLETED, response_body__isnull=False
     )
-    counts = {"resealed": 0, "unreadable": 0, "skipped": 0, "gone": 0}
+    counts = {"resealed": 0, "unreadable": 0, "skipped": 0, "gone": 0, "unbound": 0}
     last = 0
     while True:
         batch = list(
             records.filter(pk__gt=last).order_by("pk").values_list("pk", "token")[:batch_size]
         )
         if not batch:
-            return Resealed(counts["resealed"], counts["unreadable"], counts["skipped"])
+            return Resealed(
+                counts["resealed"], counts["unreadable"], counts["skipped"], counts["unbound"]
+            )
         for pk, token in batch:
             last = pk
             counts[reseal_one(records, pk, token, codec)] += 1
@@ -389,8 +435,9 @@ def reseal_one(
     records: QuerySet[IdempotencyRecord], pk: int, token: str, codec: ResponseCodec
 ) -> str:
     """Seal one record again; say what became of it: ``"resealed"``, ``"unreadable"`` (left
-    as it is), ``"skipped"`` (never stored) or ``"gone"`` (deleted or claimed again since
-    it was listed; the write is fenced the same way)."""
+    as it is), ``"unbound"`` (left as it is: ``REQUIRE_BOUND_RESPONSES``), ``"skipped"``
+    (never stored) or ``"gone"`` (deleted or claimed again since it was listed; the write
+    is fenced the same way)."""
     found = (
         records.filter(pk=pk, token=token)
         .values_list(
@@ -409,8 +456,8 @@ def reseal_one(
     record = Record(stored.status, account, endpoint, key)
     try:
         opened = unseal(stored, account=account, endpoint=endpoint, key=key)
-    except ResponseUnreadable:
-        return "unreadable"
+    except ResponseUnreadable as error:
+        return "unbound" if error.unbound else "unreadable"
     sealed = _sealed(codec, opened, record)
     written = records.filter(pk=pk, token=token).update(response_body=sealed, response_headers=[])
     return "resealed" if written else "gone"

@@ -6,8 +6,8 @@ Every value is looked up when it is used, never cached at import, so that
 
 from __future__ import annotations
 
-import math
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -66,6 +66,9 @@ DEFAULTS: dict[str, Any] = {
     "ENCRYPTION_KEYS": (),
     "REDACT_RESPONSE": None,
     "REPLAY_HOOK": None,
+    # With a codec: replay only responses sealed and bound to their own record (True once
+    # reseal_idempotency_responses has bound the older ones: docs/stored-responses.md).
+    "REQUIRE_BOUND_RESPONSES": False,
     # The admin: an account as people read it, and a search term to the accounts it names.
     "ACCOUNT_DISPLAY": "idempotency_django.admin.username_display",
     "ACCOUNT_SEARCH": "idempotency_django.admin.accounts_by_username",
@@ -108,6 +111,25 @@ MINIMUMS: dict[str, float] = {
 MAX_WAIT_SECONDS = 60.0
 # Settings where None is a value: records kept forever, no quota.
 NULLABLE = ("TTL_SECONDS", "MAX_IN_FLIGHT_PER_ACCOUNT")
+# The longest duration any setting, argument or command option may give: 100 years of 365
+# days. Longer is "forever" in practice, and where it is not representable it fails at
+# request time (now + a TTL past the year 9999 raises OverflowError). Within it, now + the
+# bound fits every store: datetimes up to 9999 (the database columns, MariaDB's DATETIME
+# included), Redis PX in milliseconds (3.2e12, far below 2**63) and the Lua scripts' doubles
+# (exact below 2**53 ms), threading's TIMEOUT_MAX (292 years) for the heartbeat's sleep.
+# TTL_SECONDS = None stays "forever". docs/settings.md ("Durations").
+MAX_DURATION_SECONDS = 100 * 365 * 24 * 60 * 60
+DURATIONS = (
+    "WAIT_SECONDS",
+    "RETRY_AFTER_SECONDS",
+    "LEASE_SECONDS",
+    "MAX_RUN_SECONDS",
+    "TTL_SECONDS",
+    "STALE_IN_PROGRESS_SECONDS",
+)
+# The True/False settings: anything else is E014, and counts as True until fixed (the safe
+# side of each: protection on, a key required, unbound responses refused).
+SWITCHES = ("ENABLED", "REQUIRED", "REQUIRE_BOUND_RESPONSES")
 CHOICES: dict[str, tuple[str, ...]] = {
     "MODE": MODES,
     "IN_FLIGHT": IN_FLIGHT_POLICIES,
@@ -119,7 +141,16 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 
 def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A real number that a float can hold: not a bool, NaN or an infinity, and not an int
+    too large to convert (``math.isfinite(10**400)`` raises rather than answers)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    return -sys.float_info.max <= value <= sys.float_info.max
+
+
+def too_long(name: str, value: Any) -> bool:
+    """Whether ``value`` is a number over ``MAX_DURATION_SECONDS`` for the duration ``name``."""
+    return name in DURATIONS and is_number(value) and value > MAX_DURATION_SECONDS
 
 
 def is_list_of_names(value: Any) -> bool:
@@ -153,6 +184,9 @@ def problem(name: str, value: Any) -> str | None:
         least = MINIMUMS[name]
         if not is_number(value) or value < least:
             return f"expected a number of at least {least:g}"
+        if too_long(name, value):
+            forever = " (None keeps keys forever)" if name == "TTL_SECONDS" else ""
+            return f"expected at most {MAX_DURATION_SECONDS} seconds (100 years){forever}"
     if name == "WAIT_SECONDS" and value > MAX_WAIT_SECONDS:
         return (
             f"expected at most {MAX_WAIT_SECONDS:g} seconds: a waiting request holds a worker, "
@@ -168,7 +202,7 @@ def problem(name: str, value: Any) -> str | None:
         unknown = [method for method in value if method.upper() not in HTTP_METHODS]
         if unknown:
             return f"{unknown[0]!r} is not an HTTP method (one of {', '.join(HTTP_METHODS)})"
-    if name in ("ENABLED", "REQUIRED", "NAMESPACE_PRINCIPALS") and not isinstance(value, bool):
+    if name in (*SWITCHES, "NAMESPACE_PRINCIPALS") and not isinstance(value, bool):
         return "expected True or False"
     if name in ("HEADER", "REPLAY_HEADER") and not (
         isinstance(value, str) and HEADER_NAME.fullmatch(value)
@@ -216,6 +250,14 @@ def check_durations(given: Mapping[str, Any], where: str) -> None:
 
 _DURATIONS = ("LEASE_SECONDS", "TTL_SECONDS", "MAX_RUN_SECONDS")
 _INVALID: Any = object()
+
+
+def setting_at_declaration(name: str) -> Any:
+    """The setting ``name`` as a view's or task's declaration reads it, to refuse there what
+    its request would refuse; ``None`` when the setting is itself invalid (left to the
+    system checks, as ``check_durations`` leaves it)."""
+    value = _valid_setting(name)
+    return None if value is _INVALID else value
 
 
 def _valid_setting(name: str) -> Any:

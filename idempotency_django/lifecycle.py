@@ -33,6 +33,7 @@ from idempotency_django.exceptions import (
 from idempotency_django.heartbeat import heartbeat
 from idempotency_django.responses import StoredResponse
 from idempotency_django.store.base import Store
+from idempotency_django.store.database import rolled_back
 
 logger = logging.getLogger("idempotency_django")
 
@@ -99,8 +100,15 @@ def definitive(
 def outcome_unknown(error: BaseException) -> bool:
     """Whether work that failed with ``error`` may have committed all the same: a database
     connection lost while it ran may have lost the acknowledgement of a write that
-    committed. Its key is kept until its lease lapses, as a crashed worker's."""
-    return isinstance(error, (OperationalError, InterfaceError))
+    committed. Its key is kept until its lease lapses, as a crashed worker's.
+
+    Not every ``OperationalError`` is that: a deadlock, a serialization failure or a lock
+    timeout is the database saying it rolled the work back (``rolled_back``, by SQLSTATE
+    or MySQL error code). That is a known failure, and the key is released for the retry,
+    as after any other exception. An error without such a code stays unknown."""
+    if isinstance(error, InterfaceError):
+        return True
+    return isinstance(error, OperationalError) and not rolled_back(error)
 
 
 @dataclass(frozen=True)

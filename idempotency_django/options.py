@@ -24,6 +24,7 @@ from idempotency_django.conf import (
     check_durations,
     conf,
     resolve_callable,
+    setting_at_declaration,
     status_predicate,
 )
 from idempotency_django.store.base import Store, check_store, get_store
@@ -129,7 +130,11 @@ class Options:
             except (ImproperlyConfigured, TypeError, ValueError) as error:
                 raise ImproperlyConfigured(f"{self.label}: {error}") from error
         if self.store is not _UNSET:
-            check_store(self.store, self.mode, self.label)
+            # Its own mode, or the project's MODE: a store outside the database under
+            # MODE "atomic" would fail every request it gets (``Resolved._policy``).
+            own_mode = self.mode is not _UNSET
+            mode = self.mode if own_mode else setting_at_declaration("MODE")
+            check_store(self.store, mode, self.label, mode_given=own_mode)
         if self.fingerprint_fields is not None and self.fingerprint is not None:
             raise ImproperlyConfigured(
                 f"{self.label}: give fingerprint_fields or fingerprint, not both"

@@ -26,7 +26,7 @@ from django.dispatch import Signal
 from django.utils import timezone
 
 from idempotency_django import claims
-from idempotency_django.conf import conf, problem
+from idempotency_django.conf import MAX_DURATION_SECONDS, conf, problem
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store.base import expired_q
 from idempotency_django.store.database import delete_page as _delete
@@ -55,6 +55,8 @@ DEFAULT_BUSY_SHARE = 0.5
 _UNITS = {"w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1}
 _PART = re.compile(r"(\d+)([wdhms])")
 _DURATION = re.compile(r"(?:\d+[wdhms])+")
+#: The longest ``older_than`` or ``stale_after``: the settings' bound (100 years).
+MAX_AGE = timedelta(seconds=MAX_DURATION_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,9 @@ def purge_records(
         stale_after = stale_after_setting()
     if stale_after < timedelta(0):
         raise ValueError(f"stale_after must not be negative, not {stale_after}")
+    for name, age in (("older_than", older_than), ("stale_after", stale_after)):
+        if age > MAX_AGE:  # now minus more than 2000 years is not a date
+            raise ValueError(f"{name} must be at most 100 years, not {age}")
     if batch_size is None:
         batch_size = batch_size_setting()
     if batch_size < 1:
@@ -322,9 +327,12 @@ def parse_duration(text: str) -> timedelta:
             f"{text!r} is not a duration: give a number and a unit, e.g. 7d, 12h, 30m or 45s "
             "(units w, d, h, m, s; combined as in 1d12h)"
         )
-    return timedelta(
-        seconds=sum(int(number) * _UNITS[unit] for number, unit in _PART.findall(value))
-    )
+    seconds = sum(int(number) * _UNITS[unit] for number, unit in _PART.findall(value))
+    if seconds > MAX_DURATION_SECONDS:
+        # Checked before timedelta() sees it, which raises OverflowError past 2.7 million
+        # years; and now minus more than 2000 years would not be a date.
+        raise ValueError(f"{text!r} is longer than 100 years: give at most 36500d")
+    return timedelta(seconds=seconds)
 
 
 def describe(result: PurgeResult) -> str:

@@ -162,3 +162,24 @@ def keyed(material: bytes, secret: str = "tests-only-not-secret") -> str:
         "idempotency_django.fingerprint", material, secret=secret, algorithm="sha256"
     ).hexdigest()
     return f"3:{key_id}{mac[:56]}"
+
+
+def another_waits_for_a_row_lock() -> bool:
+    """Whether another connection to this test database waits for a row lock now (other
+    databases on the server, other suites', do not count). PostgreSQL says so; MariaDB's
+    ``innodb_trx`` still said RUNNING for a waiting read in tests, so there it is a locking
+    statement (``… FOR UPDATE``, or a ``SET STATEMENT … FOR UPDATE``) still running, which
+    in these tests only a lock wait makes last."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        else:
+            cursor.execute(
+                "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() "
+                "AND id <> CONNECTION_ID() AND info LIKE %s",
+                ["%FOR UPDATE%"],
+            )
+        return int(cursor.fetchone()[0]) > 0

@@ -1058,6 +1058,23 @@ def test_a_body_sealed_for_another_record_is_not_shown() -> None:
 
 
 @pytest.mark.usefixtures("encrypted")
+def test_a_body_sealed_unbound_is_not_shown_where_bound_responses_are_required(
+    settings: Any,
+) -> None:
+    """Under ``REQUIRE_BOUND_RESPONSES`` a body sealed before binding is what a replay
+    refuses: the admin does not show it either, and says why."""
+    frame = b'[["Content-Type", "application/json"]]\n' + json.dumps(SECRET_BODY).encode()
+    body = codecs.SEALED_UNBOUND + Fernet(FERNET_KEY).encrypt(frame)
+    record = completed(key="unbound", response_body=body, response_headers=[])
+    settings.IDEMPOTENCY = {**settings.IDEMPOTENCY, "REQUIRE_BOUND_RESPONSES": True}
+
+    html = detail(login(staff("view_decrypted_body")), record)
+
+    assert "4242424242424242" not in html
+    assert "encrypted before responses were bound to their record; refused on replay" in html
+
+
+@pytest.mark.usefixtures("encrypted")
 def test_a_response_that_could_not_be_stored_is_said_so(client_: Client) -> None:
     record = completed(response_body=codecs.UNSTORABLE, response_headers=[])
     html = detail(client_, record)

@@ -276,7 +276,7 @@ def test_e011_idempotent_on_a_drf_view_method(settings: Any) -> None:
     assert "IdempotentMixin" in (errors[0].hint or "")
 
 
-@pytest.mark.parametrize("name", ["ENABLED", "REQUIRED"])
+@pytest.mark.parametrize("name", ["ENABLED", "REQUIRED", "REQUIRE_BOUND_RESPONSES"])
 @pytest.mark.parametrize("value", ["no", "false", "False", 0, 1, None, ""])
 def test_e014_a_switch_that_is_not_a_bool(settings: Settings, name: str, value: object) -> None:
     settings.IDEMPOTENCY = {name: value}

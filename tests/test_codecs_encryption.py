@@ -528,3 +528,180 @@ def test_reseal_leaves_a_response_bound_to_another_record_as_it_is(
 
     assert "Resealed 1 stored responses; 1 could not be opened" in out.getvalue()
     assert body_of(account=str(bob.pk)) == stolen
+
+
+# --- REQUIRE_BOUND_RESPONSES: once resealed, unbound responses are refused ---------------------
+
+
+def require_bound(settings: Settings, *keys: str) -> None:
+    settings.IDEMPOTENCY = {
+        "RESPONSE_CODEC": FERNET,
+        "ENCRYPTION_KEYS": list(keys),
+        "REQUIRE_BOUND_RESPONSES": True,
+    }
+
+
+@pytest.mark.parametrize("stored", ["in-clear", "sealed-unbound"])
+def test_under_require_bound_responses_an_unbound_response_is_refused_never_rerun(
+    post: Post, settings: Settings, caplog: pytest.LogCaptureFixture, stored: str
+) -> None:
+    """A response stored in clear (before the codec) or sealed before binding proves no
+    record: it may have been copied from another account's row. Refused like an unreadable
+    one: a 409 problem, nothing of the body, and the view does not run again."""
+    if stored == "in-clear":
+        first = post("/effect/", {"card": CARD})
+    else:
+        encrypt_with(settings, NEW_KEY)
+        first = post("/effect/", {"card": CARD})
+        records.update(response_body=unbind(body_of()))
+    assert first.status_code == 201
+    require_bound(settings, NEW_KEY)
+
+    with caplog.at_level(logging.ERROR, logger="idempotency_django"):
+        refused = post("/effect/", {"card": CARD})
+
+    assert_refused_as_unreadable(refused)
+    assert b"4242" not in refused.content
+    assert any("bound to no record" in r.getMessage() for r in caplog.records)
+    assert effects() == 1
+
+
+def test_under_require_bound_responses_a_bound_response_replays(
+    post: Post, settings: Settings
+) -> None:
+    require_bound(settings, NEW_KEY)
+    first = post("/effect/", {"card": CARD})
+
+    replayed = post("/effect/", {"card": CARD})
+
+    assert (replayed.status_code, replayed.content) == (201, first.content)
+    assert replayed["Idempotent-Replayed"] == "true"
+    assert effects() == 1
+
+
+def test_require_bound_responses_without_a_codec_changes_nothing_and_is_warned(
+    post: Post, settings: Settings
+) -> None:
+    settings.IDEMPOTENCY = {"REQUIRE_BOUND_RESPONSES": True}
+    first = post("/effect/", {"n": 1})
+
+    replayed = post("/effect/", {"n": 1})
+
+    assert (replayed.status_code, replayed.content) == (201, first.content)
+    assert [m.id for m in check_codec_settings()] == ["idempotency_django.W021"]
+
+
+@pytest.mark.database_store(
+    "the reseal command rewrites database rows (records in Redis are not resealed)"
+)
+def test_reseal_then_require_bound_responses_every_old_record_still_replays(
+    post: Post, settings: Settings, bob: User
+) -> None:
+    """The documented order: reseal (binding each old response to its own record), then
+    turn the setting on. Nothing replayable is lost on the way, for any account."""
+    in_clear = post("/effect/", {"n": 0}, key="plain")
+    encrypt_with(settings, NEW_KEY)
+    sealed_first = post("/effect/", {"n": 1}, key="old", user="bob")
+    records.update({"key": "old"}, response_body=unbind(body_of(key="old")))
+    bound = post("/effect/", {"n": 2}, key="new")
+
+    out = StringIO()
+    call_command("reseal_idempotency_responses", "--batch-size", "2", stdout=out)
+    require_bound(settings, NEW_KEY)
+
+    assert "Resealed 3 stored responses; 0 could not be opened" in out.getvalue()
+    for key, user, body, first in (
+        ("plain", "alice", {"n": 0}, in_clear),
+        ("old", "bob", {"n": 1}, sealed_first),
+        ("new", "alice", {"n": 2}, bound),
+    ):
+        replayed = post("/effect/", body, key=key, user=user)
+        assert (replayed.status_code, replayed.content) == (201, first.content), key
+    assert effects() == 3
+
+
+@pytest.mark.database_store(
+    "the reseal command rewrites database rows (records in Redis are not resealed)"
+)
+def test_reseal_binds_each_response_only_to_the_record_it_was_read_from(
+    post: Post, settings: Settings, bob: User
+) -> None:
+    """Several accounts, keys and batches: after the reseal, each record's response opens
+    in its own record only. Swapped after it, any two are refused."""
+    encrypt_with(settings, NEW_KEY)
+    sent = [
+        (user, key, {"n": n}, post("/effect/", {"n": n}, key=key, user=user))
+        for n, (user, key) in enumerate(
+            [("alice", "k1"), ("bob", "k1"), ("alice", "k2"), ("bob", "k3"), ("alice", "k4")]
+        )
+    ]
+    for record in IdempotencyRecord.objects.all():
+        record.response_body = unbind(bytes(record.response_body))
+        record.save(update_fields=["response_body"])
+
+    call_command("reseal_idempotency_responses", "--batch-size", "2", stdout=StringIO())
+    require_bound(settings, NEW_KEY)
+
+    for user, key, body, first in sent:
+        replayed = post("/effect/", body, key=key, user=user)
+        assert (replayed.status_code, replayed.content) == (201, first.content), (user, key)
+    alices_k1 = IdempotencyRecord.objects.get(
+        account=str(User.objects.get(username="alice").pk), key="k1"
+    )
+    IdempotencyRecord.objects.filter(account=str(bob.pk), key="k1").update(
+        response_body=alices_k1.response_body
+    )
+    assert_refused_as_unreadable(post("/effect/", {"n": 1}, key="k1", user="bob"))
+    assert effects() == 5
+
+
+@pytest.mark.database_store(
+    "the reseal command rewrites database rows (records in Redis are not resealed)"
+)
+def test_under_require_bound_responses_reseal_never_binds_an_unbound_response(
+    post: Post, settings: Settings, bob: User
+) -> None:
+    """Once the setting is on, the app writes nothing unbound: an unbound response found
+    then came from somewhere else (alice's, copied into bob's record as it was sealed
+    before binding). A later reseal (a key rotation) leaves it unbound, and refused,
+    rather than bind it to the record it was copied into."""
+    require_bound(settings, NEW_KEY)
+    post("/effect/", {"card": CARD}, user="alice")
+    post("/effect/", {"n": 1}, user="bob")
+    alices = str(User.objects.get(username="alice").pk)
+    IdempotencyRecord.objects.filter(account=str(bob.pk)).update(
+        response_body=unbind(body_of(account=alices))
+    )
+    require_bound(settings, OTHER_KEY, NEW_KEY)  # a rotation, then its reseal
+
+    out = StringIO()
+    call_command("reseal_idempotency_responses", stdout=out)
+
+    assert out.getvalue() == (
+        "Resealed 1 stored responses; 0 could not be opened with the configured keys (left as "
+        "they are); 1 bound to no record, left as they are (REQUIRE_BOUND_RESPONSES is on: "
+        "they are refused on replay).\n"
+    )
+    stolen = body_of(account=str(bob.pk))
+    assert stolen.startswith(SEALED_UNBOUND)
+    refused = post("/effect/", {"n": 1}, user="bob")
+    assert_refused_as_unreadable(refused)
+    assert b"4242" not in refused.content
+    assert post("/effect/", {"card": CARD}, user="alice")["Idempotent-Replayed"] == "true"
+    assert effects() == 2
+
+
+@pytest.mark.parametrize("value", ["no", 0, None])
+def test_require_bound_responses_that_is_not_a_bool_counts_as_on(
+    post: Post, settings: Settings, value: object
+) -> None:
+    """E014 reports it; until then it refuses unbound responses (the safe side)."""
+    first = post("/effect/", {"n": 1})
+    settings.IDEMPOTENCY = {
+        "RESPONSE_CODEC": FERNET,
+        "ENCRYPTION_KEYS": [NEW_KEY],
+        "REQUIRE_BOUND_RESPONSES": value,
+    }
+
+    assert first.status_code == 201
+    assert_refused_as_unreadable(post("/effect/", {"n": 1}))

@@ -6,6 +6,7 @@ transaction of its own, which a test wrapped in a transaction would hide.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from django.contrib.auth.models import User
 from django.db import OperationalError, ProgrammingError, connection
 from django.utils import timezone
 
+from idempotency_django import claims, signals
 from idempotency_django.models import IdempotencyRecord
 from tests import records
 from tests.conftest import Post, effects
@@ -185,6 +187,23 @@ def test_other_arguments_of_one_route_keep_their_own_keys(alice: User, post: Pos
     assert one.status_code == two.status_code == 201
     assert "Idempotent-Replayed" not in two
     assert effects() == 2
+
+
+def test_slash_twins_that_resolve_to_other_arguments_keep_their_own_keys(
+    alice: User, post: Post
+) -> None:
+    """The same view, but its argument is ``"7"`` at one path and ``"7/"`` at the other:
+    two different requests to it, not one retried, so two endpoints."""
+    without = post("/captures-slash/7", {"amount": 1})
+    with_slash = post("/captures-slash/7/", {"amount": 1})
+
+    assert without.status_code == with_slash.status_code == 201
+    assert "Idempotent-Replayed" not in with_slash
+    assert effects() == 2
+    assert sorted(r.endpoint for r in records.all()) == [
+        "POST /captures-slash/7",
+        "POST /captures-slash/7/",
+    ]
 
 
 @pytest.mark.parametrize("retry", ["/optional-slash/", "/optional-slash"])
@@ -386,6 +405,58 @@ def test_store_statuses_setting(alice: User, post: Post, settings) -> None:  # t
     assert retry.status_code == 500
     assert retry["Idempotent-Replayed"] == "true"
     assert effects() == 1
+
+
+@contextlib.contextmanager
+def completed_once_a_duplicate_waits() -> Iterator[None]:
+    """Turn the one completed record back into its request in flight: inside, the key is
+    claimed (same scope and fingerprint, a live lease), and the first time a duplicate
+    reports it in flight (``in_flight``, sent as it starts to wait) it completes with the
+    outcome it had, as its first request would. Sleep-free: the duplicate's next look finds
+    the stored outcome, if it still waits by then."""
+    from idempotency_django.responses import StoredResponse
+
+    done = records.get()
+    records.delete()
+    policy = claims.ClaimPolicy(
+        "default", lease=60, ttl=3600, in_flight="conflict", wait_seconds=0, retry_after=1
+    )
+    scope = claims.Scope(str(done.account), str(done.endpoint), str(done.key))
+    claim = claims.claim_or_replay(scope, done.fingerprint, policy)
+    assert isinstance(claim, claims.Claim)
+    outcome = StoredResponse(
+        int(done.response_status or 0),
+        bytes(done.response_body or b""),
+        [(str(name), str(value)) for name, value in done.response_headers or []],
+    )
+
+    def complete(**kwargs: Any) -> None:
+        assert claims.complete(claim, outcome)
+
+    signals.in_flight.connect(complete, weak=False)
+    try:
+        yield
+    finally:
+        signals.in_flight.disconnect(complete)
+
+
+def test_a_views_own_wait_seconds_bounds_its_wait_not_the_setting(
+    alice: User, post: Post, settings: Any
+) -> None:
+    """``/waiting/`` declares ``wait_seconds=20``; ``WAIT_SECONDS = 0`` would answer its
+    duplicate 409 at once. Its own bound is the one it waits by: the duplicate waits, and
+    gets the replay once the first request completes."""
+    settings.IDEMPOTENCY = {"WAIT_SECONDS": 0}
+    first = post("/waiting/", {"amount": 1})
+
+    with completed_once_a_duplicate_waits():
+        duplicate = post("/waiting/", {"amount": 1})
+
+    assert first.status_code == 201
+    assert duplicate.status_code == 201
+    assert duplicate["Idempotent-Replayed"] == "true"
+    assert duplicate.content == first.content
+    assert effects("waiting") == 1
 
 
 def test_in_flight_duplicate_gets_409_with_retry_after(alice: User, post: Post) -> None:

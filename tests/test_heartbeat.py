@@ -25,6 +25,7 @@ from idempotency_django import heartbeat as heartbeat_module
 from idempotency_django.heartbeat import THREAD_NAME, Heartbeat, heartbeat
 from idempotency_django.models import IdempotencyRecord
 from tests import records
+from tests.conftest import another_waits_for_a_row_lock, wait_until
 from tests.project.logs import everything_logged
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -462,3 +463,69 @@ def test_a_renewal_blocked_by_a_row_lock_returns_within_its_timeout(beat: Heartb
     assert lease_of("free") > before["free"]  # type: ignore[operator]
     assert lease_of("locked") == before["locked"]
     assert beat._thread is None
+
+
+def test_a_claim_with_a_shorter_lease_wakes_the_sleeping_heartbeat(
+    beat: Heartbeat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread sleeps a third of the shortest lease it knows: 100 s for a 300 s lease. A
+    claim with a 0.3 s lease registered meanwhile must be renewed within its own beat, not
+    after the long one's: the thread is woken and sleeps on the shorter interval."""
+    next_renewal = beats(beat, monkeypatch)
+    long_lease, short_lease = claim("long"), claim("short")
+    beat.register(long_lease, lease=300, max_run=600)
+    assert wait_until(lambda: beat._sleeping == 100)
+    records.update({"key": "short"}, lease_expires_at=timezone.now())
+    before = lease_of("short")
+
+    beat.register(short_lease, lease=0.3, max_run=60)
+
+    assert next_renewal() >= 1  # within the helper's 10 s, far less than 100
+    assert lease_of("short") > before  # type: ignore[operator]
+    assert beat._sleeping == pytest.approx(0.1)
+
+
+@pytest.mark.concurrency
+@pytest.mark.database_store("a row lock (SELECT FOR UPDATE)")
+def test_a_renewal_waits_out_a_row_lock_shorter_than_its_timeout(beat: Heartbeat) -> None:
+    """The renewal's bound is a third of the lease: 10 s for a 30 s lease. A row held for
+    less than that (until the renewal is seen waiting for it) delays the renewal and does
+    not fail it. Sent to PostgreSQL in seconds where it takes milliseconds, the bound
+    would be 10 ms, and every lock a moment long would cost the claim its renewal."""
+    held = claim("held")
+    beat._entries[held.token] = heartbeat_module._Entry(held, 30, time.monotonic() + 60)
+    records.update(lease_expires_at=timezone.now())
+    before = lease_of("held")
+    holding, let_go = threading.Event(), threading.Event()
+    renewed: list[int] = []
+
+    def hold_the_row() -> None:
+        try:
+            with transaction.atomic():
+                IdempotencyRecord.objects.select_for_update().get(key="held")
+                holding.set()
+                let_go.wait(30)
+        finally:
+            connections.close_all()
+
+    def renew() -> None:
+        try:
+            renewed.append(beat.renew_once())
+        finally:
+            connections.close_all()
+
+    holder, renewal = threading.Thread(target=hold_the_row), threading.Thread(target=renew)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        renewal.start()
+        waited = wait_until(another_waits_for_a_row_lock, timeout=8)
+    finally:
+        let_go.set()
+        holder.join(30)
+        if renewal.ident is not None:
+            renewal.join(30)
+
+    assert waited, "the renewal never waited for the row: it gave up at once"
+    assert renewed == [1]
+    assert lease_of("held") > before  # type: ignore[operator]

@@ -322,6 +322,17 @@ def test_a_second_inner_call_under_one_claim_is_refused(alice: User, post: Post)
     assert effects("mw_charge") == 1
 
 
+def test_under_asgi_a_second_inner_call_under_one_claim_is_refused(alice: User) -> None:
+    """The async path keeps the rule too: an async view calling an async ``@idempotent``
+    function twice under the middleware's claim does its work once."""
+    first = apost("/mw/async-calls-charge-twice/", {"amount": 1})
+    retry = apost("/mw/async-calls-charge-twice/", {"amount": 1})
+
+    assert json.loads(first.content) == {"first": 201, "second": 409}
+    assert retry["Idempotent-Replayed"] == "true"
+    assert effects("mw_async_charge") == 1
+
+
 def test_an_inner_layer_of_another_scope_holds_its_own_claim(alice: User, post: Post) -> None:
     """An inner function that scopes its key apart (its own endpoint) claims its own record.
     When the outer outcome is not stored (a 5xx releases the outer key), the retry runs the

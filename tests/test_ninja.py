@@ -457,6 +457,23 @@ def test_a_project_account_setting_takes_precedence(send: Send, alice: User, bob
     assert list([r.account for r in records.all()]) == ["tenant-1"]
 
 
+def test_an_operations_own_account_takes_precedence_over_ninjas_caller(
+    send: Send, alice: User, bob: User
+) -> None:
+    """``account=`` on the operation: the key belongs to the team, not to whichever of its
+    members ninja authenticated (``auth_account`` would give alice and bob one each)."""
+    first = send("/team/", {"amount": 1}, user="alice", X_Team="team-7")
+    bobs = send("/team/", {"amount": 1}, user="bob", X_Team="team-7")
+    other_team = send("/team/", {"amount": 1}, user="bob", X_Team="team-8")
+
+    assert first.status_code == 201
+    assert bobs["Idempotent-Replayed"] == "true"
+    assert bobs.content == first.content
+    assert "Idempotent-Replayed" not in other_team
+    assert effects("ninja-team") == 2
+    assert sorted(r.account for r in records.all()) == ["team-7", "team-8"]
+
+
 def test_an_async_operations_http_error_is_stored_and_the_switch_turns_it_off(
     send: Send, alice: User
 ) -> None:

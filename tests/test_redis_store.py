@@ -626,6 +626,104 @@ def test_a_view_that_asks_for_atomic_mode_on_redis_is_refused_where_declared() -
         idempotent(store=REDIS_STORE, mode="atomic")(lambda request: None)
 
 
+def _declare_view() -> None:
+    from idempotency_django.decorators import idempotent
+
+    @idempotent(store=REDIS_STORE)
+    def charge(request: Any) -> Any:
+        return None
+
+
+def _declare_drf_view() -> None:
+    from rest_framework.views import APIView
+
+    from idempotency_django.drf import IdempotentMixin
+
+    class Charge(IdempotentMixin, APIView):
+        idempotency_store = REDIS_STORE
+
+
+def _declare_ninja_operation() -> None:
+    from idempotency_django.ninja import idempotent as ninja_idempotent
+
+    @ninja_idempotent(store=REDIS_STORE)
+    def charge(request: Any) -> Any:
+        return None
+
+
+def _declare_task() -> None:
+    from idempotency_django.tasks import idempotent_task
+
+    idempotent_task(scope="s", key="message_id", name="receipt", store=REDIS_STORE)
+
+
+DECLARATIONS = {
+    "decorator": _declare_view,
+    "drf": _declare_drf_view,
+    "ninja": _declare_ninja_operation,
+    "task": _declare_task,
+}
+
+
+@pytest.mark.parametrize("declare", DECLARATIONS.values(), ids=DECLARATIONS.keys())
+def test_a_redis_store_of_its_own_under_a_project_wide_atomic_mode_is_refused_where_declared(
+    settings: SettingsWrapper, declare: Callable[[], None]
+) -> None:
+    """The project's MODE is "atomic" (with the database store, as E025 wants): a view or
+    task that names the Redis store and no mode of its own would answer every request with
+    ``ImproperlyConfigured``, a 500. It is refused when it is declared, naming it."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    settings.IDEMPOTENCY = {
+        "MODE": "atomic",
+        "STORE": "idempotency_django.store.database.DatabaseStore",
+    }
+
+    with pytest.raises(
+        ImproperlyConfigured, match=r"store=.*RedisStore.* under IDEMPOTENCY MODE 'atomic'"
+    ):
+        declare()
+
+
+@pytest.mark.parametrize("mode", [None, "commit"])
+def test_a_redis_store_of_its_own_is_declared_where_the_mode_allows_it(
+    settings: SettingsWrapper, alice: User, mode: str | None
+) -> None:
+    """Under MODE "commit", or with the view's own ``mode="commit"`` under MODE "atomic",
+    the view is declared, and served on the Redis store."""
+    from django.http import JsonResponse
+    from django.test import RequestFactory
+
+    from idempotency_django.decorators import idempotent
+
+    database = "idempotency_django.store.database.DatabaseStore"
+    use_redis(settings, MODE="atomic" if mode else "commit", STORE=database)
+    own = {"mode": mode} if mode else {}
+
+    @idempotent(store=REDIS_STORE, **own)
+    def view(request: Any) -> Any:
+        return JsonResponse({}, status=201)
+
+    def send() -> Any:
+        request = RequestFactory().post(
+            "/own/", data="{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="k8"
+        )
+        request.user = alice
+        return view(request)
+
+    assert send().status_code == 201
+    assert send()["Idempotent-Replayed"] == "true"
+    assert len(record_keys()) == 1
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_a_bad_mode_setting_is_left_to_the_checks_when_a_store_is_declared(
+    settings: SettingsWrapper,
+) -> None:
+    settings.IDEMPOTENCY = {"MODE": "atomc"}
+    _declare_view()  # E002 reports it; importing the URLconf must not fail first
+
+
 def test_a_view_can_use_the_database_store_under_a_redis_default(alice: User, post: Post) -> None:
     from django.http import JsonResponse
     from django.test import RequestFactory

@@ -308,3 +308,42 @@ def test_inside_the_request_transaction_a_forgotten_statement_rolls_back_once(
     assert retry.status_code == 201
     assert replay["Idempotent-Replayed"] == "true"
     assert effects("forgets_prepared_statements") == 1  # its first work rolled back
+
+
+def test_the_heartbeat_says_a_refused_statement_in_its_transaction_is_not_sent_again(
+    threshold: Callable[[Any], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The renewal runs inside a short transaction (its statement timeout is ``SET LOCAL``),
+    where PostgreSQL aborts on the refused statement and nothing is sent again: the log says
+    so, rather than "sent again unprepared". That beat renews nothing; the next one, on the
+    same connection, no longer prepares and renews."""
+    from idempotency_django import claims
+    from idempotency_django.heartbeat import Heartbeat
+
+    threshold(0)
+    policy = claims.ClaimPolicy(
+        "default", lease=30, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1
+    )
+    claim = claims.claim_or_replay(claims.Scope("1", "POST /x/", "k"), "f" * 64, policy)
+    assert isinstance(claim, claims.Claim)
+    beat = Heartbeat()
+    beat._entries[claim.token] = _entry(claim)
+    assert beat.renew_once() == 1  # prepares the renewal on this thread's connection
+    connection.connection.pgconn.exec_(b"DEALLOCATE ALL")  # a pooler's doing, unseen
+
+    with caplog.at_level(logging.WARNING, logger="idempotency_django"):
+        assert beat.renew_once() == 0
+    refused = [r.getMessage() for r in caplog.records if "refused a prepared" in r.getMessage()]
+    assert len(refused) == 1
+    assert "26000" in refused[0]
+    assert "not sent again" in refused[0]
+    assert "sent again unprepared" not in refused[0]
+    assert beat.renew_once() == 1
+
+
+def _entry(claim: Any) -> Any:
+    import time
+
+    from idempotency_django.heartbeat import _Entry
+
+    return _Entry(claim, 30, time.monotonic() + 60)

@@ -882,6 +882,23 @@ def send_receipt(message_id: str, order: int, name: str = "") -> Any:
     return run.result
 
 
+def test_a_tasks_own_wait_seconds_bounds_its_wait_not_the_setting(settings: Any) -> None:
+    """``wait_seconds=30`` of its own under ``WAIT_SECONDS = 0``: a repeat that finds the
+    key in flight waits for it (here it completes as soon as the repeat says it waits),
+    and gets the stored result; bounded by the setting, it would be ``TaskInFlight``."""
+    from tests.test_decorators import completed_once_a_duplicate_waits
+
+    settings.IDEMPOTENCY = {"WAIT_SECONDS": 0}
+    with claim_once("receipts", "w-1", in_flight="wait", wait_seconds=30) as first:
+        first.result = {"sent": 1}
+
+    waiting = claim_once("receipts", "w-1", in_flight="wait", wait_seconds=30)
+    with completed_once_a_duplicate_waits(), waiting as again:
+        assert again.done
+
+    assert again.result == {"sent": 1}
+
+
 def test_claim_once_runs_a_block_once_and_gives_repeats_its_result() -> None:
     first = send_receipt("msg-1", 7)
 

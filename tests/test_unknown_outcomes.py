@@ -6,13 +6,23 @@ ninja exception handler). A retry meanwhile is told 409; after the lease lapses 
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import DatabaseError, DataError, InterfaceError, OperationalError, connection
+from django.db import (
+    DatabaseError,
+    DataError,
+    InterfaceError,
+    OperationalError,
+    connection,
+    connections,
+    transaction,
+)
 from django.test import Client
 from django.utils import timezone
 
@@ -20,7 +30,7 @@ from idempotency_django import signals
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.tasks import TaskInFlight, idempotent_task
 from tests import records
-from tests.conftest import Post, effects
+from tests.conftest import Post, another_waits_for_a_row_lock, effects, wait_until
 from tests.models import SideEffect
 from tests.project import unknown_outcome_views
 from tests.test_lifecycle import is_completion
@@ -151,3 +161,167 @@ def test_an_outcome_the_store_refuses_after_the_work_committed_is_signalled_and_
     assert records.get().state == State.IN_PROGRESS
     assert retry.status_code == 409
     assert effects() == 1
+
+
+# --- work the database rolled back: a known failure, released -------------------------------
+#
+# A deadlock, a serialization failure or a lock timeout is an OperationalError too, but the
+# database says with it that it rolled the work back (by SQLSTATE, or MySQL's error code):
+# nothing of it committed, so its key is released and the retry runs at once, instead of
+# waiting out a lease for an outcome that is known.
+
+CONTENDED = {
+    "decorator": ("/uo/contended/", "contended"),
+    "drf-mixin-handler-answers": ("/uo/contended-drf-handled/", "contended_drf"),
+}
+
+
+@pytest.fixture
+def contention() -> Iterator[unknown_outcome_views.Contention]:
+    unknown_outcome_views.CONTENTION.reset()
+    yield unknown_outcome_views.CONTENTION
+    unknown_outcome_views.CONTENTION.reset()
+
+
+@contextlib.contextmanager
+def row_held(label: str) -> Iterator[None]:
+    """Another connection holds the ``SideEffect`` row ``label`` locked inside the block."""
+    holding, let_go = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                unknown_outcome_views.lock_row(label)
+                holding.set()
+                let_go.wait(60)  # bounded, so that a hanging view still ends the test
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(20)
+        yield
+    finally:
+        let_go.set()
+        holder.join(60)
+
+
+@pytest.mark.concurrency
+@pytest.mark.database_store("the work's own database transaction, rolled back by the database")
+@pytest.mark.parametrize(("path", "label"), CONTENDED.values(), ids=CONTENDED.keys())
+def test_a_view_whose_row_lock_timed_out_releases_its_key_and_the_retry_runs(
+    alice: User,
+    post: Post,
+    client: Client,
+    contention: unknown_outcome_views.Contention,
+    path: str,
+    label: str,
+) -> None:
+    client.raise_request_exception = False
+    SideEffect.objects.create(label="locked-row")
+    contention.kind = "lock-timeout"
+    with row_held("locked-row"):
+        failed = post(path, {"amount": 1})
+    contention.kind = None
+
+    retry = post(path, {"amount": 1})
+    replay = post(path, {"amount": 1})
+
+    assert failed.status_code == 500
+    assert retry.status_code == 201
+    assert "Idempotent-Replayed" not in retry
+    assert replay["Idempotent-Replayed"] == "true"
+    assert effects(label) == 1  # the timed-out run's row was rolled back with its work
+
+
+@pytest.mark.concurrency
+@pytest.mark.database_store("the work's own database transaction, rolled back by the database")
+@pytest.mark.parametrize(("path", "label"), CONTENDED.values(), ids=CONTENDED.keys())
+def test_a_view_picked_as_a_deadlock_victim_releases_its_key_and_the_retry_runs(
+    alice: User,
+    post: Post,
+    contention: unknown_outcome_views.Contention,
+    path: str,
+    label: str,
+) -> None:
+    """A real deadlock: the view holds ``row-a`` and asks for ``row-b``, which this test
+    holds while it asks for ``row-a``. The database rolls the view's transaction back."""
+    SideEffect.objects.bulk_create([SideEffect(label="row-a"), SideEffect(label="row-b")])
+    contention.kind = "deadlock"
+    answers: dict[str, Any] = {}
+
+    def first() -> None:
+        try:
+            answers["failed"] = Client(raise_request_exception=False).post(
+                path,
+                data='{"amount": 1}',
+                content_type="application/json",
+                headers={"Idempotency-Key": "k1", "X-User": "alice"},
+            )
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert contention.holding_a.wait(30)
+        with transaction.atomic():
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:  # the view's 3 s runs out first
+                    cursor.execute("SET LOCAL deadlock_timeout = '60s'")
+            else:  # InnoDB rolls back the transaction that wrote fewer rows: the view's
+                SideEffect.objects.bulk_create([SideEffect(label="heavier")] * 10)
+            unknown_outcome_views.lock_row("row-b")
+            contention.helper_holds_b.set()
+            assert wait_until(another_waits_for_a_row_lock)
+            unknown_outcome_views.lock_row("row-a")  # granted once the view is rolled back
+            transaction.set_rollback(True)
+    finally:
+        contention.helper_holds_b.set()
+        thread.join(60)
+    contention.kind = None
+
+    retry = post(path, {"amount": 1})
+
+    assert answers["failed"].status_code == 500
+    assert retry.status_code == 201
+    assert "Idempotent-Replayed" not in retry
+    assert effects(label) == 1
+
+
+@idempotent_task(scope="orders", key="message_id", name="meets-a-locked-row")
+def task_meets_a_locked_row(message_id: str) -> int:
+    return unknown_outcome_views._contended_work("task")
+
+
+@pytest.mark.concurrency
+@pytest.mark.database_store("the work's own database transaction, rolled back by the database")
+def test_a_task_whose_row_lock_timed_out_releases_its_key(
+    contention: unknown_outcome_views.Contention,
+) -> None:
+    SideEffect.objects.create(label="locked-row")
+    contention.kind = "lock-timeout"
+    with row_held("locked-row"), pytest.raises(OperationalError):
+        task_meets_a_locked_row("m1")
+    contention.kind = None
+
+    task_meets_a_locked_row("m1")  # not TaskInFlight: the key was released
+
+    assert effects("task") == 1
+    assert records.get().state == State.COMPLETED
+
+
+@pytest.mark.concurrency
+def test_a_lost_connection_stays_unknown_and_a_lock_timeout_does_not() -> None:
+    """The rule, on real errors of this database: a lock timeout's code says "rolled back"; an
+    error without such a code (a lost connection) keeps the key."""
+    from idempotency_django.lifecycle import outcome_unknown
+
+    SideEffect.objects.create(label="locked-row")
+    with row_held("locked-row"), transaction.atomic(), pytest.raises(OperationalError) as raised:
+        unknown_outcome_views.lock_row("locked-row", lock_timeout=True)
+
+    assert not outcome_unknown(raised.value)
+    assert outcome_unknown(OperationalError("server closed the connection unexpectedly"))
+    assert outcome_unknown(InterfaceError("connection already closed"))

@@ -19,6 +19,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from idempotency_django.purge import (
+    MAX_AGE,
     Pacing,
     batch_size_setting,
     parse_duration,
@@ -145,6 +146,8 @@ def checked_duration(options: dict[str, Any], name: str) -> timedelta | None:
             raise usage_error(f"{option}: {exc}") from exc
     if value is not None and value < timedelta(0):
         raise usage_error(f"{option} must not be negative: give how long ago, e.g. 7d.")
+    if value is not None and value > MAX_AGE:
+        raise usage_error(f"{option} must be at most 100 years (36500d).")
     return value
 
 

@@ -230,14 +230,22 @@ def get_store(spec: str | Store | None = None) -> Store:
     return instance
 
 
-def check_store(spec: str | Store, mode: Any, where: str) -> Store:
+def check_store(spec: str | Store, mode: Any, where: str, *, mode_given: bool = True) -> Store:
     """A view's or task's own ``store=``, refused where it is declared when it cannot be
-    loaded, or when it cannot run the view's ``mode`` (atomic needs the database store)."""
+    loaded, or when it cannot run the view's ``mode`` (atomic needs the database store):
+    its own ``mode=`` (``mode_given``), or else the project's ``MODE``, which it would
+    otherwise meet on every request."""
     try:
         store = get_store(spec)
     except ImproperlyConfigured as error:
         raise ImproperlyConfigured(f"{where}: store={spec!r}: {error}") from error
     if mode == "atomic" and not store.transactional:
+        if not mode_given:
+            raise ImproperlyConfigured(
+                f"{where}: store={spec!r} under IDEMPOTENCY MODE 'atomic': no transaction "
+                f"spans {type(store).__name__} and the database, so every request would "
+                "fail. Give this view mode='commit', or leave the store to the setting."
+            )
         raise ImproperlyConfigured(
             f"{where}: mode='atomic' needs a store in the database, not "
             f"{type(store).__name__}: no transaction spans it and the database."

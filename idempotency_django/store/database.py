@@ -310,38 +310,69 @@ class DatabaseStore:
         Only the first may fail open; contention is what a concurrent duplicate causes and
         must never let a second execution through.
         """
-        if isinstance(error, InterfaceError):
-            return "unreachable"
-        if not isinstance(error, DatabaseError):
-            return "other"
-        vendor = connections[alias].vendor
-        cause = error.__cause__ or error
-        if vendor == "postgresql":
-            sqlstate = getattr(cause, "sqlstate", None)
-            if sqlstate in _PG_CONTENTION:
-                return "contention"
-            if sqlstate is not None:
-                return "unreachable" if sqlstate.startswith(_PG_UNREACHABLE_PREFIXES) else "other"
-        elif vendor == "mysql":
-            code = _mysql_code(error)
-            if code in _MYSQL_CONTENTION:
-                return "contention"
-            if code is not None:
-                return "unreachable" if code in _MYSQL_UNREACHABLE else "other"
-        elif vendor == "sqlite":
-            message = str(error).lower()
-            if "locked" in message or "busy" in message:
-                return "contention"
-        # No code to go by (psycopg raises refused and closed connections without a
-        # SQLSTATE): a connection-level failure is told by its message.
-        message = str(error).lower()
-        if any(word in message for word in _EXHAUSTED_WORDS):
-            return "other"
-        if isinstance(error, OperationalError) and any(
-            word in message for word in _UNREACHABLE_WORDS
-        ):
-            return "unreachable"
+        return error_kind(error, connections[alias].vendor)
+
+
+def rolled_back(error: BaseException) -> bool:
+    """Whether a Django database error, from any alias, says the database rolled back what
+    raised it: a deadlock, a serialization failure, a lock timeout (the codes of the
+    "contention" kind). Nothing of that statement committed, and its transaction is gone
+    (PostgreSQL aborts it; MariaDB rolls it back on a deadlock, and Django's ``atomic``
+    does on the way out after a lock timeout): the lifecycle's unknown-outcome rule
+    (``lifecycle.outcome_unknown``) counts it as a known failure. The vendor is the
+    driver's, told by the error itself: the work's database need not be the store's."""
+    return error_kind(error, _vendor_of(error)) == "contention"
+
+
+def _vendor_of(error: BaseException) -> str | None:
+    module = type(error.__cause__).__module__ if error.__cause__ is not None else ""
+    for prefix, vendor in _DRIVERS:
+        if module.startswith(prefix):
+            return vendor
+    return None
+
+
+# The modules of the drivers' exceptions, and the vendor (``connection.vendor``) of each.
+_DRIVERS = (
+    ("psycopg", "postgresql"),
+    ("MySQLdb", "mysql"),
+    ("pymysql", "mysql"),
+    ("sqlite3", "sqlite"),
+)
+
+
+def error_kind(error: BaseException, vendor: str | None) -> FailureKind:
+    """The failure kind of a Django database error on a database of ``vendor``: what
+    ``DatabaseStore.failure_kind`` answers, and what ``rolled_back`` asks of any error."""
+    if isinstance(error, InterfaceError):
+        return "unreachable"
+    if not isinstance(error, DatabaseError):
         return "other"
+    cause = error.__cause__ or error
+    if vendor == "postgresql":
+        sqlstate = getattr(cause, "sqlstate", None)
+        if sqlstate in _PG_CONTENTION:
+            return "contention"
+        if sqlstate is not None:
+            return "unreachable" if sqlstate.startswith(_PG_UNREACHABLE_PREFIXES) else "other"
+    elif vendor == "mysql":
+        code = _mysql_code(error)
+        if code in _MYSQL_CONTENTION:
+            return "contention"
+        if code is not None:
+            return "unreachable" if code in _MYSQL_UNREACHABLE else "other"
+    elif vendor == "sqlite":
+        message = str(error).lower()
+        if "locked" in message or "busy" in message:
+            return "contention"
+    # No code to go by (psycopg raises refused and closed connections without a
+    # SQLSTATE): a connection-level failure is told by its message.
+    message = str(error).lower()
+    if any(word in message for word in _EXHAUSTED_WORDS):
+        return "other"
+    if isinstance(error, OperationalError) and any(word in message for word in _UNREACHABLE_WORDS):
+        return "unreachable"
+    return "other"
 
 
 # A server that refuses a new connection because it is full: PostgreSQL's 53300 ("sorry,
@@ -465,8 +496,9 @@ def _execute(connection: Any, sql: str, params: Sequence[Any], result: Callable[
     except DatabaseError as error:
         if not _prepared_statement_refused(connection, error):
             raise
-        _stop_preparing(connection, error)
-        if connection.in_atomic_block or not connection.get_autocommit():
+        in_transaction = connection.in_atomic_block or not connection.get_autocommit()
+        _stop_preparing(connection, error, sent_again=not in_transaction)
+        if in_transaction:
             raise
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -489,18 +521,29 @@ def _prepared_statement_refused(connection: Any, error: DatabaseError) -> bool:
     )
 
 
-def _stop_preparing(connection: Any, error: DatabaseError) -> None:
+def _stop_preparing(connection: Any, error: DatabaseError, *, sent_again: bool) -> None:
     """Prepare nothing more on this connection (psycopg's ``prepare_threshold = None``): its
-    next statements are sent unprepared until Django replaces it (``CONN_MAX_AGE``)."""
+    next statements are sent unprepared until Django replaces it (``CONN_MAX_AGE``).
+
+    The warning says what became of the statement: sent again unprepared, or, inside a
+    transaction (a request transaction, the heartbeat's renewal), not sent again at all:
+    PostgreSQL aborted that transaction, so the statement fails and its transaction rolls
+    back."""
     connection.connection.prepare_threshold = None
+    became = (
+        "it is sent again unprepared"
+        if sent_again
+        else "it is not sent again: PostgreSQL aborted the transaction it ran in, which rolls back"
+    )
     logger.warning(
         "PostgreSQL refused a prepared statement of the idempotency store (SQLSTATE %s: %s); "
-        "it is sent again unprepared, and this connection prepares nothing more. After a "
-        "schema change this is expected once per connection; otherwise a transaction-mode "
-        "pooler does not keep prepared statements (PgBouncer before 1.21, or "
-        "max_prepared_statements = 0): leave OPTIONS prepare_threshold unset behind it.",
+        "%s, and this connection prepares nothing more. After a schema change this is "
+        "expected once per connection; otherwise a transaction-mode pooler does not keep "
+        "prepared statements (PgBouncer before 1.21, or max_prepared_statements = 0): leave "
+        "OPTIONS prepare_threshold unset behind it.",
         getattr(error.__cause__, "sqlstate", None),
         error,
+        became,
     )
 
 
@@ -673,6 +716,12 @@ def _build(connection: Any) -> _Statements:
     )
 
 
+# The largest statement timeouts the servers take: PostgreSQL's statement_timeout (an int of
+# milliseconds) and MariaDB's max_statement_time (a year).
+_PG_MAX_TIMEOUT_MS = 2**31 - 1
+_MARIADB_MAX_STATEMENT_TIME = 31_536_000
+
+
 @contextmanager
 def _statement_timeout(alias: str, seconds: float) -> Iterator[None]:
     """Bound the statements run inside to ``seconds``, lock waits included (the heartbeat's
@@ -688,10 +737,14 @@ def _statement_timeout(alias: str, seconds: float) -> Iterator[None]:
     if connection.vendor == "postgresql":
         with transaction.atomic(using=alias), connection.cursor() as cursor:
             milliseconds = max(1, math.ceil(seconds * 1000))
+            # statement_timeout is an int of milliseconds: a beat of a lease over 74 days
+            # would be refused ("outside the valid range"), and every renewal with it.
+            milliseconds = min(milliseconds, _PG_MAX_TIMEOUT_MS)
             cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(milliseconds)])
             yield
     elif connection.vendor == "mysql" and connection.mysql_is_mariadb:  # type: ignore[attr-defined]
-        prefix = f"SET STATEMENT max_statement_time={max(seconds, 0.001):.3f} FOR "
+        bound = min(max(seconds, 0.001), _MARIADB_MAX_STATEMENT_TIME)
+        prefix = f"SET STATEMENT max_statement_time={bound:.3f} FOR "
 
         def bounded(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
             # Only the renewal: not what Django runs to set up a new connection.

@@ -54,6 +54,7 @@ urlpatterns = [
     path("mw/calls-another-scope/", middleware_views.calls_another_scope),
     path("mw/async-wrapped/", middleware_views.async_wrapped),
     path("mw/async-calls-charge/", middleware_views.async_calls_charge),
+    path("mw/async-calls-charge-twice/", middleware_views.async_calls_charge_twice),
     path("", include(router.urls)),
     path("admin/", admin.site.urls),
 ]

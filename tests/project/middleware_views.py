@@ -293,3 +293,9 @@ def hiding(view: ViewFunc) -> ViewFunc:
 
     wrapper.__wrapped__ = view  # type: ignore[attr-defined]
     return wrapper
+
+
+async def async_calls_charge_twice(request: HttpRequest) -> HttpResponse:
+    first = await async_charge(request)
+    second = await async_charge(request)
+    return JsonResponse({"first": first.status_code, "second": second.status_code}, status=201)

@@ -114,6 +114,17 @@ def token_effect(request: HttpRequest, payload: EffectIn) -> Any:
     return _effect("ninja-token", payload)
 
 
+def team_account(request: HttpRequest) -> str | None:
+    """One operation's own account: the team in ``X-Team``, whoever of it authenticates."""
+    return request.headers.get("X-Team")
+
+
+@api.post("/team/", auth=UserBearer(), response={201: EffectOut})
+@idempotent(account=team_account)
+def team_effect(request: HttpRequest, payload: EffectIn) -> Any:
+    return _effect("ninja-team", payload)
+
+
 @api.post("/session/", response={201: EffectOut})
 @idempotent
 def session_effect(request: HttpRequest, payload: EffectIn) -> Any:

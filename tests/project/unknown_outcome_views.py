@@ -5,10 +5,11 @@ committed; once it is empty, each answers 201."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError
+from django.db import DatabaseError, connection, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path
 from ninja import NinjaAPI
@@ -80,6 +81,72 @@ class HandledPlainView(APIView):
         return Response({"effect": _work("drf_plain")}, status=201)
 
 
+# -- work that the database rolls back: a lock timeout, a deadlock ---------------------------
+
+
+class Contention:
+    """What the contended views meet while ``kind`` is set. ``"lock-timeout"``: the row
+    ``contended``, which a test holds, is locked with a short lock timeout. ``"deadlock"``:
+    the row ``row-a`` is locked, then (once the test holds ``row-b`` and says so) ``row-b``,
+    while the test asks for ``row-a``: the database picks this transaction as the victim
+    (on PostgreSQL its ``deadlock_timeout`` runs out first; on MariaDB it wrote fewer rows).
+    Either way the work's transaction is rolled back, its ``SideEffect`` row with it."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.kind: str | None = None
+        self.holding_a = threading.Event()
+        self.helper_holds_b = threading.Event()
+
+
+CONTENTION = Contention()
+
+
+def lock_row(label: str, *, lock_timeout: bool = False, deadlock_victim: bool = False) -> None:
+    """``SELECT … FOR UPDATE`` the ``SideEffect`` row ``label`` in the open transaction, by
+    its primary key: a locking read by another column would also wait on every row it
+    scans (other transactions' uncommitted rows on InnoDB), not only on ``label``'s."""
+    table = SideEffect._meta.db_table
+    pk = SideEffect.objects.filter(label=label).values_list("pk", flat=True).get()
+    select = f"SELECT id FROM {table} WHERE id = %s FOR UPDATE"
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            if lock_timeout:
+                cursor.execute("SET LOCAL lock_timeout = '200ms'")
+            if deadlock_victim:
+                cursor.execute("SET LOCAL deadlock_timeout = '3s'")
+        elif lock_timeout:  # MariaDB: a whole second is its least lock wait timeout
+            select = f"SET STATEMENT innodb_lock_wait_timeout = 1 FOR {select}"
+        cursor.execute(select, [pk])
+
+
+def _contended_work(label: str) -> int:
+    with transaction.atomic():
+        effect = SideEffect.objects.create(label=label)
+        if CONTENTION.kind == "lock-timeout":
+            lock_row("locked-row", lock_timeout=True)
+        elif CONTENTION.kind == "deadlock":
+            lock_row("row-a")
+            CONTENTION.holding_a.set()
+            CONTENTION.helper_holds_b.wait(30)
+            lock_row("row-b", deadlock_victim=True)
+        return effect.pk
+
+
+@idempotent
+def contended(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"effect": _contended_work("contended")}, status=201)
+
+
+class ContendedHandledView(HandledMixinView):
+    """The mixin, with a handler that answers every error (the ``answered`` path)."""
+
+    def post(self, request: Request) -> Response:
+        return Response({"effect": _contended_work("contended_drf")}, status=201)
+
+
 api = NinjaAPI(urls_namespace="unknown-outcomes")
 
 
@@ -109,4 +176,6 @@ urlpatterns = [
     path("uo/drf-handled/", HandledMixinView.as_view()),
     path("uo/drf-plain-handled/", HandledPlainView.as_view()),
     path("uo/ninja/", api.urls),
+    path("uo/contended/", contended),
+    path("uo/contended-drf-handled/", ContendedHandledView.as_view()),
 ]

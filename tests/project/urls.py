@@ -16,6 +16,9 @@ urlpatterns = [
     path("effect/<int:number>/", views.effect),
     re_path(r"^optional-slash/?$", views.effect),
     re_path(r"^optional-slash/(?P<number>[0-9]+)/?$", views.effect),
+    # One view whose argument takes the slash too: /captures-slash/7 and /captures-slash/7/
+    # resolve to it with "7" and "7/", two requests (a <path:> converter does the same).
+    re_path(r"^captures-slash/(?P<number>[0-9]+/?)$", views.effect),
     path("apart", views.effect),
     path("apart/", views.slash_twin),
     path("optional/", views.optional),

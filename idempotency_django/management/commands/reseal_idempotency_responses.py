@@ -33,6 +33,11 @@ def summary(result: Resealed) -> str:
             f"; {result.skipped} completed without a stored response (streamed or over "
             "MAX_RESPONSE_BYTES: nothing to seal)"
         )
+    if result.unbound:
+        line += (
+            f"; {result.unbound} bound to no record, left as they are (REQUIRE_BOUND_RESPONSES "
+            "is on: they are refused on replay)"
+        )
     return line + "."
 
 
