@@ -5,12 +5,14 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection, connections
 from django.test import Client
+from django.utils import timezone
 
 from idempotency_django import lifecycle
 from idempotency_django.conf import DEFAULTS
@@ -145,3 +147,24 @@ def wait_until(condition: Callable[[], bool], timeout: float = 20) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+class Skew:
+    """This process's clock (``django.utils.timezone.now``, which the engine reads) moved
+    ``seconds`` away from the real one, in every thread: an app server whose clock runs
+    ahead of (or behind) the store's."""
+
+    def __init__(self, real: Callable[[], datetime]) -> None:
+        self.seconds = 0.0
+        self._real = real
+
+    def now(self) -> datetime:
+        return self._real() + timedelta(seconds=self.seconds)
+
+
+@pytest.fixture
+def skew(monkeypatch: pytest.MonkeyPatch) -> Skew:
+    """This process's clock, 0 s away from the real one until the test sets ``seconds``."""
+    clock = Skew(timezone.now)
+    monkeypatch.setattr(timezone, "now", clock.now)
+    return clock

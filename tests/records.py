@@ -24,14 +24,14 @@ from django.utils import timezone
 
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store import never
-from idempotency_django.store.database import DatabaseNow, has_own_clock
+from idempotency_django.store.database import DatabaseNow
 from tests.conftest import ON_REDIS
 
 State = IdempotencyRecord.State
 
 #: The store's leases and expiry run on its own clock (Redis's, the database's), which a test
 #: cannot move; SQLite runs on this process's (``django.utils.timezone.now``).
-ON_STORE_CLOCK = ON_REDIS or has_own_clock(connection)
+ON_STORE_CLOCK = ON_REDIS or connection.vendor in ("postgresql", "mysql")
 
 
 @dataclass(frozen=True)

@@ -578,12 +578,12 @@ def _clock_sql(vendor: str, *, offset: bool = True, per_row: bool = False) -> st
     MariaDB/MySQL: ``UTC_TIMESTAMP(6)`` (the statement's start) moved into the zone Django
     stores naive datetimes in (``_utc_offset_us``). SQLite: a parameter, this process's now.
     """
+    if vendor not in _OWN_CLOCK:
+        return "%s"
     if vendor == "postgresql":
         now = "clock_timestamp()" if per_row else "statement_timestamp()"
         return f"({now} + %s::interval)" if offset else now
-    if vendor == "mysql":
-        return "TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6))"
-    return "%s"
+    return "TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6))"
 
 
 def _expiry_sql(vendor: str) -> str:
@@ -598,11 +598,11 @@ def _clock_params(connection: Any, delta: timedelta | None, app_time: datetime) 
     built without ``offset``). ``app_time`` is the same moment on this process's clock,
     which SQLite is given instead."""
     vendor = connection.vendor
+    if vendor not in _OWN_CLOCK:
+        return [_datetime_field().get_db_prep_save(app_time, connection)]
     if vendor == "postgresql":
         return [] if delta is None else [delta]
-    if vendor == "mysql":
-        return [_utc_offset_us(connection) + (delta or _ZERO) // _MICROSECOND]
-    return [_datetime_field().get_db_prep_save(app_time, connection)]
+    return [_utc_offset_us(connection) + (delta or _ZERO) // _MICROSECOND]
 
 
 def _expiry_params(connection: Any, ttl: timedelta | None, app_time: datetime) -> list[Any]:
@@ -671,7 +671,7 @@ class DatabaseNow(Expression):
         self.offset = offset
 
     def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
-        bare = connection.vendor == "postgresql" and not self.offset
+        bare = connection.vendor == "postgresql" and has_own_clock(connection) and not self.offset
         sql = _clock_sql(connection.vendor, offset=not bare)
         delta = None if bare else self.offset
         return sql, tuple(_clock_params(connection, delta, timezone.now() + self.offset))
