@@ -21,6 +21,7 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from idempotency_django import claims
+from idempotency_django.exceptions import InFlight
 from idempotency_django.heartbeat import heartbeat
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.purge import purge_records
@@ -133,21 +134,58 @@ def test_a_server_whose_clock_runs_behind_takes_over_a_lapsed_lease_at_once(
     assert effects("effect") == 2
 
 
+FINGERPRINT = "2:" + "a" * 64
+SCOPE = claims.Scope("7", "POST /charges/", "k1")
+
+
+def policy(ttl: float = 3600) -> claims.ClaimPolicy:
+    return claims.ClaimPolicy("default", 10, ttl, "conflict", 0, 1)
+
+
+def test_a_take_over_by_a_server_whose_clock_runs_behind_is_live_for_the_others(
+    skew: Skew,
+) -> None:
+    first = claims.claim_or_replay(SCOPE, FINGERPRINT, policy())
+    assert isinstance(first, claims.Claim)
+    records.update(lease_expires_at=timezone.now() - timedelta(seconds=1))  # its worker died
+    skew.seconds = -AHEAD
+
+    taken = claims.claim_or_replay(SCOPE, FINGERPRINT, policy())
+
+    assert isinstance(taken, claims.Claim)
+    assert records.get().token == taken.token != first.token
+    skew.seconds = 0
+    with pytest.raises(InFlight):  # its lease: 10 s from the store's now
+        claims.claim_or_replay(SCOPE, FINGERPRINT, policy())
+
+
+def test_the_store_refuses_a_take_over_of_a_live_lease_from_a_server_ahead(skew: Skew) -> None:
+    """Whatever the engine concluded (a read taken before a renewal, a clock two minutes
+    ahead), the store re-checks the lease on its own clock when it takes the record over."""
+    first = claims.claim_or_replay(SCOPE, FINGERPRINT, policy())
+    assert isinstance(first, claims.Claim)
+    read = policy().store.claim_or_read("default", _claim_values(SCOPE), FINGERPRINT)
+    assert isinstance(read, claims.Snapshot)
+    skew.seconds = AHEAD
+
+    taken = claims._take_over(read, SCOPE, FINGERPRINT, "b" * 32, timezone.now(), policy())
+
+    assert not taken
+    assert records.get().token == first.token
+
+
 def test_a_completion_by_a_server_whose_clock_runs_behind_keeps_its_ttl(skew: Skew) -> None:
     """A minute's TTL counts from the store's now: the key replays for a minute, though
     this server's clock is two minutes behind."""
-    options = claims.ClaimPolicy("default", 10, 60, "conflict", 0, 1)
-    scope = claims.Scope("7", "POST /charges/", "k1")
-    fingerprint = "2:" + "a" * 64
     stored = StoredResponse(201, b'{"id": 1}', [("Content-Type", "application/json")])
     skew.seconds = -AHEAD
-    claim = claims.claim_or_replay(scope, fingerprint, options)
+    claim = claims.claim_or_replay(SCOPE, FINGERPRINT, policy(ttl=60))
     assert isinstance(claim, claims.Claim)
 
     assert claims.complete(claim, stored)
 
     skew.seconds = 0
-    assert claims.claim_or_replay(scope, fingerprint, options) == stored
+    assert claims.claim_or_replay(SCOPE, FINGERPRINT, policy(ttl=60)) == stored
     left = records.get().expires_at - datetime.now(dt_timezone.utc)  # the store's clock
     assert timedelta(seconds=50) < left <= timedelta(seconds=60)
 
@@ -189,15 +227,13 @@ def test_the_purge_on_a_server_whose_clock_runs_ahead_keeps_a_live_claim_past_it
 def test_a_record_read_by_a_skewed_server_is_moved_onto_its_clock(skew: Skew) -> None:
     """What the engine compares with its own clock: the lease and expiry as far from it as
     they are from the store's now."""
-    options = claims.ClaimPolicy("default", 10, 3600, "conflict", 0, 1)
+    options = policy()
     values: dict[str, Any] = {}
     for seconds in (AHEAD, -AHEAD):
         skew.seconds = seconds
         scope = claims.Scope("7", "POST /charges/", f"k{seconds}")
-        claims.claim_or_replay(scope, "2:" + "a" * 64, options)
-        read = options.store.claim_or_read(
-            "default", {**_claim_values(scope), "token": "b" * 32}, "2:" + "a" * 64
-        )
+        claims.claim_or_replay(scope, FINGERPRINT, options)
+        read = options.store.claim_or_read("default", _claim_values(scope), FINGERPRINT)
         assert isinstance(read, claims.Snapshot)
         assert read.lease_expires_at is not None
         values[seconds] = (
@@ -213,9 +249,9 @@ def _claim_values(scope: claims.Scope) -> dict[str, Any]:
     now = timezone.now()
     return {
         **scope.lookup(),
-        "fingerprint": "2:" + "a" * 64,
+        "fingerprint": FINGERPRINT,
         "state": IdempotencyRecord.State.IN_PROGRESS,
-        "token": "a" * 32,
+        "token": "b" * 32,  # another request's: it reads the record
         "lease_expires_at": now + timedelta(seconds=10),
         "response_headers": [],
         "created_at": now,
