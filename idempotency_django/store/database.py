@@ -550,11 +550,12 @@ def _prepared(
 
 # -- the database's clock ----------------------------------------------------------------------
 #
-# Every time the store writes or compares (a claim's created_at, lease and expiry, a
-# take-over's, a renewal's lease, a completion's completed_at and expiry, the take-over's,
-# the purge's and the admin's "now") is the database's: app servers whose clocks disagree
+# Every time the store writes or compares (a claim's or take-over's created_at, lease and
+# expiry, a renewal's lease, a completion's completed_at and expiry, the "now" of the
+# take-over, the purge and the admin) is the database's: app servers whose clocks disagree
 # then agree on every lease. SQLite keeps the app's clock: one file, one machine, one clock.
-# Why these functions, and what USE_TZ changes: docs/store.md ("Whose clock").
+# Why these functions, and what USE_TZ changes: docs/store.md ("Leases on the database's
+# clock").
 
 _OWN_CLOCK = ("postgresql", "mysql")
 _ZERO = timedelta(0)
