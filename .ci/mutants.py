@@ -99,6 +99,7 @@ EXPOSED = "test_admin_exposure.py::"
 REDIRECTS = "test_client_redirects.py::"
 DURATIONS = "test_durations.py::"
 ENCRYPTION = "test_codecs_encryption.py::"
+CLOCK = "test_clock_skew.py::"
 
 MUTANTS = [
     Mutant(
@@ -430,17 +431,93 @@ MUTANTS = [
         "purge-stale-live",
         "the purge counts live leases as stale in-progress records",
         "purge.py",
-        "lease_expires_at__lt=now - stale_after,",
-        "lease_expires_at__lt=now + stale_after,",
+        "lease_expires_at__lt=DatabaseNow(-stale_after),",
+        "lease_expires_at__lt=DatabaseNow(stale_after),",
         ("test_purge.py::test_stale_in_progress_records_are_purged_and_counted_apart",),
     ),
     Mutant(
         "admin-release-live",
         "the admin's release deletes keys whose lease is live",
         "admin.py",
-        "released = _delete_returning(queryset.filter(lapsed_q(timezone.now())))",
+        "released = _delete_returning(queryset.filter(lapsed_q(DatabaseNow())))",
         "released = _delete_returning(queryset.filter(_in_progress()))",
         ("test_admin.py::test_release_skips_a_key_whose_lease_is_live",),
+    ),
+    Mutant(
+        "database-on-the-app-clock",
+        "the database store writes and compares leases with each app server's clock: one "
+        "that runs ahead takes a live lease over",
+        "store/database.py",
+        '_OWN_CLOCK = ("postgresql", "mysql")',
+        "_OWN_CLOCK: tuple[str, ...] = ()",
+        (CLOCK + "test_a_server_whose_clock_runs_ahead_never_takes_over_a_live_lease",),
+    ),
+    Mutant(
+        "read-not-moved-to-the-app-clock",
+        "a record read on the database's clock is compared with the app's as it is: a server "
+        "ahead reads a live lease as lapsed",
+        "store/database.py",
+        "        if self.own_clock:\n            shift = timezone.now() - values[-1]",
+        "        if False:\n            shift = timezone.now() - values[-1]",
+        (CLOCK + "test_a_record_read_by_a_skewed_server_is_moved_onto_its_clock",),
+    ),
+    Mutant(
+        "takeover-on-the-app-clock",
+        "the take-over re-checks and writes the lease on the app's clock: a server ahead takes "
+        "a live lease, one behind writes a lease already lapsed",
+        "store/database.py",
+        "        if has_own_clock(connections[alias]):\n            now = DatabaseNow()",
+        "        if False:\n            now = DatabaseNow()",
+        (
+            CLOCK + "test_the_store_refuses_a_take_over_of_a_live_lease_from_a_server_ahead",
+            CLOCK + "test_a_take_over_by_a_server_whose_clock_runs_behind_is_live_for_the_others",
+        ),
+    ),
+    Mutant(
+        "purge-on-the-app-clock",
+        "the purge tells in use and expired by its own server's clock: one ahead deletes a "
+        "live claim past its TTL",
+        "purge.py",
+        "    now = DatabaseNow()\n    cutoff = DatabaseNow(-older_than)",
+        "    from django.utils import timezone\n\n    now = timezone.now()\n"
+        "    cutoff = now - older_than",
+        (
+            CLOCK
+            + "test_the_purge_on_a_server_whose_clock_runs_ahead_keeps_a_live_claim_past_its_ttl",
+        ),
+    ),
+    Mutant(
+        "admin-release-on-the-app-clock",
+        "the admin's release tells a lapsed lease by the admin server's clock: one ahead "
+        "releases a live key",
+        "admin.py",
+        "released = _delete_returning(queryset.filter(lapsed_q(DatabaseNow())))",
+        "released = _delete_returning(queryset.filter(lapsed_q(database_store.timezone.now())))",
+        ("test_admin.py::test_release_by_a_server_whose_clock_runs_ahead_skips_a_live_lease",),
+    ),
+    Mutant(
+        "retry-after-ignores-the-lease",
+        "a 409 in flight says RETRY_AFTER_SECONDS for the whole of a dead worker's lease",
+        "claims.py",
+        "retry_after=in_flight_retry_after(record, now, options),",
+        "retry_after=options.retry_after,",
+        (DEC + "test_an_in_flight_409_says_how_long_is_left_of_a_lease_that_missed_its_renewals",),
+    ),
+    Mutant(
+        "retry-after-for-a-live-lease",
+        "a 409 for a lease renewed on schedule says the whole lease, not RETRY_AFTER_SECONDS",
+        "claims.py",
+        "    if left > options.lease / 2:",
+        "    if left > options.lease:",
+        (DEC + "test_an_in_flight_409_says_how_long_is_left_of_a_lease_that_missed_its_renewals",),
+    ),
+    Mutant(
+        "retry-after-below-the-setting",
+        "a 409 for a lease about to lapse says less than RETRY_AFTER_SECONDS",
+        "claims.py",
+        "    return max(options.retry_after, math.ceil(left))",
+        "    return math.ceil(left)",
+        (DEC + "test_an_in_flight_409_says_how_long_is_left_of_a_lease_that_missed_its_renewals",),
     ),
     Mutant(
         "admin-counts-the-table",

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Collection, Iterable, Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
@@ -24,10 +23,9 @@ from django.contrib.admin.views.main import ChangeList
 from django.contrib.auth import get_permission_codename, get_user_model
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.db.models import Q, QuerySet
+from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
-from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -40,7 +38,8 @@ from idempotency_django.models import IdempotencyRecord
 from idempotency_django.purge import purge_records
 from idempotency_django.responses import StoredResponse
 from idempotency_django.store import database as database_store
-from idempotency_django.store.base import lapsed_q
+from idempotency_django.store.base import in_use_q, lapsed_q
+from idempotency_django.store.database import DatabaseNow
 from idempotency_django.store.database import delete_returning as _delete_returning
 from idempotency_django.tasks import ENDPOINT_PREFIX as TASK_ENDPOINT_PREFIX
 
@@ -70,7 +69,7 @@ class ExpiredListFilter(admin.SimpleListFilter):
     def queryset(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
     ) -> QuerySet[IdempotencyRecord]:
-        now = timezone.now()
+        now = DatabaseNow()  # the clock that wrote the expiry
         if self.value() == "yes":
             return queryset.filter(expires_at__lte=now)
         if self.value() == "no":
@@ -92,11 +91,11 @@ class LeaseListFilter(admin.SimpleListFilter):
     def queryset(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
     ) -> QuerySet[IdempotencyRecord]:
-        now = timezone.now()
+        now = DatabaseNow()  # the clock that wrote the lease
         if self.value() == "lapsed":
             return queryset.filter(lapsed_q(now))
         if self.value() == "live":
-            return queryset.filter(_in_progress(), lease_expires_at__gt=now)
+            return queryset.filter(in_use_q(now))
         return queryset
 
 
@@ -497,13 +496,14 @@ class IdempotencyRecordAdmin(RecordAdminBase):
     def release(self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]) -> None:
         """Delete the selected in-progress records whose lease has lapsed, in one statement.
 
-        The conditions (in progress, lease null or past) are in the ``DELETE`` itself, so a
-        record that a heartbeat renewed, a view completed or a retry took over since the
-        page was shown is left alone. A live lease means a worker is renewing it: releasing
-        it would let a retry run alongside the first attempt.
+        The conditions (in progress, lease null or past on the database's clock, which wrote
+        it) are in the ``DELETE`` itself, so a record that a heartbeat renewed, a view
+        completed or a retry took over since the page was shown is left alone. A live lease
+        means a worker is renewing it: releasing it would let a retry run alongside the
+        first attempt.
         """
         selected = queryset.count()
-        released = _delete_returning(queryset.filter(lapsed_q(timezone.now())))
+        released = _delete_returning(queryset.filter(lapsed_q(DatabaseNow())))
         self._record_releases(request, released, forced=False)
         # What the statement left, for the messages only (read after it, decides nothing).
         running = queryset.filter(_in_progress()).count()
@@ -570,6 +570,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
             return None
         records = list(
             queryset.filter(_in_progress())
+            .annotate(live=ExpressionWrapper(in_use_q(DatabaseNow()), BooleanField()))
             .order_by("pk")
             .only("pk", "account", "endpoint", "key", "token", "lease_expires_at")
         )
@@ -580,17 +581,13 @@ class IdempotencyRecordAdmin(RecordAdminBase):
                 messages.WARNING,
             )
             return None
-        now = timezone.now()
         context = {
             **self.admin_site.each_context(request),
             "title": "Force release: are you sure?",
             "subtitle": None,
             "opts": self.opts,
-            "records": [
-                {"record": record, "live": not _has_lapsed(record.lease_expires_at, now)}
-                for record in records
-            ],
-            "live": sum(not _has_lapsed(r.lease_expires_at, now) for r in records),
+            "records": [{"record": record, "live": bool(record.live)} for record in records],
+            "live": sum(bool(record.live) for record in records),
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             "media": self.media,
         }
@@ -688,7 +685,3 @@ def _their(count: int) -> str:
 
 def _in_progress() -> Q:
     return Q(state=State.IN_PROGRESS)
-
-
-def _has_lapsed(lease_expires_at: datetime | None, now: datetime) -> bool:
-    return lease_expires_at is None or lease_expires_at <= now

@@ -13,6 +13,7 @@ replay, conflict or mismatch costs two.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
@@ -42,6 +43,7 @@ from idempotency_django.store.base import (
     is_expired,
     is_in_use,
     is_lapsed,
+    lease_left,
     lock_wait,
     store_alias,
 )
@@ -286,7 +288,7 @@ def _claim_or_replay(
         if remaining <= 0 or not place.take():
             raise InFlight(
                 "A request with this Idempotency-Key is still being processed.",
-                retry_after=options.retry_after,
+                retry_after=in_flight_retry_after(record, now, options),
             )
         time.sleep(min(delay, remaining))
         delay = min(delay * 2, 0.5)
@@ -315,6 +317,21 @@ def _within_quota(scope: Scope, options: ClaimPolicy, limit: int) -> None:
         "when one of them has completed.",
         retry_after=options.retry_after,
     )
+
+
+def in_flight_retry_after(record: Snapshot, now: datetime, options: ClaimPolicy) -> int:
+    """``Retry-After`` for a duplicate of a request in flight, from what is left of its lease.
+
+    A worker renews its lease every third of it, so a live one keeps more than half of it:
+    its request may end any moment, and the answer is ``RETRY_AFTER_SECONDS``. With half or
+    less left, the lease has missed its renewals (its worker died, lost the store or ran
+    past ``MAX_RUN_SECONDS``), and nothing changes for the key until it lapses: the seconds
+    left, rounded up, never fewer than ``RETRY_AFTER_SECONDS``. ``docs/http-contract.md``.
+    """
+    left = lease_left(record, now)
+    if left > options.lease / 2:
+        return options.retry_after
+    return max(options.retry_after, math.ceil(left))
 
 
 def claim_again(scope: Scope, fingerprint: str, options: ClaimPolicy) -> Claim | None:

@@ -137,7 +137,9 @@ def _retry_after() -> dict[str, Any]:
     return {
         "schema": {"type": "integer", "minimum": 0},
         "description": "Seconds to wait before retrying with the same key "
-        f"(RETRY_AFTER_SECONDS, {conf.RETRY_AFTER_SECONDS} here).",
+        f"(RETRY_AFTER_SECONDS, {conf.RETRY_AFTER_SECONDS} here); on a 409 for a request "
+        "whose lease is no longer renewed (its worker died), the seconds until that lease "
+        "lapses, if longer.",
     }
 
 

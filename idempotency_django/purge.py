@@ -23,12 +23,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.db.models import Q, QuerySet
 from django.dispatch import Signal
-from django.utils import timezone
 
 from idempotency_django import claims
 from idempotency_django.conf import MAX_DURATION_SECONDS, conf, problem
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store.base import expired_q
+from idempotency_django.store.database import DatabaseNow
 from idempotency_django.store.database import delete_page as _delete
 from idempotency_django.store.database import read_page as _read_page
 
@@ -225,15 +225,17 @@ def purge_records(
             alias,
         )
 
-    now = timezone.now()
-    cutoff = now - older_than
+    # The database's clock, which wrote the leases and expiries, read by every statement
+    # (each ``DELETE`` re-checks on it): never this process's, which may run ahead.
+    now = DatabaseNow()
+    cutoff = DatabaseNow(-older_than)
     base = (queryset if queryset is not None else IdempotencyRecord.objects.all()).using(alias)
     # The claims' own definition: a view still running under its claim is never deleted,
     # even past its TTL.
     expired = expired_q(now, expired_by=cutoff)
     stale = Q(
         state=State.IN_PROGRESS,
-        lease_expires_at__lt=now - stale_after,
+        lease_expires_at__lt=DatabaseNow(-stale_after),
         # Disjoint from ``expired``, so that a dry run does not count a record twice.
         expires_at__gt=cutoff,
     )

@@ -5,12 +5,14 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection, connections
 from django.test import Client
+from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
 from idempotency_django import fingerprint, keys, lifecycle
@@ -183,3 +185,24 @@ def another_waits_for_a_row_lock() -> bool:
                 ["%FOR UPDATE%"],
             )
         return int(cursor.fetchone()[0]) > 0
+
+
+class Skew:
+    """This process's clock (``django.utils.timezone.now``, which the engine reads) moved
+    ``seconds`` away from the real one, in every thread: an app server whose clock runs
+    ahead of (or behind) the store's."""
+
+    def __init__(self, real: Callable[[], datetime]) -> None:
+        self.seconds = 0.0
+        self._real = real
+
+    def now(self) -> datetime:
+        return self._real() + timedelta(seconds=self.seconds)
+
+
+@pytest.fixture
+def skew(monkeypatch: pytest.MonkeyPatch) -> Skew:
+    """This process's clock, 0 s away from the real one until the test sets ``seconds``."""
+    clock = Skew(timezone.now)
+    monkeypatch.setattr(timezone, "now", clock.now)
+    return clock

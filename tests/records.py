@@ -5,6 +5,9 @@ On the database store these are ORM calls on ``IdempotencyRecord``; on the Redis
 format (``store/redis.py``), on Redis's clock. A Redis key is a hash of the record's scope,
 so this module remembers the scope of every key the store computes in this process (a
 record written by another process reads with ``account``/``endpoint``/``key`` of None).
+
+A test that fakes the time (``age``, ``retime``) moves the records instead wherever the
+store keeps its own clock (``ON_STORE_CLOCK``): Redis, PostgreSQL and MariaDB.
 """
 
 from __future__ import annotations
@@ -15,13 +18,20 @@ from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import Any
 
+from django.db import connection
+from django.db.models import Case, F, When
 from django.utils import timezone
 
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store import never
+from idempotency_django.store.database import DatabaseNow
 from tests.conftest import ON_REDIS
 
 State = IdempotencyRecord.State
+
+#: The store's leases and expiry run on its own clock (Redis's, the database's), which a test
+#: cannot move; SQLite runs on this process's (``django.utils.timezone.now``).
+ON_STORE_CLOCK = ON_REDIS or connection.vendor in ("postgresql", "mysql")
 
 
 @dataclass(frozen=True)
@@ -238,9 +248,21 @@ def _script(source: str) -> Any:
 
 
 def age(delta: timedelta) -> list[str]:
-    """On the Redis store, every record as Redis would hold it ``delta`` later (``_AGE``);
-    the keys that Redis would have expired by then are deleted, and returned."""
-    assert ON_REDIS
+    """Every record as the store would hold it ``delta`` later: its times that much
+    earlier. On the Redis store (``_AGE``), the keys that Redis would have expired by then
+    are deleted, and returned; the database expires nothing by itself."""
+    assert ON_STORE_CLOCK
+    if not ON_REDIS:
+        IdempotencyRecord.objects.update(
+            lease_expires_at=F("lease_expires_at") - delta,
+            expires_at=Case(
+                When(expires_at__gte=never(), then=F("expires_at")),
+                default=F("expires_at") - delta,
+            ),
+            created_at=F("created_at") - delta,
+            completed_at=F("completed_at") - delta,
+        )
+        return []
     ms = round(delta.total_seconds() * 1000)
     client = _redis().client()
     run = _script(_AGE)
@@ -249,19 +271,22 @@ def age(delta: timedelta) -> list[str]:
 
 @dataclass(frozen=True)
 class Times:
-    """A Redis record's lease, expiry and PTTL in ms from now by Redis's clock (None: none)."""
+    """A record's lease, expiry and (Redis) PTTL in ms from now by the store's clock (None:
+    none, or a database record)."""
 
     lease: int | None
     expires: int | None
     pttl: int | None
 
 
-def retime(key: str, times: Times) -> Times | None:
-    """Sets the Redis record ``key``'s lease, expiry and PTTL to ``times`` from now (a
-    ``None`` lease or expiry is left as it is; a ``None`` PTTL: none), and returns the times
-    it had (None: no such key). A test that ages records gives back, this way, the real time
-    its own steps took on Redis's clock."""
-    assert ON_REDIS
+def retime(key: Any, times: Times) -> Times | None:
+    """Sets the record ``key``'s lease, expiry and (Redis) PTTL to ``times`` from now by the
+    store's clock (a ``None`` lease or expiry is left as it is; a ``None`` PTTL: none), and
+    returns the times it had (None: no such record). A test that ages records gives back,
+    this way, the real time its own steps took on the store's clock."""
+    assert ON_STORE_CLOCK
+    if not ON_REDIS:
+        return _retime_row(key, times)
     from idempotency_django.store.redis import _parse
 
     def arg(ms: int | None) -> str:
@@ -280,6 +305,27 @@ def retime(key: str, times: Times) -> Times | None:
         expires=None if expires == 0 else expires - int(now),
         pttl=None if pttl < 0 else int(pttl),
     )
+
+
+def _retime_row(pk: int, times: Times) -> Times | None:
+    rows = IdempotencyRecord.objects.filter(pk=pk)
+    old = rows.annotate(now=DatabaseNow()).values("lease_expires_at", "expires_at", "now").first()
+    if old is None:
+        return None
+    changes = {
+        name: DatabaseNow(timedelta(milliseconds=ms))
+        for name, ms in (("lease_expires_at", times.lease), ("expires_at", times.expires))
+        if ms is not None
+    }
+    if changes:
+        rows.update(**changes)
+
+    def ms(when: datetime | None) -> int | None:
+        if when is None or when >= never():
+            return None
+        return round((when - old["now"]).total_seconds() * 1000)
+
+    return Times(lease=ms(old["lease_expires_at"]), expires=ms(old["expires_at"]), pttl=None)
 
 
 def lasts(when: datetime | None, since: datetime | None, seconds: float) -> bool:

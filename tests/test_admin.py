@@ -27,8 +27,10 @@ from idempotency_django.exceptions import InFlight
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse
 from idempotency_django.store import database as database_store
+from tests.conftest import Skew
 from tests.project.factories import IdempotencyRecordFactory, UserFactory
 from tests.project.logs import everything_logged
+from tests.records import ON_STORE_CLOCK
 
 
 def __getattr__(name: str) -> Any:
@@ -59,6 +61,10 @@ def _admin_installed() -> None:
 
 
 State = IdempotencyRecord.State
+on_the_databases_clock = pytest.mark.skipif(
+    not ON_STORE_CLOCK,
+    reason="SQLite keeps this process's clock: one machine, one clock",
+)
 CHANGELIST = "admin:idempotency_django_idempotencyrecord_changelist"
 CHANGE = "admin:idempotency_django_idempotencyrecord_change"
 ADD = "admin:idempotency_django_idempotencyrecord_add"
@@ -480,6 +486,34 @@ def test_release_skips_a_key_whose_lease_is_live(
     assert not LogEntry.objects.exists()
     with pytest.raises(InFlight):  # the key is still the running attempt's
         claims.claim_or_replay(scope, running.fingerprint, options)
+
+
+@on_the_databases_clock
+def test_release_by_a_server_whose_clock_runs_ahead_skips_a_live_lease(
+    client_: Client, skew: Skew
+) -> None:
+    """The lease ends in 10 s by the database's clock, which wrote it; this server's clock
+    is two minutes ahead, and its release leaves the key to the running worker."""
+    running = IdempotencyRecordFactory(lease_expires_at=timezone.now() + timedelta(seconds=10))
+    skew.seconds = 120
+
+    response = run_action(client_, "release", running)
+
+    assert [level for level, _ in messages_of(response)] == ["warning"]
+    assert IdempotencyRecord.objects.filter(pk=running.pk).exists()
+
+
+@on_the_databases_clock
+def test_force_release_by_a_server_whose_clock_runs_ahead_shows_a_live_lease(
+    client_: Client, skew: Skew
+) -> None:
+    running = IdempotencyRecordFactory(lease_expires_at=timezone.now() + timedelta(seconds=10))
+    skew.seconds = 120
+
+    html = run_action(client_, "force_release", running).content.decode()
+
+    assert "1 of them still has a live lease" in html
+    assert "live: the view may still be running" in html
 
 
 def test_release_frees_a_record_without_a_lease(client_: Client) -> None:

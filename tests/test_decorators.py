@@ -478,6 +478,42 @@ def test_in_flight_duplicate_gets_409_with_retry_after(alice: User, post: Post) 
     assert effects() == 0
 
 
+@pytest.mark.parametrize(
+    ("retry_after", "left", "expected"),
+    [
+        (None, 9.5, "1"),  # renewed on schedule: the request may end any moment
+        (None, 4.2, "5"),  # it missed its renewals: nothing changes for 4.2 s
+        (3, 9.5, "3"),
+        (3, 4.2, "5"),
+        (3, 0.5, "3"),  # never less than RETRY_AFTER_SECONDS
+    ],
+)
+def test_an_in_flight_409_says_how_long_is_left_of_a_lease_that_missed_its_renewals(
+    alice: User, post: Post, settings: Any, retry_after: int | None, left: float, expected: str
+) -> None:
+    """A worker renews its lease every third of it (10 s here): with half of it or less
+    left, its worker died or lost the store, and a retry before the lease lapses gets
+    another 409. Retry-After says when it lapses, rounded up."""
+    if retry_after is not None:
+        settings.IDEMPOTENCY = {"RETRY_AFTER_SECONDS": retry_after}
+    now = timezone.now()
+    records.create(
+        account=str(alice.pk),
+        endpoint="POST /effect/",
+        key="k1",
+        fingerprint=_fingerprint_of(post, {"amount": 1}),
+        token="a" * 32,
+        created_at=now - timedelta(seconds=30),
+        lease_expires_at=now + timedelta(seconds=left),
+        expires_at=now + timedelta(days=1),
+    )
+    response = post("/effect/", {"amount": 1})
+
+    assert response.status_code == 409
+    assert response["Retry-After"] == expected
+    assert effects() == 0
+
+
 def test_mismatch_wins_over_in_flight(alice: User, post: Post) -> None:
     records.create(
         account=str(alice.pk),

@@ -17,13 +17,15 @@ exactly what the model holds, and:
 - the purge deletes nothing in use (in progress under a live lease).
 
 The Redis store runs its leases and expiry on Redis's clock (``TIME`` in its scripts, ``PX``),
-which the fake clock does not move: there, when the clock moves, every record is aged by as
-much instead (``records.age``: its lease and expiry that much earlier, its PTTL that much
-shorter, the key deleted when its PTTL runs out, as Redis would have), with no change to the
-store's own scripts. The model knows when Redis expires a key (``Record.gone_at``: a claim
-three leases after its claim or last renewal, a completed key at its TTL), and that it never
+and the database store on PostgreSQL or MariaDB on the database's, which the fake clock does
+not move: there, when the clock moves, every record is aged by as much instead
+(``records.age``: its lease and expiry that much earlier; on Redis its PTTL that much shorter,
+the key deleted when its PTTL runs out, as Redis would have), with no change to the store's
+own statements. The model knows when Redis expires a key (``Record.gone_at``: a claim three
+leases after its claim or last renewal, a completed key at its TTL), and that it never
 expires one in use; nothing is purged there. The store's times are compared with the model's
-by Redis's clock, less the real time a step took, which is then given back (``records.retime``).
+by the store's clock, less the real time a step took, which is then given back
+(``records.retime``). On SQLite the store runs on the fake clock itself.
 
 Runs deterministically by default (derandomized, a few seconds per database). For a
 longer, randomized search::
@@ -67,12 +69,12 @@ from idempotency_django import claims, purge
 from idempotency_django import heartbeat as heartbeat_module
 from idempotency_django.exceptions import InFlight, KeyMismatch, ResponseNotStored
 from idempotency_django.heartbeat import Heartbeat
-from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse
 from idempotency_django.store import Snapshot, never
 from idempotency_django.store import database as database_store
 from tests import records
 from tests.conftest import ON_REDIS
+from tests.records import ON_STORE_CLOCK
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -89,8 +91,8 @@ LEASE = 10
 # The Redis store keeps a record in progress three leases from its claim, take-over or
 # renewal (two past its lease), whatever its TTL; Redis then expires it (store/redis.py).
 KEPT = timedelta(seconds=3 * LEASE)
-# On the Redis store: how far the store's times may be behind the model's after one step,
-# which takes real time on Redis's clock (the model's times are whole seconds apart).
+# On the store's own clock: how far its times may be behind the model's after one step,
+# which takes real time on that clock (the model's times are whole seconds apart).
 STEP_MS = 1000
 # A TTL shorter than the lease (a claim can be past its TTL under a live lease), a longer
 # one, and none.
@@ -448,15 +450,17 @@ class EngineMachine(RuleBasedStateMachine):
         report(f"heartbeat: {expected} renewed")
 
     def advance(self, to: datetime) -> None:
-        """The clock moves to ``to``. On the Redis store, whose leases and expiry run on
-        Redis's clock, every record is aged by as much instead (``records.age``), and the
-        keys Redis would have expired by then are gone: never one in use, never a
-        completed one before its expiry."""
+        """The clock moves to ``to``. Where leases and expiry run on the store's own clock,
+        every record is aged by as much instead (``records.age``); on Redis, the keys Redis
+        would have expired by then are gone: never one in use, never a completed one before
+        its expiry."""
         delta = to - CLOCK.now
         CLOCK.now = to
-        if not ON_REDIS:
+        if not ON_STORE_CLOCK:
             return
         records.age(delta)
+        if not ON_REDIS:
+            return
         for key, record in list(self.records.items()):
             if record.gone_at <= self.now:
                 assert not record.in_use(self.now), f"Redis expired {key} in use: {record}"
@@ -489,7 +493,10 @@ class EngineMachine(RuleBasedStateMachine):
         if ON_REDIS:
             self.purge_on_redis(older_than, stale_after)
             return
-        now = self.now
+        # On the store's own clock the real time of the steps has passed too: a lease that
+        # lapses right now by the model has lapsed (by less than a step) when the purge reads
+        # it, and counts as stale with a stale_after of 0.
+        now = self.now + (timedelta(microseconds=1) if ON_STORE_CLOCK else timedelta(0))
         cutoff = now - timedelta(seconds=older_than)
         expired = {
             key
@@ -504,17 +511,13 @@ class EngineMachine(RuleBasedStateMachine):
             and record.lease_expires_at < now - timedelta(seconds=stale_after)
             and record.expires_at > cutoff
         }
-        in_use = set(
-            IdempotencyRecord.objects.filter(
-                state=IdempotencyRecord.State.IN_PROGRESS, lease_expires_at__gt=now
-            ).values_list("pk", "token")
-        )
+        in_use = {record.token for record in self.records.values() if record.in_use(now)}
 
         result = purge.purge_records(
             older_than=timedelta(seconds=older_than), stale_after=timedelta(seconds=stale_after)
         )
 
-        left = set(records.values("pk", "token"))
+        left = {token for (token,) in records.values("token")}
         assert in_use <= left, "the purge deleted a record in use"
         assert (result.expired, result.stale) == (len(expired), len(stale))
         report("purge: none" if not result.total else "purge: some")
@@ -552,8 +555,8 @@ class EngineMachine(RuleBasedStateMachine):
             assert row.token == record.token
             assert row.fingerprint == record.fingerprint
             assert row.state == ("completed" if record.completed else "in_progress")
-            if ON_REDIS:
-                self.check_redis_times(row.pk, record)
+            if ON_STORE_CLOCK:
+                self.check_store_times(row.pk, record)
             else:
                 assert row.lease_expires_at == record.lease_expires_at
                 assert row.expires_at == record.expires_at
@@ -564,10 +567,11 @@ class EngineMachine(RuleBasedStateMachine):
                 body = None if row.response_body is None else bytes(row.response_body)
                 assert body == (record.response.body if record.body_stored else None)
 
-    def check_redis_times(self, pk: str, record: Record) -> None:
-        """The Redis record's lease, expiry and PTTL are the model's, by Redis's clock: the
-        same, or less by the real time this step took (at most ``STEP_MS``). They are then
-        set to the model's exactly, so that the real time the steps take never adds up."""
+    def check_store_times(self, pk: Any, record: Record) -> None:
+        """The record's lease, expiry and (Redis) PTTL are the model's, by the store's clock:
+        the same, or less by the real time this step took (at most ``STEP_MS``). They are
+        then set to the model's exactly, so that the real time the steps take never adds
+        up."""
 
         def ms(when: datetime | None) -> int | None:
             if when is None or when >= never():
@@ -577,7 +581,7 @@ class EngineMachine(RuleBasedStateMachine):
         model = records.Times(
             lease=None if record.completed else ms(record.lease_expires_at),
             expires=ms(record.expires_at),
-            pttl=ms(record.gone_at),
+            pttl=ms(record.gone_at) if ON_REDIS else None,
         )
         stored = records.retime(pk, model)
         assert stored is not None, f"{pk} vanished"
@@ -608,8 +612,9 @@ def other_fingerprint(fingerprint: str) -> str:
 
 @pytest.fixture
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    # The engine, the purge and the store's renewal all call django.utils.timezone.now().
-    for module in (claims, purge, database_store):
+    # The engine and the store (SQLite's times, the others' snapshots) call
+    # django.utils.timezone.now().
+    for module in (claims, database_store):
         assert module.timezone is timezone
     monkeypatch.setattr(timezone, "now", CLOCK)
     monkeypatch.setattr(heartbeat_module, "time", SimpleNamespace(monotonic=CLOCK.monotonic))

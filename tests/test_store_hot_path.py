@@ -83,10 +83,58 @@ def test_the_raw_read_returns_what_the_orm_returns(settings: Any, use_tz: bool) 
         orm.token,
         orm.fingerprint,
     )
-    assert read.lease_expires_at == orm.lease_expires_at
-    assert read.expires_at == orm.expires_at
+    # Moved onto this process's clock by what separates it from the database's, read in
+    # the same statement: both times by as much, a few milliseconds on one machine.
+    assert read.lease_expires_at is not None
+    shift = read.lease_expires_at - orm.lease_expires_at
+    assert read.expires_at - orm.expires_at == shift
+    assert abs(shift) < timedelta(seconds=1)
     assert (read.expires_at.tzinfo is not None) is use_tz
     assert read.stored is None  # in progress: nothing to replay, no body loaded
+
+
+@pytest.mark.parametrize("use_tz", [True, False])
+@pytest.mark.parametrize("zone", ["UTC", "America/New_York", "Asia/Kolkata"])
+def test_the_databases_clock_writes_times_in_the_zone_django_keeps_them_in(
+    settings: Any, use_tz: bool, zone: str
+) -> None:
+    """Without USE_TZ, MariaDB and SQLite hold naive local times of TIME_ZONE (PostgreSQL
+    converts them); with it, UTC. The times a claim and its completion write from the
+    database's clock read back as this process's now there, the lease and the TTL to the
+    microsecond."""
+    settings.USE_TZ = use_tz
+    settings.TIME_ZONE = zone
+    now = timezone.now()
+    values = {
+        **LOOKUP,
+        "fingerprint": "2:" + "a" * 64,
+        "state": State.IN_PROGRESS,
+        "token": "a" * 32,
+        "lease_expires_at": now + timedelta(seconds=10),
+        "response_headers": [],
+        "created_at": now,
+        "expires_at": now + timedelta(days=1),
+    }
+
+    assert store.claim_or_read("default", values, values["fingerprint"]) == CLAIMED
+
+    claimed = IdempotencyRecord.objects.get()
+    assert abs(claimed.created_at - timezone.now()) < timedelta(seconds=5)
+    assert claimed.lease_expires_at == claimed.created_at + timedelta(seconds=10)
+    assert claimed.expires_at == claimed.created_at + timedelta(days=1)
+    done = timezone.now()
+    completion = {
+        "response_status": 201,
+        "response_headers": [],
+        "response_body": b"{}",
+        "completed_at": done,
+        "expires_at": done + timedelta(hours=1),
+    }
+    assert store.complete("default", LOOKUP, "a" * 32, completion)
+    completed = IdempotencyRecord.objects.get()
+    assert completed.completed_at is not None
+    assert abs(completed.completed_at - timezone.now()) < timedelta(seconds=5)
+    assert completed.expires_at == completed.completed_at + timedelta(hours=1)
 
 
 def test_a_completed_record_is_read_with_its_response_only_for_the_same_fingerprint() -> None:

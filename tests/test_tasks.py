@@ -394,6 +394,22 @@ def test_retry_after_follows_the_setting(settings: Any) -> None:
     assert info.value.retry_after == 7
 
 
+def test_a_dead_workers_lease_tells_the_redelivery_how_long_is_left() -> None:
+    """The first delivery's worker died with 4.2 s of its 10 s lease left: deliver again
+    when the lease lapses (the Celery countdown), not once a second until then."""
+    charge("msg-1", 5)
+    records.update(
+        state=IdempotencyRecord.State.IN_PROGRESS,
+        lease_expires_at=timezone.now() + timedelta(seconds=4.2),
+    )
+
+    with pytest.raises(TaskInFlight) as info:
+        charge("msg-1", 5)
+
+    assert info.value.retry_after == 5
+    assert effects("charge") == 1
+
+
 def test_the_wait_policy_returns_the_result_once_the_first_finishes() -> None:
     waiting = threading.Event()
 

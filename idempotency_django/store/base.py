@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Final, Literal, Protocol, TypeAlias, runtime_c
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import router
-from django.db.models import Q
+from django.db.models import Expression, Q
 from django.utils.module_loading import import_string
 
 from idempotency_django.conf import conf
@@ -64,15 +64,33 @@ def store_alias() -> str:
     return conf.DATABASE or router.db_for_write(IdempotencyRecord)
 
 
+def lease_duration(values: dict[str, Any]) -> timedelta:
+    """The lease of a claim's or take-over's ``values``: a store writes it from its own
+    clock, so only the duration of what the engine computed on the app's clock counts."""
+    lease: timedelta = values["lease_expires_at"] - values["created_at"]
+    return lease
+
+
+def ttl_duration(values: dict[str, Any], since: str = "created_at") -> timedelta | None:
+    """The TTL of ``values`` (``expires_at`` less ``since``, the moment it counts from), or
+    None for a record kept forever (``never()``): a duration, for the store's own clock."""
+    expires: datetime = values["expires_at"]
+    return None if expires >= never() else expires - values[since]
+
+
 # -- the one definition of "in use", "absent" and "lapsed" ------------------------------------
 
+Now: TypeAlias = datetime | Expression
+"""The moment a definition is taken at: a time on the app's clock (a ``Snapshot`` moved onto
+it, SQLite), or the database's own clock in SQL (``database.DatabaseNow``)."""
 
-def in_use_q(now: datetime) -> Q:
+
+def in_use_q(now: Now) -> Q:
     """In progress under a live lease: its view may be running right now."""
     return Q(state=State.IN_PROGRESS, lease_expires_at__gt=now)
 
 
-def expired_q(now: datetime, expired_by: datetime | None = None) -> Q:
+def expired_q(now: Now, expired_by: Now | None = None) -> Q:
     """Past its TTL and not in use: the key counts as absent, and the purge may delete it.
 
     ``expired_by``: only records that expired by then (the purge's ``--older-than``).
@@ -80,7 +98,7 @@ def expired_q(now: datetime, expired_by: datetime | None = None) -> Q:
     return Q(expires_at__lte=now if expired_by is None else expired_by) & ~in_use_q(now)
 
 
-def lapsed_q(now: datetime) -> Q:
+def lapsed_q(now: Now) -> Q:
     """In progress with a lease that nobody renews any more: its worker died or lost the
     store. The same request may take it over; a different one is told 422."""
     return Q(state=State.IN_PROGRESS) & (
@@ -102,9 +120,19 @@ def is_lapsed(record: Snapshot, now: datetime) -> bool:
     return record.state == State.IN_PROGRESS and not is_in_use(record, now)
 
 
+def lease_left(record: Snapshot, now: datetime) -> float:
+    """Seconds until ``record``'s lease lapses (0 when it has, or it has none)."""
+    if not is_in_use(record, now):
+        return 0.0
+    assert record.lease_expires_at is not None
+    return (record.lease_expires_at - now).total_seconds()
+
+
 @dataclass(frozen=True)
 class Snapshot:
-    """What a loser reads of the record it lost to: never the body unless it replays."""
+    """What a loser reads of the record it lost to: never the body unless it replays. Its
+    lease and expiry are on the reading process's clock: a store that keeps them on its
+    own clock moves them by the difference it read in the same round trip."""
 
     pk: Any  # the database's primary key; the Redis store's record key
     state: str

@@ -5,8 +5,10 @@ The unique index on ``(account, endpoint, key)`` is the lock. Besides the interf
 (``delete_returning``) and the purge's reads and deletes (``read_page``, ``delete_page``):
 no other module sends SQL. The hot path (claim, read, complete, release, renew) is raw SQL
 built once per database alias (``_Statements``), converted exactly as the ORM would; rare
-paths stay on the ORM, with the ``Q`` definitions of ``base``. Why, and what it measured:
-``docs/performance.md`` ("How the hot path is built"); the failures: ``docs/store.md``.
+paths stay on the ORM, with the ``Q`` definitions of ``base``. Leases and expiry are written
+and compared on the database's clock (``DatabaseNow``), never an app server's. Why, and what
+it measured: ``docs/performance.md`` ("How the hot path is built"); the clock and the
+failures: ``docs/store.md``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import functools
 import logging
 import math
 import sqlite3
+import zoneinfo
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
@@ -32,7 +35,7 @@ from django.db import (
     transaction,
 )
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import CharField, Field, Q, QuerySet
+from django.db.models import CharField, DateTimeField, Expression, Field, Q, QuerySet
 from django.utils import timezone
 
 from idempotency_django.models import IdempotencyRecord
@@ -44,8 +47,11 @@ from idempotency_django.store.base import (
     Stored,
     expired_q,
     lapsed_q,
+    lease_duration,
+    never,
     shared,
     stored,
+    ttl_duration,
 )
 
 logger = logging.getLogger("idempotency_django")
@@ -121,7 +127,16 @@ class DatabaseStore:
         connection = connections[alias]
         params = _claim_params(statements, values, connection)
         row = _execute(
-            connection, sql, [*params, fingerprint, fingerprint, *_key(values)], _fetchone
+            connection,
+            sql,
+            [
+                *params,
+                fingerprint,
+                fingerprint,
+                *_now_params(statements, connection),
+                *_key(values),
+            ],
+            _fetchone,
         )
         if row is None:
             return self.read(alias, _lookup(values), fingerprint)
@@ -170,7 +185,14 @@ class DatabaseStore:
         row = _execute(
             connection,
             statements.read,
-            [fingerprint, fingerprint, lookup["account"], lookup["endpoint"], lookup["key"]],
+            [
+                fingerprint,
+                fingerprint,
+                *_now_params(statements, connection),
+                lookup["account"],
+                lookup["endpoint"],
+                lookup["key"],
+            ],
             _fetchone,
         )
         return None if row is None else statements.snapshot(row, connection)
@@ -188,10 +210,20 @@ class DatabaseStore:
         """Claim a record that counts as absent, or whose lease lapsed, unless it changed.
 
         The conditions are re-checked in the ``UPDATE`` itself (the same definitions the
-        purge uses): a heartbeat that renewed the lease, or another request that took the
-        row over first, makes it match nothing.
+        purge uses), on the database's clock: a heartbeat that renewed the lease, or another
+        request that took the row over first, makes it match nothing, whatever this app
+        server's clock says. The new lease and expiry count from the database's now too.
         """
-        now = values["created_at"]
+        now: Any = values["created_at"]
+        if has_own_clock(connections[alias]):
+            now = DatabaseNow()
+            ttl = ttl_duration(values)
+            values = {
+                **values,
+                "created_at": now,
+                "lease_expires_at": DatabaseNow(lease_duration(values)),
+                "expires_at": never() if ttl is None else DatabaseNow(ttl),
+            }
         updated: int = (
             self._records(alias)
             .filter(expired_q(now) | lapsed_q(now), pk=record.pk, token=record.token)
@@ -207,11 +239,19 @@ class DatabaseStore:
         connection = connections[alias]
         statements = _statements(alias)
         params = _prepared(statements.complete_fields, values, connection)
+        times = _time_params(statements, connection, values, "completed_at")
         with transaction.mark_for_rollback_on_error(alias):
             updated = _execute(
                 connection,
                 statements.complete,
-                [State.COMPLETED.value, *params, *_key(lookup), token, State.IN_PROGRESS.value],
+                [
+                    State.COMPLETED.value,
+                    *params,
+                    *times,
+                    *_key(lookup),
+                    token,
+                    State.IN_PROGRESS.value,
+                ],
                 _rowcount,
             )
         return updated == 1
@@ -235,26 +275,20 @@ class DatabaseStore:
         self, alias: str, claims: Sequence[tuple[dict[str, str], str]], lease: float, timeout: float
     ) -> int:
         """Push the lease of each in-progress ``(lookup, token)`` to ``lease`` seconds from
-        now, in one statement bounded by ``timeout`` (``_statement_timeout``)."""
-        with _statement_timeout(alias, timeout):
-            # Taken after any wait for the connection or the transaction: the lease counts
-            # from the moment the statement runs.
-            now = timezone.now()
-            return self.renew_until(alias, claims, now + timedelta(seconds=lease))
-
-    def renew_until(
-        self, alias: str, claims: Sequence[tuple[dict[str, str], str]], until: datetime
-    ) -> int:
-        """Push the lease of each in-progress ``(lookup, token)`` to ``until``, in one
-        statement; returns how many records were renewed. A record that was taken over
-        (another token) or completed is left alone."""
+        the database's now, in one statement bounded by ``timeout`` (``_statement_timeout``);
+        returns how many records were renewed. A record that was taken over (another
+        token) or completed is left alone."""
         connection = connections[alias]
         statements = _statements(alias)
-        lease = statements.lease_field.get_db_prep_save(until, connection)
-        params: list[Any] = [lease]
-        for lookup, token in claims:
-            params += [*_key(lookup), token]
-        return _execute(connection, statements.renew_many(len(claims)), params, _rowcount)
+        duration = timedelta(seconds=lease)
+        with _statement_timeout(alias, timeout):
+            # PostgreSQL counts each row's lease from the moment it is written, after any
+            # wait for its lock (``clock_timestamp()``); SQLite from now, on this process's
+            # clock, taken after any wait for the connection or the transaction.
+            params = _clock_params(connection, duration, timezone.now() + duration)
+            for lookup, token in claims:
+                params += [*_key(lookup), token]
+            return _execute(connection, statements.renew_many(len(claims)), params, _rowcount)
 
     def lock_wait(self, alias: str, seconds: float) -> AbstractContextManager[None]:
         """Bound how long the claim run inside waits for a row lock (``_lock_timeout``):
@@ -280,10 +314,12 @@ class DatabaseStore:
             # A literal, not a parameter: a prepared statement's generic plan can use a
             # partial index only when its condition is written out.
             f"AND {column['state']} = '{State.IN_PROGRESS.value}' "
-            f"AND {column['lease_expires_at']} > %s LIMIT %s) live"
+            # Live by the database's clock, as every lease is told.
+            f"AND {column['lease_expires_at']} > {_clock_sql(connection.vendor, offset=False)} "
+            "LIMIT %s) live"
         )
-        lease = fields["lease_expires_at"].get_db_prep_save(now, connection)
-        row = _execute(connection, sql, [account, lease, limit], _fetchone)
+        now_params = _clock_params(connection, None, now)
+        row = _execute(connection, sql, [account, *now_params, limit], _fetchone)
         return int(row[0])
 
     def in_transaction(self, alias: str) -> bool:
@@ -415,7 +451,8 @@ _READ_FIELDS = (
     "response_headers",
     "response_body",
 )
-# What a claim writes (``claims``): the rest of the row starts empty.
+# What a claim writes (``claims``): the rest of the row starts empty. Its times come last,
+# from the database's clock (``_time_params``).
 _CLAIM_FIELDS = frozenset(
     {
         "account",
@@ -424,19 +461,16 @@ _CLAIM_FIELDS = frozenset(
         "fingerprint",
         "state",
         "token",
-        "lease_expires_at",
         "response_headers",
-        "created_at",
-        "expires_at",
     }
 )
+_CLAIM_TIMES = ("created_at", "lease_expires_at", "expires_at")
 _COMPLETE_FIELDS = (
     "response_status",
     "response_headers",
     "response_body",
-    "completed_at",
-    "expires_at",
 )
+_COMPLETE_TIMES = ("completed_at", "expires_at")
 
 
 def _cursor(connection: Any) -> Any:
@@ -575,9 +609,13 @@ def _lookup(values: dict[str, Any]) -> dict[str, str]:
 
 
 def _claim_params(statements: _Statements, values: dict[str, Any], connection: Any) -> list[Any]:
-    if len(values) != len(statements.claim_fields):
-        raise ValueError(f"a claim sets {sorted(f.name for f in statements.claim_fields)}")
-    return _prepared(statements.claim_fields, values, connection)
+    if len(values) != len(statements.claim_fields) + len(_CLAIM_TIMES):
+        names = [f.name for f in statements.claim_fields] + list(_CLAIM_TIMES)
+        raise ValueError(f"a claim sets {sorted(names)}")
+    return [
+        *_prepared(statements.claim_fields, values, connection),
+        *_time_params(statements, connection, values, "created_at"),
+    ]
 
 
 def _prepared(
@@ -595,30 +633,171 @@ def _prepared(
     ]
 
 
+# -- the database's clock ----------------------------------------------------------------------
+#
+# Every time the store writes or compares (a claim's or take-over's created_at, lease and
+# expiry, a renewal's lease, a completion's completed_at and expiry, the "now" of the
+# take-over, the purge and the admin) is the database's: app servers whose clocks disagree
+# then agree on every lease. SQLite keeps the app's clock: one file, one machine, one clock.
+# Why these functions, and what USE_TZ changes: docs/store.md ("Leases on the database's
+# clock").
+
+_OWN_CLOCK = ("postgresql", "mysql")
+_ZERO = timedelta(0)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def has_own_clock(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the store's times are the database's clock (PostgreSQL, MariaDB/MySQL), or
+    this process's (SQLite, and any other backend)."""
+    return connection.vendor in _OWN_CLOCK
+
+
+def _clock_sql(vendor: str, *, offset: bool = True, per_row: bool = False) -> str:
+    """The database's now, plus a duration (``offset``), in SQL; ``_clock_params`` are its
+    parameters.
+
+    PostgreSQL: ``statement_timestamp()``, one now for every time a statement writes (a
+    claim's lease and expiry count from its ``created_at`` exactly), and an index bound
+    (a stable function: the purge and the admin scan by it); ``per_row``: the moment each
+    row is written, after any wait for its lock (``clock_timestamp()``: the renewal).
+    MariaDB/MySQL: ``UTC_TIMESTAMP(6)`` (the statement's start) moved into the zone Django
+    stores naive datetimes in (``_utc_offset_us``). SQLite: a parameter, this process's now.
+    """
+    if vendor not in _OWN_CLOCK:
+        return "%s"
+    if vendor == "postgresql":
+        now = "clock_timestamp()" if per_row else "statement_timestamp()"
+        return f"({now} + %s::interval)" if offset else now
+    return "TIMESTAMPADD(MICROSECOND, %s, UTC_TIMESTAMP(6))"
+
+
+def _expiry_sql(vendor: str) -> str:
+    """An expiry: the database's now plus a TTL, or ``never()`` for a TTL of None."""
+    if vendor in _OWN_CLOCK:
+        return f"COALESCE({_clock_sql(vendor)}, %s)"
+    return "%s"
+
+
+def _clock_params(connection: Any, delta: timedelta | None, app_time: datetime) -> list[Any]:
+    """The parameters of ``_clock_sql``: ``delta`` after the database's now (None: the SQL
+    built without ``offset``). ``app_time`` is the same moment on this process's clock,
+    which SQLite is given instead."""
+    vendor = connection.vendor
+    if vendor not in _OWN_CLOCK:
+        return [_datetime_field().get_db_prep_save(app_time, connection)]
+    if vendor == "postgresql":
+        return [] if delta is None else [delta]
+    return [_utc_offset_us(connection) + (delta or _ZERO) // _MICROSECOND]
+
+
+def _expiry_params(connection: Any, ttl: timedelta | None, app_time: datetime) -> list[Any]:
+    """The parameters of ``_expiry_sql`` (``app_time``: the expiry on this process's clock,
+    ``never()`` included, for SQLite)."""
+    if connection.vendor not in _OWN_CLOCK:
+        return [_datetime_field().get_db_prep_save(app_time, connection)]
+    forever = _datetime_field().get_db_prep_save(never(), connection)
+    return [None if ttl is None else _clock_params(connection, ttl, app_time)[0], forever]
+
+
+def _time_params(
+    statements: _Statements, connection: Any, values: dict[str, Any], since: str
+) -> list[Any]:
+    """The parameters of the times a claim (``since="created_at"``: ``_CLAIM_TIMES``) or a
+    completion (``"completed_at"``: ``_COMPLETE_TIMES``) writes: only the durations of the
+    engine's ``values`` count where the database keeps the clock."""
+    if not statements.own_clock:
+        prepare = _datetime_field().get_db_prep_save
+        names = _CLAIM_TIMES if since == "created_at" else _COMPLETE_TIMES
+        return [prepare(values[name], connection) for name in names]
+    start = values[since]
+    params = _clock_params(connection, _ZERO, start)
+    if since == "created_at":
+        params += _clock_params(connection, lease_duration(values), values["lease_expires_at"])
+    return params + _expiry_params(connection, ttl_duration(values, since), values["expires_at"])
+
+
+def _now_params(statements: _Statements, connection: Any) -> list[Any]:
+    """The parameters of the database's now that ``read`` selects (none on SQLite)."""
+    if not statements.own_clock:
+        return []
+    return _clock_params(connection, None, timezone.now())
+
+
+def _utc_offset_us(connection: Any) -> int:
+    """MariaDB/MySQL: what to add to ``UTC_TIMESTAMP(6)``, in microseconds, for the naive
+    time Django stores there: the connection's time zone (UTC under ``USE_TZ`` unless the
+    database's ``TIME_ZONE`` says otherwise; ``TIME_ZONE``'s local time without it).
+
+    An offset, not ``CONVERT_TZ``: that needs the server's time zone tables, and gives NULL
+    without them. The offset is the zone's now on this process's clock: a clock skew moves
+    it only across a daylight-saving change, when naive local times are ambiguous anyway.
+    """
+    name = connection.timezone_name
+    if name == "UTC":
+        return 0
+    now = datetime.now(zoneinfo.ZoneInfo(name)) if name else datetime.now().astimezone()
+    return (now.utcoffset() or _ZERO) // _MICROSECOND
+
+
+def _datetime_field() -> Field[Any, Any]:
+    """A datetime column of the records: how a time is prepared for the database."""
+    return IdempotencyRecord._meta.get_field("created_at")
+
+
+class DatabaseNow(Expression):
+    """The database's now plus ``offset``, in the ORM's queries (the take-over, the purge,
+    the admin): the clock ``_clock_sql`` writes leases with. On SQLite, this process's now,
+    taken when the query is compiled."""
+
+    output_field = DateTimeField()
+
+    def __init__(self, offset: timedelta = _ZERO) -> None:
+        super().__init__(output_field=DateTimeField())
+        self.offset = offset
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
+        bare = connection.vendor == "postgresql" and has_own_clock(connection) and not self.offset
+        sql = _clock_sql(connection.vendor, offset=not bare)
+        delta = None if bare else self.offset
+        return sql, tuple(_clock_params(connection, delta, timezone.now() + self.offset))
+
+
 @dataclass(frozen=True)
 class _Statements:
     """The hot path's statements for one database alias, built once (``_statements``)."""
 
     table: str
     where_key: str  # "account = %s AND endpoint = %s AND key = %s", quoted
-    claim_fields: tuple[Field[Any, Any], ...]
+    own_clock: bool  # the times are the database's (``has_own_clock``)
+    claim_fields: tuple[Field[Any, Any], ...]  # then ``_CLAIM_TIMES``
     claim: str
     claim_or_read: str | None  # PostgreSQL only
-    read: str
+    read: str  # its columns: ``_READ_FIELDS``, then the database's now (``own_clock``)
     converters: tuple[tuple[tuple[_Converter, ...], Any], ...]  # per read column
-    complete_fields: tuple[Field[Any, Any], ...]
+    complete_fields: tuple[Field[Any, Any], ...]  # then ``_COMPLETE_TIMES``
     complete: str
     release: str
-    lease_field: Field[Any, Any]
     renew: str  # for one claim; ``renew_many`` repeats its last condition
     renew_owned: str
 
     def snapshot(self, row: Sequence[Any], connection: Any) -> Snapshot:
+        """The record read, its times moved onto this process's clock by the difference
+        between its now and the database's now read in the same statement (as the Redis
+        store does with ``TIME``): the engine compares them with ``timezone.now()``."""
         values = list(row)
         for index, (converters, expression) in enumerate(self.converters):
             for convert in converters:
                 values[index] = convert(values[index], expression, connection)
-        pk, state, token, fingerprint, lease_expires_at, expires_at, status, headers, body = values
+        pk, state, token, fingerprint, lease_expires_at, expires_at, status, headers, body = values[
+            : len(_READ_FIELDS)
+        ]
+        if self.own_clock:
+            shift = timezone.now() - values[-1]
+            if lease_expires_at is not None:
+                lease_expires_at += shift
+            if expires_at < never():
+                expires_at += shift
         return Snapshot(
             pk=pk,
             state=state,
@@ -657,9 +836,11 @@ def _build(connection: Any) -> _Statements:
     column = {name: qn(field.column) for name, field in fields.items()}
     where_key = " AND ".join(f"{column[name]} = %s" for name in ("account", "endpoint", "key"))
     claim_fields = tuple(field for field in meta.concrete_fields if field.name in _CLAIM_FIELDS)
+    now, expiry = _clock_sql(connection.vendor), _expiry_sql(connection.vendor)
     insert = (
-        f"INSERT INTO {table} ({', '.join(column[f.name] for f in claim_fields)}) "
-        f"VALUES ({', '.join(['%s'] * len(claim_fields))})"
+        f"INSERT INTO {table} "
+        f"({', '.join([column[f.name] for f in claim_fields] + [column[n] for n in _CLAIM_TIMES])})"
+        f" VALUES ({', '.join(['%s'] * len(claim_fields))}, {now}, {now}, {expiry})"
     )
     # The replay's headers and body only for a completed record of the same request.
     replayable = f"{column['state']} = '{State.COMPLETED.value}' AND {column['fingerprint']} = %s"
@@ -667,6 +848,9 @@ def _build(connection: Any) -> _Statements:
         f"CASE WHEN {replayable} THEN {column['response_headers']} END",
         f"CASE WHEN {replayable} THEN {column['response_body']} END",
     ]
+    own_clock = has_own_clock(connection)
+    if own_clock:
+        selected.append(_clock_sql(connection.vendor, offset=False))
     read = f"SELECT {', '.join(selected)} FROM {table} WHERE {where_key}"
     claim_or_read = None
     if connection.vendor == "postgresql":
@@ -684,16 +868,21 @@ def _build(connection: Any) -> _Statements:
             connection
         )
         converters.append((tuple(found), expression))
+    if own_clock:  # the database's now, a datetime as the lease is
+        converters.append(converters[_READ_FIELDS.index("lease_expires_at")])
     complete_fields = tuple(fields[name] for name in _COMPLETE_FIELDS)
     assignments = ", ".join(f"{column[f.name]} = %s" for f in complete_fields)
     complete = (
         f"UPDATE {table} SET {column['state']} = %s, "
-        f"{column['lease_expires_at']} = NULL, {assignments} "
+        f"{column['lease_expires_at']} = NULL, {assignments}, "
+        f"{column['completed_at']} = {now}, {column['expires_at']} = {expiry} "
         f"WHERE {where_key} AND {column['token']} = %s AND {column['state']} = %s"
     )
+    renewed = _clock_sql(connection.vendor, per_row=True)
     return _Statements(
         table=table,
         where_key=where_key,
+        own_clock=own_clock,
         claim_fields=claim_fields,
         claim=insert if connection.vendor == "mysql" else f"{insert} ON CONFLICT DO NOTHING",
         claim_or_read=claim_or_read,
@@ -707,9 +896,8 @@ def _build(connection: Any) -> _Statements:
             f"DELETE FROM {table} WHERE {where_key} AND {column['token']} = %s "
             f"AND {column['state']} = '{State.IN_PROGRESS.value}'"
         ),
-        lease_field=fields["lease_expires_at"],
         renew=(
-            f"UPDATE {table} SET {column['lease_expires_at']} = %s "
+            f"UPDATE {table} SET {column['lease_expires_at']} = {renewed} "
             f"WHERE {column['state']} = '{State.IN_PROGRESS.value}' AND ("
         ),
         renew_owned=f"({where_key} AND {column['token']} = %s)",
