@@ -117,8 +117,8 @@ MUTANTS = [
         "too-many-connections-fails-open",
         "a store database with no connection to spare (53300) fails open: views run unprotected",
         "store/database.py",
-        '        if any(word in message for word in _EXHAUSTED_WORDS):\n            return "other"',
-        '        if False:\n            return "other"',
+        '    if any(word in message for word in _EXHAUSTED_WORDS):\n        return "other"',
+        '    if False:\n        return "other"',
         (
             "test_store_failures.py::test_a_store_database_with_no_connection_to_spare_never_fails_open",
         ),
@@ -1813,8 +1813,9 @@ MUTANTS = [
         "quota-counts-lapsed-claims",
         "the quota counts dead workers' lapsed claims: an account is refused for nothing running",
         "store/database.py",
-        """f"AND {column['lease_expires_at']} > %s LIMIT %s) live\"""",
-        """f"AND {column['lease_expires_at']} IS NOT NULL AND %s IS NOT NULL LIMIT %s) live\"""",
+        """f"AND {column['lease_expires_at']} > {_clock_sql(connection.vendor, offset=False)} \"""",
+        """f"AND {column['lease_expires_at']} IS NOT NULL AND """
+        """{_clock_sql(connection.vendor, offset=False)} IS NOT NULL \"""",
         (EXH + "test_completed_and_lapsed_records_do_not_count_toward_the_quota",),
     ),
     Mutant(

@@ -237,12 +237,14 @@ def test_stored_headers_that_are_not_a_list_of_names_are_reported(
     assert ids_for(settings, {"STORED_HEADERS": value}) != []
 
 
+@pytest.mark.django_db(databases="__all__")  # Django 6.1 checks every database
 def test_check_command_fails_on_a_bad_setting(settings: Settings) -> None:
     settings.IDEMPOTENCY = {"MODE": "transactional"}
     with pytest.raises(SystemCheckError, match=r"idempotency_django\.E002"):
         call_command("check")
 
 
+@pytest.mark.django_db(databases="__all__")  # Django 6.1 checks every database
 def test_check_command_passes_the_default_setting(settings: Settings) -> None:
     settings.IDEMPOTENCY = {}
     out = StringIO()
@@ -369,6 +371,7 @@ def fresh_ninja_urlconf(settings: Any) -> Iterator[None]:
         ({"TTL_SECONDS": 5}, "idempotency_django.E005"),
     ],
 )
+@pytest.mark.django_db(databases="__all__")  # Django 6.1 checks every database
 def test_check_with_a_ninja_router_reports_a_bad_setting_instead_of_crashing(
     settings: Any, fresh_ninja_urlconf: None, value: object, expected: str
 ) -> None:
@@ -401,6 +404,7 @@ WORKER_MAY_LACK = [
 ]
 
 
+@pytest.mark.django_db(databases="__all__")  # Django 6.1 checks every database
 def test_check_passes_without_root_urlconf(settings: Any) -> None:
     """A Celery worker's settings module: Django skips its own URL checks, so must we, or
     ``celery worker`` and every ``manage.py`` command fail to start."""
@@ -456,6 +460,7 @@ def test_misspelled_drf_idempotency_configuration_is_an_error(settings: Any) -> 
     assert not any("RightViewSet" in message for message in messages)
 
 
+@pytest.mark.django_db(databases="__all__")  # Django 6.1 checks every database
 def test_the_check_command_reports_a_misspelled_action(settings: Any) -> None:
     settings.ROOT_URLCONF = "tests.project.drf_typo_urls"
     with pytest.raises(SystemCheckError, match=r"idempotency_django\.E018.*'craete'"):
@@ -499,6 +504,7 @@ def test_w030_fail_open_on_a_view_of_its_own(settings: Settings) -> None:
     ]
 
 
+@pytest.mark.django_db(databases="__all__")  # Django 6.1 checks every database
 def test_w030_is_registered(settings: Settings) -> None:
     settings.IDEMPOTENCY = {"ON_STORE_ERROR": "open"}
     output = StringIO()

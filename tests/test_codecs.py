@@ -429,6 +429,7 @@ def test_check_w020_keys_without_a_codec(settings: Settings) -> None:
     assert check_ids(settings, ENCRYPTION_KEYS=["a key"]) == ["idempotency_django.W020"]
 
 
+@pytest.mark.django_db(databases="__all__")  # Django 6.1 checks every database
 def test_the_codec_checks_are_registered(settings: Settings) -> None:
     settings.IDEMPOTENCY = {"RESPONSE_CODEC": "tests.test_codecs.Nowhere"}
     with pytest.raises(SystemCheckError, match=r"idempotency_django\.E020"):

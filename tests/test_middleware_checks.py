@@ -77,6 +77,7 @@ def test_exempt_url_names_must_be_a_list_of_names(settings: Settings) -> None:
     assert check_settings() == []
 
 
+@pytest.mark.django_db(databases="__all__")  # Django 6.1 checks every database
 def test_the_check_command_reports_the_order(settings: Settings) -> None:
     settings.MIDDLEWARE = [SESSIONS, IDEMPOTENCY, AUTH]
     with pytest.raises(SystemCheckError, match=r"idempotency_django\.E012"):
@@ -163,6 +164,7 @@ def test_hidden_drf_views_are_checked_only_under_the_middleware(settings: Settin
     assert check_hidden_drf_views() == []
 
 
+@pytest.mark.django_db(databases="__all__")  # Django 6.1 checks every database
 def test_the_hidden_drf_view_check_is_registered(settings: Settings) -> None:
     settings.ROOT_URLCONF = "tests.project.middleware_hidden_urls"
     settings.MIDDLEWARE = [SESSIONS, AUTH, IDEMPOTENCY]

@@ -381,7 +381,9 @@ def in_process_worker() -> Iterator[Any]:
 
 
 @needs_server
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db(
+    transaction=True, databases="__all__"
+)  # Celery runs the checks: every database on Django 6.1
 def test_a_celery_task_is_retried_through_a_cluster_outage_and_runs_once_after_it(
     settings: SettingsWrapper, in_process_worker: Any
 ) -> None:

@@ -386,6 +386,7 @@ def test_e009_a_tenant_that_cannot_be_imported(settings: Any) -> None:
     assert [m.id for m in check_settings() if "TENANT" in m.msg] == ["idempotency_django.E009"]
 
 
+@pytest.mark.django_db(transaction=True, databases="__all__")  # Django 6.1 checks every database
 def test_e030_namespace_principals_not_a_bool(settings: Any) -> None:
     settings.IDEMPOTENCY = {"NAMESPACE_PRINCIPALS": "yes"}
 
