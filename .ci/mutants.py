@@ -37,8 +37,11 @@ could not run (a snippet not found exactly once, the tests failing unmutated, ..
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -2200,10 +2203,19 @@ def copy_tree(destination: Path) -> None:
 
 
 def run_pytest(
-    copy: Path, env: dict[str, str], tests: tuple[str, ...], timeout: float, *extra: str
+    copy: Path,
+    env: dict[str, str],
+    tests: tuple[str, ...],
+    timeout: float,
+    *extra: str,
+    zygote: Zygote | None = None,
 ) -> tuple[int | None, str]:
-    """pytest's exit code (None after a timeout) and its output."""
-    command = [sys.executable, "-m", "pytest", *PYTEST, *extra, *(f"tests/{t}" for t in tests)]
+    """pytest's exit code (None after a timeout) and its output: in a child forked from the
+    job's ``zygote`` when it has one, else in a new interpreter."""
+    args = [*PYTEST, *extra, *(f"tests/{t}" for t in tests)]
+    if zygote is not None:
+        return zygote.run(args, env, timeout)
+    command = [sys.executable, "-m", "pytest", *args]
     process = subprocess.Popen(
         command,
         cwd=copy,
@@ -2222,6 +2234,123 @@ def run_pytest(
         os.killpg(process.pid, signal.SIGKILL)
         raise
     return process.returncode, output
+
+
+# -- the zygote: pytest's runs forked from an interpreter that imported the heavy libraries ----
+#
+# A run of a mutant's named tests takes a few seconds, and half of that was the interpreter
+# importing pytest's plugins and the libraries the tests use (Hypothesis, Faker, Schemathesis,
+# Celery, redis-py, psycopg: about 3 s of CPU each time, measured). Each job starts one
+# zygote, which imports only those (never Django's settings, the package or the tests), and
+# forks a child per run: the child imports the package as it is on disk at that moment (the
+# mutant applied), runs ``pytest.main`` in a session of its own (a timeout kills the servers a
+# test started too), and exits. ``--no-fork`` runs each in a new interpreter instead.
+
+PRELOAD = (
+    "pytest_django",
+    "hypothesis",
+    "faker",
+    "factory",
+    "schemathesis",
+    "httpx",
+    "redis",
+    "psycopg",
+    "celery",
+    "trio",
+    "yaml",
+    "requests",
+    "pydantic",
+)
+
+ZYGOTE = r"""
+import json, os, sys
+import pytest
+for name in sys.argv[1:]:
+    try:
+        __import__(name)
+    except Exception:  # a library that is not installed: the tests import it themselves
+        pass
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    job = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            os.environ.clear()
+            os.environ.update(job["env"])
+            log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            code = int(pytest.main(job["args"]))
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+            code = 3
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    print(json.dumps({"pid": pid}), flush=True)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"code": os.waitstatus_to_exitcode(status)}), flush=True)
+"""
+
+
+class Zygote:
+    """One job's forking interpreter (see above)."""
+
+    def __init__(self, copy: Path, env: dict[str, str]) -> None:
+        self.directory = Path(tempfile.mkdtemp(prefix="zygote-"))
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", ZYGOTE, *PRELOAD],
+            cwd=copy,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.runs = 0
+        self._answer(None)  # ready
+
+    def _answer(self, timeout: float | None) -> dict[str, Any] | None:
+        assert self.process.stdout is not None
+        if timeout is not None:
+            ready, _, _ = select.select([self.process.stdout], [], [], max(0.0, timeout))
+            if not ready:
+                return None
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError("the mutants' zygote ended")
+        return json.loads(line)  # type: ignore[no-any-return]
+
+    def run(self, args: list[str], env: dict[str, str], timeout: float) -> tuple[int | None, str]:
+        assert self.process.stdin is not None
+        self.runs += 1
+        log = self.directory / f"run-{self.runs}.log"
+        job = {"args": [*args, "-W", "ignore::pytest.PytestAssertRewriteWarning"], "env": env}
+        self.process.stdin.write(json.dumps({**job, "log": str(log)}) + "\n")
+        self.process.stdin.flush()
+        started = self._answer(None)
+        assert started is not None
+        pid = int(started["pid"])
+        try:
+            answer = self._answer(timeout)
+            if answer is None:  # its session: the test's servers go too
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                self._answer(None)
+                return None, log.read_text(errors="replace")
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            raise
+        return int(answer["code"]), log.read_text(errors="replace")
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait(30)
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def first_failure(output: str) -> str:
@@ -2247,7 +2376,12 @@ def drop_test_databases(url: str) -> None:
 
 
 def run_all(
-    mutants: list[Mutant], copy: Path, env: dict[str, str], timeout: float | None, full: bool
+    mutants: list[Mutant],
+    copy: Path,
+    env: dict[str, str],
+    timeout: float | None,
+    full: bool,
+    zygote: Zygote | None = None,
 ) -> dict[str, Outcome] | None:
     """Each mutant's outcome; None when the selected tests fail unmutated (on the store
     each mutant's tests run on: ``Mutant.store``)."""
@@ -2260,7 +2394,13 @@ def run_all(
         # Generous: an unmutated run that times out stops the check (exit 2), it kills nothing.
         first_timeout = 3 * timeout if timeout is not None else 3600.0 if full else 360.0
         code, output = run_pytest(
-            copy, {**env, **STORE_ENV[store]}, selected, first_timeout, *extra, "--create-db"
+            copy,
+            {**env, **STORE_ENV[store]},
+            selected,
+            first_timeout,
+            *extra,
+            "--create-db",
+            zygote=zygote,
         )
         if code != 0:
             print(output[-5000:])
@@ -2289,9 +2429,13 @@ def run_all(
             store_env = {**env, **STORE_ENV[mutant.store]}
             if full:
                 store_env[RUN_FIRST] = "\n".join(mutant.tests)
-                code, output = run_pytest(copy, store_env, selected, timeout, *extra, *recreated)
+                code, output = run_pytest(
+                    copy, store_env, selected, timeout, *extra, *recreated, zygote=zygote
+                )
             else:
-                code, output = run_pytest(copy, store_env, mutant.tests, timeout, *recreated)
+                code, output = run_pytest(
+                    copy, store_env, mutant.tests, timeout, *recreated, zygote=zygote
+                )
         finally:
             path.write_text(original)
         seconds = time.monotonic() - begun
@@ -2327,7 +2471,12 @@ def share_out(mutants: list[Mutant], jobs: int) -> list[list[Mutant]]:
 
 
 def check_group(
-    mutants: list[Mutant], url: str, timeout: float | None, full: bool, job: int = 0
+    mutants: list[Mutant],
+    url: str,
+    timeout: float | None,
+    full: bool,
+    job: int = 0,
+    fork: bool = True,
 ) -> dict[str, Outcome] | None:
     """The outcomes of these mutants, run one after another in a copy of their own."""
     with tempfile.TemporaryDirectory(prefix="mutants-") as temporary:
@@ -2358,9 +2507,12 @@ def check_group(
             print(where.stderr[-2000:])
             print(f"The tests would import {PACKAGE} from {where.stdout.strip()!r}, not {copy}.")
             return None
+        zygote = Zygote(copy, env) if fork else None
         try:
-            return run_all(mutants, copy, env, timeout, full)
+            return run_all(mutants, copy, env, timeout, full, zygote)
         finally:
+            if zygote is not None:
+                zygote.close()
             drop_test_databases(url)
 
 
@@ -2384,6 +2536,11 @@ def main() -> int:
         action="store_true",
         help="each mutant faces the whole suite but the e2e tests, not its named tests",
     )
+    parser.add_argument(
+        "--no-fork",
+        action="store_true",
+        help="run pytest in a new interpreter each time, not forked from the job's zygote",
+    )
     args = parser.parse_args()
     unknown = set(args.only or ()) - {m.id for m in MUTANTS}
     if unknown:
@@ -2395,7 +2552,7 @@ def main() -> int:
     jobs = len(groups)
     urls = [args.database_url if i == 0 else f"{args.database_url}_{i}" for i in range(jobs)]
     if jobs == 1:
-        outcomes = check_group(groups[0], urls[0], args.timeout, args.full)
+        outcomes = check_group(groups[0], urls[0], args.timeout, args.full, 0, not args.no_fork)
     else:  # each job: its own copy of the tree and its own databases
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             results = list(
@@ -2406,6 +2563,7 @@ def main() -> int:
                     [args.timeout] * jobs,
                     [args.full] * jobs,
                     range(jobs),
+                    [not args.no_fork] * jobs,
                 )
             )
         outcomes = None if any(r is None for r in results) else {}
