@@ -6,6 +6,7 @@ port 6390. Uses Redis db 3 (``IDEMPOTENCY_TEST_REDIS_URL``), flushed before each
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -31,7 +32,7 @@ from idempotency_django.heartbeat import Heartbeat
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store.base import StoreError, get_store
 from idempotency_django.store.redis import RedisStore, record_key
-from tests.conftest import REDIS_URL, Post, effects
+from tests.conftest import REDIS_URL, Post, effects, wait_until
 from tests.project.views import gate
 from tools import redis_cluster
 
@@ -768,45 +769,120 @@ def test_a_worker_killed_mid_flight_is_taken_over_once_its_lease_lapses() -> Non
     assert ran == [1]
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_completion_that_times_out_keeps_the_key_and_never_runs_the_view_again(
-    alice: User, settings: SettingsWrapper, scratch_redis: Callable[[], None]
-) -> None:
-    """Redis pauses while the view runs: the completion times out (it may yet run), the
-    answer is sent, the loss is signalled, and the key is kept: the retry is a replay or a
-    409, never a second run."""
-    url = f"redis://127.0.0.1:{SCRATCH_PORT}/0"
-    use_redis(settings, url, STORE_OPTIONS={"SOCKET_TIMEOUT": 0.2})
-    not_stored: list[Any] = []
+class Stall:
+    """A request held in its view (``gate``) in a thread of its own, and the throwaway Redis
+    its store uses: ``pause`` stops Redis taking writes (``CLIENT PAUSE WRITE``) once the view
+    has run, and reads, while nothing can move it, the lease the claim was last renewed
+    for (Redis ms)."""
+
+    def __init__(self, url: str, body: dict[str, Any] | None = None) -> None:
+        self.redis = redis.Redis.from_url(url)
+        self.answers: dict[str, Any] = {}
+        self.thread = threading.Thread(
+            target=lambda: self.answers.update(first=send(Client(), {**(body or {}), "gate": True}))
+        )
+        self.thread.start()
+        assert gate.entered.wait(10)
+
+    def pause(self, milliseconds: int) -> int:
+        self.redis.execute_command("CLIENT", "PAUSE", str(milliseconds), "WRITE")
+        (key,) = self.redis.keys(f"{PREFIX}:*")  # reads are served during the pause
+        return int(self.redis.get(key).split(b"|")[2])
+
+    def finish(self) -> Any:
+        gate.release.set()
+        self.thread.join(30)
+        return self.answers["first"]
+
+    def server_ms(self) -> int:
+        seconds, micros = self.redis.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+
+@pytest.fixture
+def not_stored() -> Iterator[list[str]]:
+    """The keys ``outcome_not_stored`` is sent for."""
+    keys: list[str] = []
 
     def receiver(signal: Any, **kwargs: Any) -> None:
-        not_stored.append(kwargs["key"])
+        keys.append(kwargs["key"])
 
     signals.outcome_not_stored.connect(receiver, weak=False)
-    answers: dict[str, Any] = {}
-    thread = threading.Thread(
-        target=lambda: answers.update(first=send(Client(), {"amount": 1, "gate": True}))
-    )
+    yield keys
+    signals.outcome_not_stored.disconnect(receiver)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stall_longer_than_the_socket_timeout_still_stores_the_outcome(
+    alice: User,
+    settings: SettingsWrapper,
+    scratch_redis: Callable[[], None],
+    not_stored: list[str],
+) -> None:
+    """Redis takes no write (``CLIENT PAUSE WRITE``) for four socket timeouts, just as the
+    view has run: the completion times out, is sent again until Redis takes it, and the
+    answer waits for it. A late duplicate, after the lease the claim held has lapsed,
+    replays: the work ran once."""
+    url = f"redis://127.0.0.1:{SCRATCH_PORT}/0"
+    use_redis(settings, url, LEASE_SECONDS=3, STORE_OPTIONS={"SOCKET_TIMEOUT": 0.3})
+    first = Stall(url, {"amount": 1})
     try:
-        thread.start()
-        assert gate.entered.wait(10)
-        redis.Redis.from_url(url).execute_command("CLIENT", "PAUSE", "1000", "ALL")
-        gate.release.set()
-        thread.join(20)
-        deadline = time.monotonic() + 10
-        while not _redis_up(url):  # the pause ends
-            assert time.monotonic() < deadline
-        retry = send(Client(), {"amount": 1, "gate": True})
+        lease_ms = first.pause(1200)
+        paused = time.monotonic()
+        response = first.finish()
+        waited = time.monotonic() - paused
+        lapsed = wait_until(lambda: first.server_ms() > lease_ms, timeout=10)
+        late = send(Client(), {"amount": 1, "gate": True})
     finally:
         gate.release.set()
-        signals.outcome_not_stored.disconnect(receiver)
 
-    assert answers["first"].status_code == 201
-    assert not_stored == ["k1"]
-    assert retry.status_code in (201, 409)
-    if retry.status_code == 201:
-        assert retry["Idempotent-Replayed"] == "true"  # the completion ran after the pause
+    assert response.status_code == 201
+    assert lapsed
+    assert late.status_code == 201
+    assert late.get("Idempotent-Replayed") == "true"
+    assert late.content == response.content
     assert effects() == 1
+    assert not_stored == []
+    assert waited >= 1.0  # the answer waited for the completion, through the pause
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_view_past_max_run_still_stores_its_outcome_through_a_stall(
+    alice: User,
+    settings: SettingsWrapper,
+    scratch_redis: Callable[[], None],
+    not_stored: list[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A view that ran longer than its lease, and past MAX_RUN_SECONDS (its renewals have
+    stopped), then meets a stall: its completion is still sent again until the lease it
+    was last renewed for may lapse, which is later than its claim's, and the stall ends
+    before. MAX_RUN_SECONDS ends renewals; it does not cut a completion short."""
+    url = f"redis://127.0.0.1:{SCRATCH_PORT}/0"
+    use_redis(
+        settings,
+        url,
+        LEASE_SECONDS=3,
+        MAX_RUN_SECONDS=3,
+        STORE_OPTIONS={"SOCKET_TIMEOUT": 0.3},
+    )
+    with caplog.at_level(logging.WARNING, logger="idempotency_django"):
+        first = Stall(url, {"amount": 1})
+        try:
+            # Renewed at least once, then past MAX_RUN_SECONDS: no longer renewed.
+            assert wait_until(lambda: "ran past MAX_RUN_SECONDS" in caplog.text, timeout=20)
+            lease_ms = first.pause(1000)
+            response = first.finish()
+            lapsed = wait_until(lambda: first.server_ms() > lease_ms, timeout=10)
+            late = send(Client(), {"amount": 1, "gate": True})
+        finally:
+            gate.release.set()
+
+    assert response.status_code == 201
+    assert lapsed
+    assert late.get("Idempotent-Replayed") == "true"
+    assert effects() == 1
+    assert not_stored == []
 
 
 RACING_WORKER = r"""
