@@ -504,9 +504,10 @@ class Protected:
                 _outcome_not_stored(
                     claim,
                     "Idempotency outcome NOT stored: the work committed and its response is "
-                    "sent, but the store failed every completion sent until the claim's "
-                    "lease may lapse. The key stays in progress until its lease lapses; a "
-                    "retry after that runs the work again.",
+                    "sent, but the store failed every completion sent (or, under "
+                    "WAIT_REPLICAS, no replica acknowledged it) until the claim's lease may "
+                    "lapse. The key stays in progress until its lease lapses; a retry after "
+                    "that runs the work again.",
                     response.status,
                 )
 

@@ -280,7 +280,12 @@ def test_completion_release_and_renewal_are_fenced_by_the_token() -> None:
     assert snapshot.state == "in_progress"
 
     assert redis_store.complete("default", lookup(), "a" * 32, complete_values())
-    assert not redis_store.complete("default", lookup(), "a" * 32, complete_values())  # once
+    # Sent again (its first reply lost): answered as stored, and the first outcome is kept.
+    assert redis_store.complete("default", lookup(), "a" * 32, complete_values(200, b"again"))
+    completed = redis_store.read("default", lookup(), "2:" + "a" * 64)
+    assert completed is not None
+    assert completed.stored is not None
+    assert (completed.stored.status, completed.stored.body) == (201, b"done")
     assert redis_store.renew("default", [(lookup(), "a" * 32)], 30, 1) == 0  # completed
     assert redis_store.is_completed("default", lookup(), "a" * 32)
     assert redis_store.release("default", lookup(), "a" * 32) == 1
