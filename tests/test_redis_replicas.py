@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connections
 from django.test import Client, RequestFactory
 from django.utils import timezone
 
@@ -44,6 +45,11 @@ pytestmark = [
 
 REDIS_STORE = "idempotency_django.store.redis.RedisStore"
 BODY = {"amount": 1, "gate": True}  # the gate is open unless a test holds the view in it
+
+
+@pytest.fixture(autouse=True)
+def _gate_open() -> None:
+    gate.release.set()  # ``HeldRequest`` closes it
 
 
 @pytest.fixture
@@ -232,6 +238,25 @@ def test_a_take_over_whose_reply_was_lost_is_confirmed_by_a_wait_or_refused(
     assert effects() == 1
 
 
+def test_a_take_over_no_replica_acknowledged_is_refused_and_released(
+    alice: User, pair: redis_cluster.ReplicatedRedis, prefix: str
+) -> None:
+    """A dead worker's lapsed claim, taken over while no replica can acknowledge: refused
+    (503) and released (fenced by the take-over's token), the view not run; once the replica
+    is back, a retry runs it once."""
+    dead_workers_claim(alice, pair, prefix)
+    with pair.frozen():
+        refused = send()
+        left = record(pair, prefix)
+
+    assert refused.status_code == 503
+    assert refused["Content-Type"] == "application/problem+json"
+    assert effects() == 0
+    assert left is None
+    assert send().status_code == 201
+    assert effects() == 1
+
+
 def dead_workers_claim(alice: User, pair: redis_cluster.ReplicatedRedis, prefix: str) -> bytes:
     """A claim of ``send()``'s key and request whose worker died (its lease has lapsed):
     its token."""
@@ -269,10 +294,17 @@ class HeldRequest:
     """``send()`` in a thread of its own, held in its view until ``release()``."""
 
     def __init__(self) -> None:
+        gate.reset()
         self.answers: queue.Queue[Any] = queue.Queue()
-        self.thread = threading.Thread(target=lambda: self.answers.put(send()))
+        self.thread = threading.Thread(target=self._send)
         self.thread.start()
         assert gate.entered.wait(10)
+
+    def _send(self) -> None:
+        try:
+            self.answers.put(send())
+        finally:
+            connections.close_all()  # a thread's own are never reused
 
     def release(self) -> None:
         gate.release.set()
@@ -318,6 +350,25 @@ def test_a_completion_waits_until_a_replica_acknowledges_it(
     assert replay["Idempotent-Replayed"] == "true"
     assert replay.content == response.content
     assert effects() == 1
+
+
+def test_with_wait_replicas_a_first_request_is_still_two_round_trips(
+    alice: User,
+    pair: redis_cluster.ReplicatedRedis,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The claim's and the completion's ``WAIT`` each go in the same round trip as their
+    write: what WAIT_REPLICAS adds is the replica's acknowledgement, not a round trip."""
+    from tests.test_redis_store import _count_script_round_trips
+
+    assert send("warm-up").status_code == 201  # a new Redis has no script cached yet
+    calls = _count_script_round_trips(monkeypatch)
+    response = send()
+
+    assert response.status_code == 201
+    assert len(calls) == 2
+    assert all(b"WAIT" in call for call in calls)
 
 
 def test_a_completion_no_replica_acknowledged_within_its_lease_is_signalled(

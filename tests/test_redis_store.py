@@ -412,6 +412,23 @@ def test_the_heartbeat_renews_every_claim_in_one_round_trip(
         assert renewed >= lease + 25_000  # pushed to 30 s from now, on Redis's clock
 
 
+def test_a_first_request_is_two_round_trips_and_a_replay_one(
+    alice: User, post: Post, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The healthy path: the claim and the completion, nothing more (a completion is sent
+    again only when the store failed it); a replay is the claim's one round trip."""
+    assert post("/effect/", {}, key="warm-up").status_code == 201  # scripts cached (EVALSHA)
+    calls = _count_script_round_trips(monkeypatch)
+    first = post("/effect/", {"amount": 1})
+    claimed_and_completed = len(calls)
+    replay = post("/effect/", {"amount": 1})
+
+    assert first.status_code == 201
+    assert replay["Idempotent-Replayed"] == "true"
+    assert claimed_and_completed == 2
+    assert len(calls) == 3
+
+
 def _count_script_round_trips(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """The writes that carry a script (EVALSHA or EVAL, alone or in a pipeline) the calling
     thread sends from now on: one write is one round trip. Counted on this thread's
