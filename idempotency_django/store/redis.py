@@ -507,13 +507,12 @@ class RedisStore:
         lifecycle sends it again (the script writes its own completed record again, which
         the next WAIT counts) until the claim's lease may lapse."""
         wanted = int(self.options()["WAIT_REPLICAS"])
-        if acked is None or acked >= wanted:
-            return
-        raise StoreError(
-            f"Redis: the completion reached {acked} of {wanted} replicas "
-            f"within {self.options()['WAIT_TIMEOUT_MS']} ms (WAIT_REPLICAS)",
-            "other",
-        )
+        if acked is not None and acked < wanted:
+            raise StoreError(
+                f"Redis: the completion reached {acked} of {wanted} replicas "
+                f"within {self.options()['WAIT_TIMEOUT_MS']} ms (WAIT_REPLICAS)",
+                "other",
+            )
 
     def usable(self, alias: str) -> bool:
         try:
