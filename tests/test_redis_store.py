@@ -907,6 +907,86 @@ def test_a_view_past_max_run_still_stores_its_outcome_through_a_stall(
     assert not_stored == []
 
 
+class PausedAfterTheClaim:
+    """``CLIENT PAUSE <ms> WRITE`` on the store's Redis as soon as the next claim is made
+    (``signals.claimed``): its work runs, and its completion meets the stall. ``lease_ms``:
+    the claim's lease (Redis ms), read during the pause, when nothing can move it."""
+
+    def __init__(self, url: str, milliseconds: int) -> None:
+        self.redis = redis.Redis.from_url(url)
+        self.milliseconds = milliseconds
+        self.lease_ms: int | None = None
+
+    def __enter__(self) -> PausedAfterTheClaim:
+        signals.claimed.connect(self._pause, weak=False)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        signals.claimed.disconnect(self._pause)
+
+    def _pause(self, signal: Any, **kwargs: Any) -> None:
+        if self.lease_ms is None:
+            self.redis.execute_command("CLIENT", "PAUSE", str(self.milliseconds), "WRITE")
+            (key,) = self.redis.keys(f"{PREFIX}:*")
+            self.lease_ms = int(self.redis.get(key).split(b"|")[2])
+
+    def lapsed(self) -> bool:
+        seconds, micros = self.redis.time()
+        assert self.lease_ms is not None
+        return int(seconds) * 1000 + int(micros) // 1000 > self.lease_ms
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_views_outcome_survives_a_stall(
+    alice: User,
+    settings: SettingsWrapper,
+    scratch_redis: Callable[[], None],
+    not_stored: list[str],
+) -> None:
+    """The same for an async view: its completion, in a thread off the event loop, is sent
+    again through the stall, and a late duplicate replays."""
+    url = f"redis://127.0.0.1:{SCRATCH_PORT}/0"
+    use_redis(settings, url, LEASE_SECONDS=3, STORE_OPTIONS={"SOCKET_TIMEOUT": 0.3})
+    with PausedAfterTheClaim(url, 1200) as stall:
+        response = send(Client(), {"amount": 1}, path="/async/")
+    lapsed = wait_until(stall.lapsed, timeout=10)
+    late = send(Client(), {"amount": 1}, path="/async/")
+
+    assert response.status_code == 201
+    assert lapsed
+    assert late.get("Idempotent-Replayed") == "true"
+    assert late.content == response.content
+    assert effects("async") == 1
+    assert not_stored == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tasks_result_survives_a_stall(
+    settings: SettingsWrapper, scratch_redis: Callable[[], None], not_stored: list[str]
+) -> None:
+    """The same for a task: its result is stored through the stall, and a redelivery after
+    the lease has lapsed gets it instead of running the work again."""
+    from idempotency_django.tasks import claim_once
+
+    url = f"redis://127.0.0.1:{SCRATCH_PORT}/0"
+    use_redis(settings, url, LEASE_SECONDS=3, STORE_OPTIONS={"SOCKET_TIMEOUT": 0.3})
+    ran: list[str] = []
+    with PausedAfterTheClaim(url, 1200) as stall, claim_once("receipts", "m-1") as run:
+        assert not run.done
+        ran.append("sent")
+        run.result = "sent"
+    lapsed = wait_until(stall.lapsed, timeout=10)
+    with claim_once("receipts", "m-1") as redelivered:
+        if not redelivered.done:
+            ran.append("sent again")
+
+    assert lapsed
+    assert redelivered.done
+    assert redelivered.result == "sent"
+    assert ran == ["sent"]
+    assert not_stored == []
+
+
 RACING_WORKER = r"""
 import os, sys, time, django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.project.settings")
