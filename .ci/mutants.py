@@ -103,6 +103,8 @@ REDIRECTS = "test_client_redirects.py::"
 DURATIONS = "test_durations.py::"
 ENCRYPTION = "test_codecs_encryption.py::"
 CLOCK = "test_clock_skew.py::"
+REPLICAS = "test_redis_replicas.py::"
+FAILURES = "test_store_failures.py::"
 
 MUTANTS = [
     Mutant(
@@ -272,7 +274,10 @@ MUTANTS = [
         "keys.py",
         "if user is None or not user.is_authenticated:",
         "if user is None:",
-        (DEC + "test_anonymous_requests_are_refused_and_cannot_read_stored_responses",),
+        (
+            DEC + "test_anonymous_requests_are_refused_and_cannot_read_stored_responses",
+            "test_keys.py::test_default_account_is_none_for_a_principal_that_is_not_authenticated",
+        ),
     ),
     Mutant(
         "atomic-requests-dropped",
@@ -542,8 +547,8 @@ MUTANTS = [
         "heartbeat-register-noop",
         "the heartbeat never renews: register() forgets the claim",
         "heartbeat.py",
-        "self._entries[claim.token] = _Entry(claim, lease, time.monotonic() + max_run)",
-        "_Entry(claim, lease, time.monotonic() + max_run)",
+        "self._entries[claim.token] = _Entry(claim, lease, stop, claim.since)",
+        "_Entry(claim, lease, stop, claim.since)",
         ("test_heartbeat.py::test_a_beat_renews_every_registered_claim_in_one_statement",),
     ),
     Mutant(
@@ -1330,6 +1335,116 @@ MUTANTS = [
             "test_an_async_operations_http_error_is_stored_and_the_switch_turns_it_off",
         ),
     ),
+    # An outcome, once the work has committed, is stored unless the process dies: a
+    # completion the store failed is sent again until the claim's lease may lapse, under a
+    # lease the heartbeat keeps renewing, and under WAIT_REPLICAS only what a replica
+    # acknowledged is trusted. The Redis tests start servers of their own (a throwaway one,
+    # a master and its replica: IDEMPOTENCY_TEST_SCRATCH_PORT, IDEMPOTENCY_TEST_REPLICA_PORT).
+    Mutant(
+        "completion-not-sent-again",
+        "a completion the store failed is given up at once: a stall shorter than the lease "
+        "loses the outcome, and a late duplicate runs the work again",
+        "lifecycle.py",
+        "                if pause >= remaining:\n                    raise",
+        "                if True:\n                    raise",
+        (
+            REDIS + "test_a_stall_longer_than_the_socket_timeout_still_stores_the_outcome",
+            FAILURES + "test_a_completion_whose_connection_is_killed_again_and_again_is_stored",
+        ),
+    ),
+    Mutant(
+        "completion-unregistered-first",
+        "the heartbeat forgets the claim before its outcome is stored: its completion is no "
+        "longer sent again past the lease its claim was made with",
+        "lifecycle.py",
+        "        try:\n            return self._finish(claim, outcome)",
+        "        heartbeat.unregister(claim)\n"
+        "        try:\n            return self._finish(claim, outcome)",
+        (REDIS + "test_a_view_past_max_run_still_stores_its_outcome_through_a_stall",),
+    ),
+    Mutant(
+        "max-run-forgets-the-claim",
+        "past MAX_RUN_SECONDS the heartbeat drops the claim: its completion is cut short of "
+        "the lease it was last renewed for",
+        "heartbeat.py",
+        "                self._entries[entry.claim.token] = replace(entry, renewing=False)",
+        "                del self._entries[entry.claim.token]",
+        (
+            REDIS + "test_a_view_past_max_run_still_stores_its_outcome_through_a_stall",
+            "test_tasks.py::"
+            "test_past_max_run_seconds_the_lease_is_no_longer_renewed_and_a_redelivery_runs",
+        ),
+    ),
+    Mutant(
+        "deadline-ignores-the-lease",
+        "the completion's deadline is the last renewal itself, not a lease after it: never "
+        "sent again",
+        "heartbeat.py",
+        "return None if entry is None else entry.renewed_at + entry.lease",
+        "return None if entry is None else entry.renewed_at",
+        (REDIS + "test_a_stall_longer_than_the_socket_timeout_still_stores_the_outcome",),
+    ),
+    Mutant(
+        "deadline-ignores-renewals",
+        "the completion's deadline counts from the claim, not its last renewal: a view that "
+        "ran longer than its lease loses its outcome to a stall",
+        "heartbeat.py",
+        "                if entry is not None and entry.renewed_at < sent:",
+        "                if False:",
+        (REDIS + "test_a_view_past_max_run_still_stores_its_outcome_through_a_stall",),
+    ),
+    Mutant(
+        "completion-sent-again-past-a-lease",
+        "a completion the store keeps failing while it takes the renewals is sent again until "
+        "MAX_RUN_SECONDS, not a lease: the answer is held for minutes",
+        "lifecycle.py",
+        "        return min(lapses, started + lease) - lease * LEASE_MARGIN",
+        "        return lapses - lease * LEASE_MARGIN",
+        (REPLICAS + "test_a_completion_no_replica_acknowledged_within_its_lease_is_signalled",),
+    ),
+    Mutant(
+        "refused-completion-sent-again",
+        "a completion the database refuses for its data is sent again until the lease lapses: "
+        "the answer held for nothing",
+        "lifecycle.py",
+        "    return not isinstance(error, (DataError, IntegrityError, ProgrammingError, "
+        "NotSupportedError))",
+        "    return True",
+        (
+            UNKNOWN + "test_an_outcome_the_store_refuses_after_the_work_committed_is_signalled"
+            "_and_keeps_the_key",
+        ),
+    ),
+    Mutant(
+        "lost-reply-ours-without-wait",
+        "WAIT_REPLICAS: a claim or take-over whose reply was lost finds its own record and runs "
+        "the view, with no replica acknowledging it",
+        "store/redis.py",
+        "local state, token = header(old)\nif state == 'i' and token == ARGV[1] then\n"
+        "  redis.call('SET', KEYS[1], value, 'PX', px)\n  return {1, now}\nend\n",
+        "",
+        (
+            REPLICAS + "test_a_claim_whose_reply_was_lost_is_confirmed_by_a_wait_or_refused",
+            REPLICAS + "test_a_take_over_whose_reply_was_lost_is_confirmed_by_a_wait_or_refused",
+        ),
+    ),
+    Mutant(
+        "completion-trusted-without-replicas",
+        "WAIT_REPLICAS: a completion no replica acknowledged is taken as stored (a failover "
+        "loses it, and a late duplicate runs the work again), and nobody is told",
+        "store/redis.py",
+        "        if acked is not None and acked < wanted:",
+        "        if False:",
+        (REPLICAS + "test_a_completion_no_replica_acknowledged_within_its_lease_is_signalled",),
+    ),
+    Mutant(
+        "take-over-trusted-without-replicas",
+        "WAIT_REPLICAS: a take-over no replica acknowledged runs the view",
+        "store/redis.py",
+        "        if reply == 1:\n            self._replicated(acked, record.pk",
+        "        if False:\n            self._replicated(acked, record.pk",
+        (REPLICAS + "test_a_take_over_no_replica_acknowledged_is_refused_and_released",),
+    ),
     # The Redis store on a cluster (issue 18 §3): its tests need the local cluster
     # (python -m tools.redis_cluster start; .ci/run starts it before this check).
     Mutant(
@@ -1371,15 +1486,17 @@ MUTANTS = [
         "store/redis.py",
         "        if acked is None or acked >= wanted:",
         "        if True:",
-        ("test_redis_cluster.py::test_wait_replicas_refuses_a_claim_that_was_not_replicated",),
+        (
+            REPLICAS + "test_a_claim_no_replica_acknowledged_is_refused_and_its_view_never_runs",
+            "test_redis_cluster.py::test_wait_replicas_refuses_a_claim_that_was_not_replicated",
+        ),
     ),
     Mutant(
         "redis-complete-unfenced",
         "the Redis completion is not fenced by the token: a lost claim overwrites the new owner",
         "store/redis.py",
-        "local state, token, _, _, _, d = header(old)\n"
-        "if state ~= 'i' or token ~= ARGV[1] then return 0 end",
-        "local state, token, _, _, _, d = header(old)\nif state ~= 'i' then return 0 end",
+        "local state, token, _, _, _, d = header(old)\nif token ~= ARGV[1] then return 0 end",
+        "local state, token, _, _, _, d = header(old)",
         (REDIS + "test_completion_release_and_renewal_are_fenced_by_the_token",),
     ),
     Mutant(

@@ -140,6 +140,9 @@ class Claim:
     alias: str
     ttl: float | None = None  # counted from completion: see ``complete``
     store: Store = field(default_factory=get_store, compare=False)
+    # ``time.monotonic()`` no later than the write that set the claim's lease was sent: the
+    # lease lapses on the store no sooner than a lease after it (``heartbeat.lapses_at``).
+    since: float = field(default_factory=time.monotonic, compare=False)
 
 
 T = TypeVar("T")
@@ -205,6 +208,7 @@ def _claim_or_replay(
     races = 0
     reported_in_flight = False
     while True:
+        sent = time.monotonic()  # before ``now``: every lease written below counts from later
         now = timezone.now()
         bound = None
         if store.in_transaction(options.alias):
@@ -214,7 +218,9 @@ def _claim_or_replay(
             if options.in_flight == "wait" and place.take():
                 bound = max(bound, deadline - time.monotonic())
         try:
-            claimed = _claim_or_read(scope, fingerprint, token, now, options, bound=bound)
+            claimed = _claim_or_read(
+                scope, fingerprint, token, now, options, bound=bound, sent=sent
+            )
         except store.errors as error:
             if store.failure_kind(options.alias, error) != "contention":
                 raise
@@ -241,7 +247,12 @@ def _claim_or_replay(
             races = _count_race(races, options)
             continue
         if record.token == token and is_in_use(record, now):
-            return _claim(scope, token, options)  # ours, unacknowledged
+            # Ours, unacknowledged (the Redis store's claim answers this itself, rewritten
+            # and replicated). Its lease was set by the earlier attempt: what is left of it
+            # dates the claim.
+            assert record.lease_expires_at is not None
+            left = (record.lease_expires_at - now).total_seconds()
+            return _claim(scope, token, options, min(sent, sent + left - options.lease))
         # Ours too, but its lease lapsed while the acknowledgement was lost: taken over
         # below, which renews the lease, rather than run under a lease anyone may take.
         expired = is_expired(record, now)
@@ -258,7 +269,7 @@ def _claim_or_replay(
                         "Idempotency lease lapsed; the key was taken over by a retry.",
                         **scope.lookup(),
                     )
-                return _claim(scope, token, options)
+                return _claim(scope, token, options, sent)
             races = _count_race(races, options)
             continue
         if not same:
@@ -338,7 +349,10 @@ def claim_again(scope: Scope, fingerprint: str, options: ClaimPolicy) -> Claim |
     """Claim an absent key outright, or ``None``: for an outcome whose transaction rolled
     back with its claim, but which is definitive and so must still be stored."""
     token = new_token()
-    claimed = _claim_or_read(scope, fingerprint, token, timezone.now(), options, read=False)
+    sent = time.monotonic()
+    claimed = _claim_or_read(
+        scope, fingerprint, token, timezone.now(), options, read=False, sent=sent
+    )
     return claimed if isinstance(claimed, Claim) else None
 
 
@@ -351,6 +365,7 @@ def _claim_or_read(
     *,
     read: bool = True,
     bound: float | None = None,
+    sent: float,
 ) -> Claim | Snapshot | None:
     values = {
         **scope.lookup(),
@@ -363,17 +378,18 @@ def _claim_or_read(
         "expires_at": expiry(now, options.ttl),
     }
     if not read:
-        return _claim(scope, token, options) if options.store.claim(options.alias, values) else None
+        inserted = options.store.claim(options.alias, values)
+        return _claim(scope, token, options, sent) if inserted else None
     with lock_wait(options.store, options.alias, bound):
         claimed = options.store.claim_or_read(options.alias, values, fingerprint)
     if claimed == CLAIMED:
         emit(signals.claimed, logging.DEBUG, "Idempotency key claimed.", **scope.lookup())
-        return _claim(scope, token, options)
+        return _claim(scope, token, options, sent)
     return claimed
 
 
-def _claim(scope: Scope, token: str, options: ClaimPolicy) -> Claim:
-    return Claim(scope, token, options.alias, options.ttl, options.store)
+def _claim(scope: Scope, token: str, options: ClaimPolicy, since: float) -> Claim:
+    return Claim(scope, token, options.alias, options.ttl, options.store, since)
 
 
 def _count_race(races: int, options: ClaimPolicy) -> int:

@@ -1,11 +1,14 @@
 """Lease renewal: one thread per process renews all of that process's in-flight claims.
 
 A claim's lease only has to outlive a *dead* worker, not the slowest honest request: while
-a view runs, this thread pushes its lease forward every third of the lease, in one
-statement for all claims of the process. A claim that has run past ``MAX_RUN_SECONDS`` is
-no longer renewed, so a wedged view eventually lets a retry in. Every claim of the process
-depends on this thread, so it keeps beating whatever happens to one renewal (``Heartbeat``).
-The long story: ``docs/transactions.md`` and ``docs/performance.md``.
+a view runs, and until its outcome is stored, this thread pushes its lease forward every
+third of the lease, in one statement for all claims of the process. A claim that has run
+past ``MAX_RUN_SECONDS`` is no longer renewed, so a wedged view eventually lets a retry in.
+Every claim of the process depends on this thread, so it keeps beating whatever happens to
+one renewal (``Heartbeat``). It also knows when each claim was last renewed, so that a
+completion the store refuses is retried until the lease may lapse, and no longer
+(``lapses_at``). The long story: ``docs/transactions.md``, ``docs/store.md`` and
+``docs/performance.md``.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from django.db import connections
 
@@ -33,6 +37,10 @@ class _Entry:
     claim: Claim
     lease: float
     stop_renewing_at: float
+    # ``time.monotonic()`` when the claim, or its last renewal that succeeded, was sent.
+    renewed_at: float
+    # False once past MAX_RUN_SECONDS: kept (its ``lapses_at`` still counts), not renewed.
+    renewing: bool = True
 
 
 @dataclass(frozen=True)
@@ -77,7 +85,8 @@ class Heartbeat:
 
     def register(self, claim: Claim, lease: float, max_run: float) -> None:
         with self._lock:
-            self._entries[claim.token] = _Entry(claim, lease, time.monotonic() + max_run)
+            stop = time.monotonic() + max_run
+            self._entries[claim.token] = _Entry(claim, lease, stop, claim.since)
             worker = self._ensure_worker()
             sleeping = self._sleeping
         if sleeping is None or lease / 3 < sleeping:
@@ -88,6 +97,25 @@ class Heartbeat:
         renew, drops its database connection and goes idle."""
         with self._lock:
             self._entries.pop(claim.token, None)
+
+    def lapses_at(self, claim: Claim) -> float | None:
+        """The ``time.monotonic()`` before which ``claim``'s lease cannot lapse on the store:
+        a lease after the claim, or its last renewal that succeeded, was *sent* (the store
+        wrote it later, and counts the lease from then). ``None``: not registered.
+
+        A renewal that succeeded renewed every claim it named whose record is still that
+        claim's and in progress; one that it did not renew is completed (its lease no longer
+        matters) or lost to a take-over (its completion is fenced out whatever the time)."""
+        with self._lock:
+            entry = self._entries.get(claim.token)
+        return None if entry is None else entry.renewed_at + entry.lease
+
+    def _renewed(self, claims: Sequence[Claim], sent: float) -> None:
+        with self._lock:
+            for claim in claims:
+                entry = self._entries.get(claim.token)
+                if entry is not None and entry.renewed_at < sent:
+                    self._entries[claim.token] = replace(entry, renewed_at=sent)
 
     def stop(self, timeout: float | None = 5) -> None:
         """Forget every claim and end the thread (tests, and process shutdown hooks).
@@ -114,10 +142,16 @@ class Heartbeat:
         """
         now_monotonic = time.monotonic()
         with self._lock:
-            overdue = [e for e in self._entries.values() if e.stop_renewing_at <= now_monotonic]
+            overdue = [
+                e
+                for e in self._entries.values()
+                if e.renewing and e.stop_renewing_at <= now_monotonic
+            ]
             for entry in overdue:
-                del self._entries[entry.claim.token]
-            entries = list(self._entries.values())
+                # Kept until its run ends: its completion is still retried until the lease
+                # it was last renewed for may lapse (``lapses_at``).
+                self._entries[entry.claim.token] = replace(entry, renewing=False)
+            entries = [e for e in self._entries.values() if e.renewing]
         for entry in overdue:
             logger.warning(
                 "Idempotency claim ran past MAX_RUN_SECONDS; its lease is no longer renewed.",
@@ -145,7 +179,10 @@ class Heartbeat:
         the locked row waits. A connection that is gone is not tried once per claim.
         """
         try:
-            return _renew(alias, lease, claims, timeout)
+            sent = time.monotonic()
+            renewed = _renew(alias, lease, claims, timeout)
+            self._renewed(claims, sent)
+            return renewed
         except Exception:
             if len(claims) == 1 or not claims[0].store.usable(alias):
                 logger.exception(
@@ -156,7 +193,9 @@ class Heartbeat:
         renewed = 0
         for claim in claims:
             try:
+                sent = time.monotonic()
                 renewed += _renew(alias, lease, [claim], timeout)
+                self._renewed([claim], sent)
             except Exception:
                 logger.warning(
                     "Idempotency heartbeat could not renew a lease; will retry.",
@@ -168,10 +207,8 @@ class Heartbeat:
     def _interval(self) -> float | None:
         """The interval to sleep on, recorded for ``register`` (under the same lock)."""
         with self._lock:
-            if not self._entries:
-                self._sleeping = None
-            else:
-                self._sleeping = min(entry.lease for entry in self._entries.values()) / 3
+            leases = [entry.lease for entry in self._entries.values() if entry.renewing]
+            self._sleeping = min(leases) / 3 if leases else None
             return self._sleeping
 
     def _ensure_worker(self) -> _Worker:

@@ -14,14 +14,26 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import random
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.db import (
+    DatabaseError,
+    DataError,
+    IntegrityError,
+    InterfaceError,
+    NotSupportedError,
+    OperationalError,
+    ProgrammingError,
+    connections,
+    transaction,
+)
 
 from idempotency_django import claims, signals
 from idempotency_django.exceptions import (
@@ -39,6 +51,15 @@ logger = logging.getLogger("idempotency_django")
 
 V = TypeVar("V")
 R = TypeVar("R")
+
+# A completion that the store failed is sent again after RETRY_FIRST_SECONDS, doubling up to
+# RETRY_MAX_SECONDS (each pause jittered down to half, so that the processes a store outage
+# hit do not all come back at once), until the claim's lease may lapse, less LEASE_MARGIN of
+# the lease: room for the last attempt to reach the store, and for its clock to run a little
+# faster than ours.
+RETRY_FIRST_SECONDS = 0.05
+RETRY_MAX_SECONDS = 0.5
+LEASE_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -95,6 +116,13 @@ def definitive(
         extra=signals.log_fields(**scope.lookup()),
     )
     return Outcome(StoredResponse(status, b""), body_stored=False)
+
+
+def _may_pass_on_retry(error: BaseException) -> bool:
+    """Whether sending a failed completion again may succeed: not when the database
+    refused the statement itself (its data, its SQL), which it would refuse again. A lost
+    connection, a timeout, a lock, a Redis failure may all be gone on the next attempt."""
+    return not isinstance(error, (DataError, IntegrityError, ProgrammingError, NotSupportedError))
 
 
 def outcome_unknown(error: BaseException) -> bool:
@@ -377,6 +405,13 @@ class Protected:
         if outcome.unknown is not None:
             self.fail(outcome.unknown)
             return None  # the framework's answer to the error is sent
+        try:
+            return self._finish(claim, outcome)
+        finally:
+            # Only now: the lease stays renewed until the outcome is stored (or given up).
+            heartbeat.unregister(claim)
+
+    def _finish(self, claim: claims.Claim, outcome: Outcome) -> Refused | None:
         store_after = outcome.response is not None
         lost = False
         try:
@@ -401,8 +436,6 @@ class Protected:
             self._commit()
         except (_StoreError, _CommitFailed) as failure:
             return self._not_committed(claim, failure)
-        finally:
-            heartbeat.unregister(claim)
         if lost:
             return Refused(
                 InFlight(
@@ -448,7 +481,8 @@ class Protected:
 
     def _complete_after(self, claim: claims.Claim, outcome: Outcome) -> None:
         """Store the outcome of work that committed already (or ran without a transaction
-        of ours): the answer stands whatever happens here."""
+        of ours): the answer stands whatever happens here. The store failing is retried
+        (``_store_outcome``) until the claim's lease may lapse."""
         response = outcome.response
         assert response is not None
         try:
@@ -464,11 +498,7 @@ class Protected:
                 if again is None:
                     return
                 claim = again
-            claims.reconnecting(
-                claim.alias,
-                lambda: claims.complete(claim, response, body_stored=outcome.body_stored),
-                claim.store,
-            )
+            self._store_outcome(claim, response, outcome.body_stored)
         except self.store.errors as error:
             logger.error(
                 "Idempotency store failed while completing a key.",
@@ -479,11 +509,77 @@ class Protected:
                 _outcome_not_stored(
                     claim,
                     "Idempotency outcome NOT stored: the work committed and its response is "
-                    "sent, but the store failed (after one retry on a new connection, and one "
-                    "unprepared). The key stays in progress until its lease lapses; a retry "
-                    "after that runs the work again.",
+                    "sent, but the store failed every completion sent (or, under "
+                    "WAIT_REPLICAS, no replica acknowledged it) until the claim's lease may "
+                    "lapse. The key stays in progress until its lease lapses; a retry after "
+                    "that runs the work again.",
                     response.status,
                 )
+
+    def _store_outcome(
+        self, claim: claims.Claim, response: StoredResponse, body_stored: bool
+    ) -> bool:
+        """``claims.complete``, sent again after a store failure until it is answered, or
+        until the claim's lease may lapse on the store, or a lease has passed since it was
+        first sent (``_deadline``): then the last failure is raised. Each resend is fenced
+        by the claim's token, and one whose first attempt committed unacknowledged finds its
+        own completed record. A failure that a resend cannot fix (the database refusing the
+        statement itself) is raised at once.
+
+        The caller waits: its answer is sent once the outcome is stored (or given up). A
+        retry in the background would die with the process, and processes are recycled
+        all the time (docs/store.md, "When the store fails")."""
+        store = claim.store
+        delay = RETRY_FIRST_SECONDS
+        attempts = 0
+        started = time.monotonic()
+        while True:
+            attempts += 1
+            try:
+                stored = claims.reconnecting(
+                    claim.alias,
+                    lambda: claims.complete(claim, response, body_stored=body_stored),
+                    store,
+                )
+            except store.errors as error:
+                if not _may_pass_on_retry(error) or store.in_transaction(claim.alias):
+                    raise
+                pause = delay * random.uniform(0.5, 1.0)  # apart from the other processes
+                remaining = self._deadline(claim, started) - time.monotonic()
+                if pause >= remaining:
+                    raise
+                if attempts == 1:
+                    logger.warning(
+                        "Idempotency store failed while completing a key; sending the "
+                        "completion again until the claim's lease may lapse (%.1f s).",
+                        remaining,
+                        exc_info=error,
+                        extra=signals.log_fields(**claim.scope.lookup()),
+                    )
+                time.sleep(pause)
+                delay = min(delay * 2, RETRY_MAX_SECONDS)
+                continue
+            if attempts > 1 and stored:
+                logger.warning(
+                    "Idempotency outcome stored after %d attempts.",
+                    attempts,
+                    extra=signals.log_fields(**claim.scope.lookup()),
+                )
+            return stored
+
+    def _deadline(self, claim: claims.Claim, started: float) -> float:
+        """The ``time.monotonic()`` after which no completion is sent again: the earliest
+        the claim's lease can lapse on the store (the heartbeat knows its last renewal that
+        succeeded; a claim it does not renew lapses a lease after it was made), less a
+        margin. MAX_RUN_SECONDS ends renewals, not this: it counts from the last one. And
+        never more than a lease after ``started``: a store that takes the renewals but
+        keeps failing the completion (one that no replica acknowledges) would otherwise
+        hold the answer until MAX_RUN_SECONDS end the renewals."""
+        lease = self.policy.claiming.lease
+        lapses = heartbeat.lapses_at(claim)
+        if lapses is None:
+            lapses = claim.since + lease
+        return min(lapses, started + lease) - lease * LEASE_MARGIN
 
     def _not_committed(self, claim: claims.Claim, failure: _StoreError | _CommitFailed) -> Refused:
         """The work's transaction did not commit, or the store's failed after it: never a

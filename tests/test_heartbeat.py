@@ -433,7 +433,9 @@ def test_a_renewal_blocked_by_a_row_lock_returns_within_its_timeout(beat: Heartb
     statement timeout (a third of the lease) and still renews the other claim."""
     locked, free = claim("locked"), claim("free")
     for each in (locked, free):  # registered without a thread: only this test's beat runs
-        beat._entries[each.token] = heartbeat_module._Entry(each, 0.9, time.monotonic() + 60)
+        beat._entries[each.token] = heartbeat_module._Entry(
+            each, 0.9, time.monotonic() + 60, each.since
+        )
     records.update(lease_expires_at=timezone.now())
     before = {key: lease_of(key) for key in ("locked", "free")}
     holding, let_go = threading.Event(), threading.Event()

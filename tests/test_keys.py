@@ -263,6 +263,21 @@ def test_default_account_is_none_for_anonymous(rf: RequestFactory) -> None:
     assert keys.default_account(request) is None
 
 
+def test_default_account_is_none_for_a_principal_that_is_not_authenticated(
+    rf: RequestFactory,
+) -> None:
+    """A principal with a primary key that says it is not authenticated (a guest or a
+    deactivated session's object of a custom user model) is anonymous, whatever its pk."""
+
+    class Guest:
+        pk = 7
+        is_authenticated = False
+
+    request = rf.post("/")
+    request.user = Guest()  # type: ignore[assignment]
+    assert keys.default_account(request) is None
+
+
 def test_default_account_is_none_without_a_user_attribute(rf: RequestFactory) -> None:
     request = rf.post("/orders/")
     assert not hasattr(request, "user")

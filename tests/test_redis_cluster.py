@@ -9,6 +9,7 @@ seconds), so marked ``redis_cluster`` and run in a ``.ci/run`` step of its own.
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import uuid
@@ -16,8 +17,10 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connections
+from django.test import Client
 
-from tests.conftest import effects, post_from_thread
+from tests.conftest import effects, post_from_thread, wait_until
 from tests.project.views import gate
 from tools import redis_cluster
 
@@ -255,6 +258,76 @@ def test_a_master_killed_mid_flight_with_a_replicated_claim(alice: User, prefix:
     else:
         assert replay.status_code in (409, 503)
     assert effects() == 1
+
+
+def test_a_master_killed_mid_load_loses_no_outcome_that_was_answered(
+    alice: User, prefix: str
+) -> None:
+    """Threads send requests, each with a key of its own, while a master is SIGKILLed and
+    its replica promoted. Completions sent during the failover wait for the new master
+    (the lease is 10 s, the failover a few). Afterwards every key answered 2xx replays its
+    answer and ran once; every other key (503: its claim failed) never ran."""
+    from tests.models import SideEffect
+
+    answered: dict[str, Any] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+    started = threading.Barrier(THREADS + 1)
+
+    def load(worker: int) -> None:
+        client = Client(raise_request_exception=False)  # an exception is its 500
+        started.wait(timeout=10)
+        number = 0
+        try:
+            while not stop.is_set():
+                key = f"k-{worker}-{number}"
+                response = client.post(
+                    "/keyed-effect/",
+                    data=json.dumps({"n": key}),
+                    content_type="application/json",
+                    headers={"Idempotency-Key": key, "X-User": "alice"},
+                )
+                with lock:
+                    answered[key] = response
+                number += 1
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=load, args=(worker,)) for worker in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    started.wait(timeout=10)
+    victim = redis_cluster.masters()[0]
+    try:
+        assert wait_until(lambda: len(answered) >= 2 * THREADS, timeout=30)
+        redis_cluster.kill_master(victim.port)
+        before = len(answered)
+        assert wait_until(lambda: len(answered) >= before + 2 * THREADS, timeout=30)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        redis_cluster.restart_node(victim.port)
+
+    statuses = [response.status_code for response in answered.values()]
+    ran = {key: SideEffect.objects.filter(label=f"key:{key}").count() for key in answered}
+    replays = {
+        key: send("/keyed-effect/", {"n": key}, key)
+        for key, response in answered.items()
+        if response.status_code == 201
+    }
+
+    assert statuses.count(201) >= 4 * THREADS
+    assert {key: count for key, count in ran.items() if count > 1} == {}
+    for key, response in answered.items():
+        if response.status_code == 201:
+            assert ran[key] == 1, key
+        elif response.status_code == 503:
+            assert ran[key] == 0, key  # its claim failed: the view never ran
+    for key, replay in replays.items():
+        assert replay.status_code == 201, key
+        assert replay.get("Idempotent-Replayed") == "true", key
+        assert replay.content == answered[key].content, key
 
 
 def test_a_claim_acknowledged_but_not_replicated_is_lost_in_a_failover(

@@ -6,6 +6,7 @@ port 6390. Uses Redis db 3 (``IDEMPOTENCY_TEST_REDIS_URL``), flushed before each
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -31,7 +32,7 @@ from idempotency_django.heartbeat import Heartbeat
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store.base import StoreError, get_store
 from idempotency_django.store.redis import RedisStore, record_key
-from tests.conftest import REDIS_URL, Post, effects
+from tests.conftest import REDIS_URL, Post, effects, wait_until
 from tests.project.views import gate
 from tools import redis_cluster
 
@@ -279,7 +280,12 @@ def test_completion_release_and_renewal_are_fenced_by_the_token() -> None:
     assert snapshot.state == "in_progress"
 
     assert redis_store.complete("default", lookup(), "a" * 32, complete_values())
-    assert not redis_store.complete("default", lookup(), "a" * 32, complete_values())  # once
+    # Sent again (its first reply lost): answered as stored, and the first outcome is kept.
+    assert redis_store.complete("default", lookup(), "a" * 32, complete_values(200, b"again"))
+    completed = redis_store.read("default", lookup(), "2:" + "a" * 64)
+    assert completed is not None
+    assert completed.stored is not None
+    assert (completed.stored.status, completed.stored.body) == (201, b"done")
     assert redis_store.renew("default", [(lookup(), "a" * 32)], 30, 1) == 0  # completed
     assert redis_store.is_completed("default", lookup(), "a" * 32)
     # Fenced by the state too: a late release (its first reply lost) keeps the outcome.
@@ -412,6 +418,23 @@ def test_the_heartbeat_renews_every_claim_in_one_round_trip(
     for key, lease in before.items():
         renewed = int(client.get(key).split(b"|")[2])
         assert renewed >= lease + 25_000  # pushed to 30 s from now, on Redis's clock
+
+
+def test_a_first_request_is_two_round_trips_and_a_replay_one(
+    alice: User, post: Post, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The healthy path: the claim and the completion, nothing more (a completion is sent
+    again only when the store failed it); a replay is the claim's one round trip."""
+    assert post("/effect/", {}, key="warm-up").status_code == 201  # scripts cached (EVALSHA)
+    calls = _count_script_round_trips(monkeypatch)
+    first = post("/effect/", {"amount": 1})
+    claimed_and_completed = len(calls)
+    replay = post("/effect/", {"amount": 1})
+
+    assert first.status_code == 201
+    assert replay["Idempotent-Replayed"] == "true"
+    assert claimed_and_completed == 2
+    assert len(calls) == 3
 
 
 def _count_script_round_trips(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
@@ -874,45 +897,200 @@ def test_a_worker_killed_mid_flight_is_taken_over_once_its_lease_lapses() -> Non
     assert ran == [1]
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_completion_that_times_out_keeps_the_key_and_never_runs_the_view_again(
-    alice: User, settings: SettingsWrapper, scratch_redis: Callable[[], None]
-) -> None:
-    """Redis pauses while the view runs: the completion times out (it may yet run), the
-    answer is sent, the loss is signalled, and the key is kept: the retry is a replay or a
-    409, never a second run."""
-    url = f"redis://127.0.0.1:{SCRATCH_PORT}/0"
-    use_redis(settings, url, STORE_OPTIONS={"SOCKET_TIMEOUT": 0.2})
-    not_stored: list[Any] = []
+class Stall:
+    """A request held in its view (``gate``) in a thread of its own, and the throwaway Redis
+    its store uses: ``pause`` stops Redis taking writes (``CLIENT PAUSE WRITE``) once the view
+    has run, and reads, while nothing can move it, the lease the claim was last renewed
+    for (Redis ms)."""
+
+    def __init__(self, url: str, body: dict[str, Any] | None = None) -> None:
+        self.redis = redis.Redis.from_url(url)
+        self.answers: dict[str, Any] = {}
+        self.thread = threading.Thread(
+            target=lambda: self.answers.update(first=send(Client(), {**(body or {}), "gate": True}))
+        )
+        self.thread.start()
+        assert gate.entered.wait(10)
+
+    def pause(self, milliseconds: int) -> int:
+        self.redis.execute_command("CLIENT", "PAUSE", str(milliseconds), "WRITE")
+        (key,) = self.redis.keys(f"{PREFIX}:*")  # reads are served during the pause
+        return int(self.redis.get(key).split(b"|")[2])
+
+    def finish(self) -> Any:
+        gate.release.set()
+        self.thread.join(30)
+        return self.answers["first"]
+
+    def server_ms(self) -> int:
+        seconds, micros = self.redis.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+
+@pytest.fixture
+def not_stored() -> Iterator[list[str]]:
+    """The keys ``outcome_not_stored`` is sent for."""
+    keys: list[str] = []
 
     def receiver(signal: Any, **kwargs: Any) -> None:
-        not_stored.append(signals.raw_key())
+        keys.append(signals.raw_key())
 
     signals.outcome_not_stored.connect(receiver, weak=False)
-    answers: dict[str, Any] = {}
-    thread = threading.Thread(
-        target=lambda: answers.update(first=send(Client(), {"amount": 1, "gate": True}))
-    )
+    yield keys
+    signals.outcome_not_stored.disconnect(receiver)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stall_longer_than_the_socket_timeout_still_stores_the_outcome(
+    alice: User,
+    settings: SettingsWrapper,
+    scratch_redis: Callable[[], None],
+    not_stored: list[str],
+) -> None:
+    """Redis takes no write (``CLIENT PAUSE WRITE``) for four socket timeouts, just as the
+    view has run: the completion times out, is sent again until Redis takes it, and the
+    answer waits for it. A late duplicate, after the lease the claim held has lapsed,
+    replays: the work ran once."""
+    url = f"redis://127.0.0.1:{SCRATCH_PORT}/0"
+    use_redis(settings, url, LEASE_SECONDS=3, STORE_OPTIONS={"SOCKET_TIMEOUT": 0.3})
+    first = Stall(url, {"amount": 1})
     try:
-        thread.start()
-        assert gate.entered.wait(10)
-        redis.Redis.from_url(url).execute_command("CLIENT", "PAUSE", "1000", "ALL")
-        gate.release.set()
-        thread.join(20)
-        deadline = time.monotonic() + 10
-        while not _redis_up(url):  # the pause ends
-            assert time.monotonic() < deadline
-        retry = send(Client(), {"amount": 1, "gate": True})
+        lease_ms = first.pause(1200)
+        paused = time.monotonic()
+        response = first.finish()
+        waited = time.monotonic() - paused
+        lapsed = wait_until(lambda: first.server_ms() > lease_ms, timeout=10)
+        late = send(Client(), {"amount": 1, "gate": True})
     finally:
         gate.release.set()
-        signals.outcome_not_stored.disconnect(receiver)
 
-    assert answers["first"].status_code == 201
-    assert not_stored == ["k1"]
-    assert retry.status_code in (201, 409)
-    if retry.status_code == 201:
-        assert retry["Idempotent-Replayed"] == "true"  # the completion ran after the pause
+    assert response.status_code == 201
+    assert lapsed
+    assert late.status_code == 201
+    assert late.get("Idempotent-Replayed") == "true"
+    assert late.content == response.content
     assert effects() == 1
+    assert not_stored == []
+    assert waited >= 1.0  # the answer waited for the completion, through the pause
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_view_past_max_run_still_stores_its_outcome_through_a_stall(
+    alice: User,
+    settings: SettingsWrapper,
+    scratch_redis: Callable[[], None],
+    not_stored: list[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A view that ran longer than its lease, and past MAX_RUN_SECONDS (its renewals have
+    stopped), then meets a stall: its completion is still sent again until the lease it
+    was last renewed for may lapse, which is later than its claim's, and the stall ends
+    before. MAX_RUN_SECONDS ends renewals; it does not cut a completion short."""
+    url = f"redis://127.0.0.1:{SCRATCH_PORT}/0"
+    use_redis(
+        settings,
+        url,
+        LEASE_SECONDS=3,
+        MAX_RUN_SECONDS=3,
+        STORE_OPTIONS={"SOCKET_TIMEOUT": 0.3},
+    )
+    with caplog.at_level(logging.WARNING, logger="idempotency_django"):
+        first = Stall(url, {"amount": 1})
+        try:
+            # Renewed at least once, then past MAX_RUN_SECONDS: no longer renewed.
+            assert wait_until(lambda: "ran past MAX_RUN_SECONDS" in caplog.text, timeout=20)
+            lease_ms = first.pause(1000)
+            response = first.finish()
+            lapsed = wait_until(lambda: first.server_ms() > lease_ms, timeout=10)
+            late = send(Client(), {"amount": 1, "gate": True})
+        finally:
+            gate.release.set()
+
+    assert response.status_code == 201
+    assert lapsed
+    assert late.get("Idempotent-Replayed") == "true"
+    assert effects() == 1
+    assert not_stored == []
+
+
+class PausedAfterTheClaim:
+    """``CLIENT PAUSE <ms> WRITE`` on the store's Redis as soon as the next claim is made
+    (``signals.claimed``): its work runs, and its completion meets the stall. ``lease_ms``:
+    the claim's lease (Redis ms), read during the pause, when nothing can move it."""
+
+    def __init__(self, url: str, milliseconds: int) -> None:
+        self.redis = redis.Redis.from_url(url)
+        self.milliseconds = milliseconds
+        self.lease_ms: int | None = None
+
+    def __enter__(self) -> PausedAfterTheClaim:
+        signals.claimed.connect(self._pause, weak=False)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        signals.claimed.disconnect(self._pause)
+
+    def _pause(self, signal: Any, **kwargs: Any) -> None:
+        if self.lease_ms is None:
+            self.redis.execute_command("CLIENT", "PAUSE", str(self.milliseconds), "WRITE")
+            (key,) = self.redis.keys(f"{PREFIX}:*")
+            self.lease_ms = int(self.redis.get(key).split(b"|")[2])
+
+    def lapsed(self) -> bool:
+        seconds, micros = self.redis.time()
+        assert self.lease_ms is not None
+        return int(seconds) * 1000 + int(micros) // 1000 > self.lease_ms
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_views_outcome_survives_a_stall(
+    alice: User,
+    settings: SettingsWrapper,
+    scratch_redis: Callable[[], None],
+    not_stored: list[str],
+) -> None:
+    """The same for an async view: its completion, in a thread off the event loop, is sent
+    again through the stall, and a late duplicate replays."""
+    url = f"redis://127.0.0.1:{SCRATCH_PORT}/0"
+    use_redis(settings, url, LEASE_SECONDS=3, STORE_OPTIONS={"SOCKET_TIMEOUT": 0.3})
+    with PausedAfterTheClaim(url, 1200) as stall:
+        response = send(Client(), {"amount": 1}, path="/async/")
+    lapsed = wait_until(stall.lapsed, timeout=10)
+    late = send(Client(), {"amount": 1}, path="/async/")
+
+    assert response.status_code == 201
+    assert lapsed
+    assert late.get("Idempotent-Replayed") == "true"
+    assert late.content == response.content
+    assert effects("async") == 1
+    assert not_stored == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tasks_result_survives_a_stall(
+    settings: SettingsWrapper, scratch_redis: Callable[[], None], not_stored: list[str]
+) -> None:
+    """The same for a task: its result is stored through the stall, and a redelivery after
+    the lease has lapsed gets it instead of running the work again."""
+    from idempotency_django.tasks import claim_once
+
+    url = f"redis://127.0.0.1:{SCRATCH_PORT}/0"
+    use_redis(settings, url, LEASE_SECONDS=3, STORE_OPTIONS={"SOCKET_TIMEOUT": 0.3})
+    ran: list[str] = []
+    with PausedAfterTheClaim(url, 1200) as stall, claim_once("receipts", "m-1") as run:
+        assert not run.done
+        ran.append("sent")
+        run.result = "sent"
+    lapsed = wait_until(stall.lapsed, timeout=10)
+    with claim_once("receipts", "m-1") as redelivered:
+        if not redelivered.done:
+            ran.append("sent again")
+
+    assert lapsed
+    assert redelivered.done
+    assert redelivered.result == "sent"
+    assert ran == ["sent"]
+    assert not_stored == []
 
 
 RACING_WORKER = r"""

@@ -5,20 +5,25 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, connections
 from django.test import RequestFactory
+from django.utils import timezone
 
 from idempotency_django import signals
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store.base import DEFAULT_STORE, get_store
 from idempotency_django.tasks import TaskInFlight, idempotent_task
-from tests.conftest import Post, effects
+from tests.conftest import Post, effects, post_from_thread
 from tests.models import SideEffect
 from tests.project import views
 
@@ -298,3 +303,124 @@ def test_mariadb_too_many_connections_is_other_and_a_lost_connection_unreachable
     )
     lost = wrapped(2013, "Lost connection to server during query")
     assert database_store.failure_kind("default", lost) == "unreachable"
+
+
+# --- a completion that fails again and again is sent again until its lease may lapse -------
+
+
+class RowHeld:
+    """Another connection holds the record's row (``SELECT … FOR UPDATE``), so that each
+    completion sent waits on it where this test can see it, and be killed there, as an
+    operator or a failover would kill a connection."""
+
+    def __init__(self) -> None:
+        self.other = connections.create_connection("default")
+        self.other.ensure_connection()
+        self.other.set_autocommit(False)
+        table = IdempotencyRecord._meta.db_table
+        with self.other.cursor() as cursor:
+            cursor.execute(f"SELECT id FROM {table} FOR UPDATE")
+        # Watched from outside that transaction: PostgreSQL keeps one snapshot of
+        # pg_stat_activity for a whole transaction.
+        self.watcher = connections.create_connection("default")
+
+    def blocked_completions(self) -> list[int]:
+        """The server's ids of the connections whose completion waits on the row."""
+        with self.watcher.cursor() as cursor:
+            if self.watcher.vendor == "postgresql":
+                cursor.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND query LIKE %s",
+                    ["UPDATE %response_status%"],
+                )
+            else:
+                cursor.execute(
+                    "SELECT t.trx_mysql_thread_id FROM information_schema.INNODB_TRX t "
+                    "JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+                    "WHERE p.DB = DATABASE() AND t.trx_state = 'LOCK WAIT' "
+                    "AND t.trx_query LIKE %s",
+                    ["UPDATE %response_status%"],
+                )
+            return [int(row[0]) for row in cursor.fetchall()]
+
+    def next_completion(self, seen: list[int], thread: threading.Thread) -> int | None:
+        """The next completion that waits on the row (not one of ``seen``); None once the
+        request has answered instead. Polled every 0.2 s, not faster: MariaDB's KILL of a
+        lock wait needs the lock system's latch, which reading INNODB_TRX takes."""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and thread.is_alive():
+            found = [each for each in self.blocked_completions() if each not in seen]
+            if found:
+                return found[0]
+            time.sleep(0.2)
+        return None
+
+    def kill(self, connection_id: int) -> None:
+        with self.watcher.cursor() as cursor:
+            if self.watcher.vendor == "postgresql":
+                cursor.execute("SELECT pg_terminate_backend(%s)", [connection_id])
+            else:
+                cursor.execute(f"KILL CONNECTION {connection_id}")
+
+    def release(self) -> None:
+        self.watcher.close()
+        if self.other.connection is not None:
+            self.other.rollback()
+            self.other.close()
+
+
+@pytest.mark.database_store("kills the database store's connection")
+def test_a_completion_whose_connection_is_killed_again_and_again_is_stored(
+    alice: User, settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The work committed; each completion sent waits on a row lock, and its connection is
+    killed there: the first, and the one retry on a new connection that there always was.
+    The completion is sent again until the store takes it, and the answer waits for it. A
+    late duplicate, after the lease the claim held has lapsed, replays: the work ran once.
+    (A lease of 10 s: MariaDB may take seconds to end a connection killed in a lock wait.)"""
+    answers: queue.Queue[Any] = queue.Queue()
+    thread = threading.Thread(
+        target=lambda: answers.put(
+            post_from_thread(
+                "/effect/",
+                {"amount": 1, "gate": True},
+                {"Idempotency-Key": "k1", "X-User": "alice"},
+            )
+        )
+    )
+    thread.start()
+    assert views.gate.entered.wait(10)
+    held = RowHeld()
+    killed: list[int] = []
+    try:
+        views.gate.release.set()
+        with caplog.at_level(logging.WARNING, logger="idempotency_django"):
+            while len(killed) < 2:
+                blocked = held.next_completion(killed, thread)
+                if blocked is None:
+                    break  # answered: the completion was not sent again
+                held.kill(blocked)
+                killed.append(blocked)
+            resent = held.next_completion(killed, thread)  # then let it through
+    finally:
+        held.release()
+        views.gate.release.set()
+        thread.join(30)
+    response = answers.get(timeout=1)
+    # Its lease lapses (as nobody renews it once the request has answered).
+    lapsed = IdempotencyRecord.objects.filter(state=IdempotencyRecord.State.IN_PROGRESS).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    late = post_from_thread(
+        "/effect/", {"amount": 1, "gate": True}, {"Idempotency-Key": "k1", "X-User": "alice"}
+    )
+
+    assert len(killed) == 2
+    assert response.status_code == 201
+    assert late.status_code == 201
+    assert late.get("Idempotent-Replayed") == "true"
+    assert late.content == response.content
+    assert effects() == 1
+    assert lapsed == 0  # it was completed: nothing to lapse
+    assert resent is not None  # the answer waited for the third completion
+    assert "Idempotency outcome stored after" in caplog.text

@@ -136,15 +136,19 @@ def test_an_outcome_the_store_refuses_after_the_work_committed_is_signalled_and_
     alice: User, post: Post
 ) -> None:
     """The work committed and its response is sent (it is true); the store refuses the
-    completion, retries included. The key is kept, not released: a retry is told 409 until
-    the lease lapses, and ``outcome_not_stored`` tells the operators, with the status sent."""
+    completion for its data, which no resend changes: it is given up at once. The key is
+    kept, not released: a retry is told 409 until the lease lapses, and
+    ``outcome_not_stored`` tells the operators, with the status sent."""
     sent: list[dict[str, Any]] = []
 
     def receiver(**kwargs: Any) -> None:
         sent.append({**kwargs, "key": signals.raw_key()})
 
+    refused: list[str] = []
+
     def refuse_completions(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
         if is_completion(sql, params):
+            refused.append(sql)
             raise DataError("the store refuses the completion")
         return execute(sql, params, many, context)
 
@@ -158,6 +162,7 @@ def test_an_outcome_the_store_refuses_after_the_work_committed_is_signalled_and_
 
     assert first.status_code == 201
     assert [(s["key"], s["status"]) for s in sent] == [("k1", 201)]
+    assert len(refused) == 1  # refused for its data: not sent again, the answer not held
     assert records.get().state == State.IN_PROGRESS
     assert retry.status_code == 409
     assert effects() == 1

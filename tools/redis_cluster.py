@@ -1,4 +1,5 @@
-"""A local Redis Cluster (3 masters, 3 replicas on ports 7100-7105) and a throwaway Redis.
+"""A local Redis Cluster (3 masters, 3 replicas on ports 7100-7105), a throwaway Redis, a
+small cluster of masters only, and a throwaway master with one replica.
 
 Tests import it; operators run ``python -m tools.redis_cluster start|stop|status``.
 ``start_cluster()`` reuses a healthy running cluster, restarts members that died (their
@@ -6,7 +7,10 @@ Tests import it; operators run ``python -m tools.redis_cluster start|stop|status
 it returns once every node agrees that ``cluster_state:ok`` and every replica is in sync.
 The helpers drive what the cluster tests need to observe: a slot migration step by step
 (``ASK`` while it runs, ``MOVED`` after), a master killed with SIGKILL until its replica is
-promoted, and a standalone ``redis-server`` killed and restarted. Nodes run with AOF
+promoted, a standalone ``redis-server`` killed and restarted, the whole cluster down
+(``all_down``), a cluster of one or two masters that starts in seconds (``SmallCluster``),
+and a replica frozen so that ``WAIT`` cannot be acknowledged (``ReplicatedRedis``). Nodes
+run with AOF
 (``appendfsync everysec``, the common production setting) and a 1 s node timeout, so a
 failover takes a few seconds.
 """
@@ -684,6 +688,88 @@ def keyslot_of(port: int, key: str | bytes) -> int:
     """The slot of ``key``, as the node on ``port`` computes it."""
     with client(port) as connection:
         return int(connection.execute_command("CLUSTER KEYSLOT", key))
+
+
+# --- a master and its replica on throwaway ports -------------------------------------------------
+
+
+@dataclass
+class ReplicatedRedis:
+    """A ``redis-server`` master and one replica of our own, no persistence, for what
+    ``WAIT`` can and cannot confirm (ports: ``IDEMPOTENCY_TEST_SCRATCH_PORT`` and
+    ``IDEMPOTENCY_TEST_REPLICA_PORT``, default 6390 and 6392).
+
+    ``frozen()`` stops the replica (SIGSTOP) for the length of a block: the master still
+    counts it as connected, but it acknowledges nothing, so a ``WAIT 1`` for a write made
+    meanwhile times out, and on resume it catches up and acknowledges."""
+
+    port: int = int(os.environ.get("IDEMPOTENCY_TEST_SCRATCH_PORT", "6390"))
+    replica_port: int = int(os.environ.get("IDEMPOTENCY_TEST_REPLICA_PORT", "6392"))
+    directory: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.directory is None:
+            self.directory = Path(tempfile.mkdtemp(prefix=f"idempotency-redis-{self.port}-"))
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
+
+    def start(self) -> ReplicatedRedis:
+        assert self.directory is not None
+        for port in (self.port, self.replica_port):
+            if answers(port):
+                raise RuntimeError(f"port {port} is taken by a Redis that is not ours")
+        sync = ("--appendonly", "no", "--repl-diskless-sync-delay", "0")
+        _start_server(self.port, self.directory / "master", *sync)
+        _start_server(
+            self.replica_port,
+            self.directory / "replica",
+            *sync,
+            "--replicaof",
+            HOST,
+            str(self.port),
+        )
+        self.wait_in_sync()
+        return self
+
+    def wait_in_sync(self) -> None:
+        """Until the replica acknowledges a write of the master's (``WAIT 1``)."""
+
+        def acknowledged() -> bool:
+            with client(self.port) as connection:
+                connection.set("replicated-redis:probe", "1")
+                return int(connection.execute_command("WAIT", 1, 200)) == 1
+
+        _wait(acknowledged, f"the replica on port {self.replica_port} in sync")
+
+    def replica_pid(self) -> int:
+        assert self.directory is not None
+        pid = _pid(self.replica_port, self.directory / "replica")
+        assert pid is not None, "the replica is not running"
+        return pid
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        pid = self.replica_pid()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    def replica_get(self, key: str | bytes) -> bytes | None:
+        with client(self.replica_port) as connection:
+            value = connection.get(key)
+        return None if value is None else bytes(value)
+
+    def stop(self) -> None:
+        assert self.directory is not None
+        with contextlib.suppress(ProcessLookupError, AssertionError):
+            os.kill(self.replica_pid(), signal.SIGCONT)  # a frozen one cannot die of SIGKILL
+        _kill(self.replica_port, self.directory / "replica")
+        _kill(self.port, self.directory / "master")
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 # --- a Redis store's URL ------------------------------------------------------------------------

@@ -90,8 +90,9 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "SOCKET_TIMEOUT": 1.0,  # seconds: a command that takes longer is an unknown outcome
     "CONNECT_TIMEOUT": 1.0,
     # Redis Cluster and replication (store/redis_cluster.py, docs/stores.md): a
-    # cluster client (also chosen by a redis+cluster:// URL); WAIT_REPLICAS > 0 makes a claim
-    # or take-over wait for that many replicas (WAIT, at most WAIT_TIMEOUT_MS), else 503.
+    # cluster client (also chosen by a redis+cluster:// URL); WAIT_REPLICAS > 0 makes a claim,
+    # take-over or completion wait for that many replicas (WAIT, at most WAIT_TIMEOUT_MS):
+    # a claim or take-over they did not acknowledge is refused (503), a completion resent.
     "CLUSTER": False,
     "WAIT_REPLICAS": 0,
     "WAIT_TIMEOUT_MS": 200,
@@ -131,6 +132,9 @@ end
 """
 
 # KEYS[1]; ARGV: token, lease ms, ttl ms ('' = forever), meta. -> {1, now} | {0, now, old}
+# A record in progress under the same token is this claim's own, sent again after its
+# reply was lost: it is written again (its lease from now), and answered as claimed, so that
+# a WAIT after it counts a write of this connection, as the first one's did.
 _CLAIM = (
     _PARSE
     + """
@@ -144,6 +148,11 @@ else
   old = redis.call('SET', KEYS[1], value, 'NX', 'PX', px, 'GET')
 end
 if not old then return {1, now} end
+local state, token = header(old)
+if state == 'i' and token == ARGV[1] then
+  redis.call('SET', KEYS[1], value, 'PX', px)
+  return {1, now}
+end
 return {0, now, old}
 """
 )
@@ -169,14 +178,20 @@ return 1
 )
 
 # KEYS[1]; ARGV: token, ttl ms ('' = forever), the meta after its fingerprint, body. -> 1 | 0
-# The claim's fingerprint is kept: the meta is '{"f": <the claim's>, ' .. ARGV[3].
+# The claim's fingerprint is kept: the meta is '{"f": <the claim's>, ' .. ARGV[3]. A record
+# this token completed already (a completion sent again after its reply was lost) is
+# written again as it is, and answered 1: a WAIT after it counts a write of this connection.
 _COMPLETE = (
     _PARSE
     + """
 local old = redis.call('GET', KEYS[1])
 if not old then return 0 end
 local state, token, _, _, _, d = header(old)
-if state ~= 'i' or token ~= ARGV[1] then return 0 end
+if token ~= ARGV[1] then return 0 end
+if state ~= 'i' then
+  redis.call('SET', KEYS[1], old, 'KEEPTTL')
+  return 1
+end
 local claimed = cjson.decode(string.sub(old, d + 1, string.find(old, '\\n', d + 1, true) - 1))
 local meta = '{"f": ' .. cjson.encode(claimed['f']) .. ', ' .. ARGV[3]
 local now = now_ms()
@@ -392,7 +407,7 @@ class RedisStore:
             ],
         )
         if reply[0] == 1:
-            self._replicated(acked, values, "claim")
+            self._replicated(acked, key, values["token"], "claim")
             return CLAIMED
         return _snapshot(key, bytes(reply[2]), int(reply[1]), fingerprint)
 
@@ -430,7 +445,7 @@ class RedisStore:
             ],
         )
         if reply == 1:
-            self._replicated(acked, values, "take-over")
+            self._replicated(acked, record.pk, values["token"], "take-over")
         return bool(reply == 1)
 
     def complete(
@@ -445,7 +460,7 @@ class RedisStore:
         rest = json.dumps(
             {"s": values["response_status"], "h": [list(h) for h in values["response_headers"]]}
         )[1:]
-        reply = self._run(
+        reply, acked = self._run_replicated(
             "complete",
             [key],
             [
@@ -455,6 +470,8 @@ class RedisStore:
                 b"" if body is None else bytes(body),
             ],
         )
+        if reply == 1:
+            self._outcome_replicated(acked)
         return bool(reply == 1)
 
     def is_completed(self, alias: str, lookup: dict[str, str], token: str) -> bool:
@@ -570,22 +587,36 @@ class RedisStore:
             raise self._translated(error) from error
         return reply, acked
 
-    def _replicated(self, acked: int | None, values: dict[str, Any], what: str) -> None:
+    def _replicated(self, acked: int | None, key: str, token: str, what: str) -> None:
         """A claim or take-over that fewer replicas than ``WAIT_REPLICAS`` acknowledged is
         not trusted: a failover now would lose it and let a retry run the view again. It
-        is released (fenced by its token) and refused as a store failure (503; never
+        is released (fenced by its token: ``key`` is the record's key, as a take-over's
+        values do not name its scope) and refused as a store failure (503; never
         ``unreachable``, so never run unprotected: the store did answer)."""
         wanted = int(self.options()["WAIT_REPLICAS"])
         if acked is None or acked >= wanted:
             return
         # If the release fails too, the claim's lease lapses: nobody renews a refused claim.
         with contextlib.suppress(StoreError):
-            self._run("release", [self.key(values)], [values["token"]])
+            self._run("release", [key], [token])
         raise StoreError(
             f"Redis: the {what} reached {acked} of {wanted} replicas "
             f"within {self.options()['WAIT_TIMEOUT_MS']} ms (WAIT_REPLICAS)",
             "other",
         )
+
+    def _outcome_replicated(self, acked: int | None) -> None:
+        """A completion that fewer replicas than ``WAIT_REPLICAS`` acknowledged is a
+        failed one: a failover now would lose it, and let a retry run the work again. The
+        lifecycle sends it again (the script writes its own completed record again, which
+        the next WAIT counts) until the claim's lease may lapse."""
+        wanted = int(self.options()["WAIT_REPLICAS"])
+        if acked is not None and acked < wanted:
+            raise StoreError(
+                f"Redis: the completion reached {acked} of {wanted} replicas "
+                f"within {self.options()['WAIT_TIMEOUT_MS']} ms (WAIT_REPLICAS)",
+                "other",
+            )
 
     def usable(self, alias: str) -> bool:
         try:

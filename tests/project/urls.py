@@ -14,6 +14,7 @@ slash_optional.register("api/slash-optional", drf_views.ChargeViewSet, basename=
 urlpatterns = [
     path("effect/", views.effect),
     path("effect/<int:number>/", views.effect),
+    path("keyed-effect/", views.keyed_effect),
     re_path(r"^optional-slash/?$", views.effect),
     re_path(r"^optional-slash/(?P<number>[0-9]+)/?$", views.effect),
     # One view whose argument takes the slash too: /captures-slash/7 and /captures-slash/7/

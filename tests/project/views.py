@@ -74,6 +74,13 @@ def slash_twin(request: HttpRequest) -> HttpResponse:
     return _effect(request, "slash-twin")
 
 
+@idempotent
+def keyed_effect(request: HttpRequest) -> HttpResponse:
+    """``effect``, its executions counted per key: its ``SideEffect`` is labelled
+    ``key:<Idempotency-Key>``."""
+    return _effect(request, f"key:{request.headers['Idempotency-Key']}")
+
+
 @idempotent(required=False)
 def optional(request: HttpRequest) -> HttpResponse:
     return _effect(request, "optional")
