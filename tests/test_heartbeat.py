@@ -495,7 +495,9 @@ def test_a_renewal_waits_out_a_row_lock_shorter_than_its_timeout(beat: Heartbeat
     not fail it. Sent to PostgreSQL in seconds where it takes milliseconds, the bound
     would be 10 ms, and every lock a moment long would cost the claim its renewal."""
     held = claim("held")
-    beat._entries[held.token] = heartbeat_module._Entry(held, 30, time.monotonic() + 60)
+    beat._entries[held.token] = heartbeat_module._Entry(
+        held, 30, time.monotonic() + 60, time.monotonic()
+    )
     records.update(lease_expires_at=timezone.now())
     before = lease_of("held")
     holding, let_go = threading.Event(), threading.Event()

@@ -350,4 +350,4 @@ def _entry(claim: Any) -> Any:
 
     from idempotency_django.heartbeat import _Entry
 
-    return _Entry(claim, 30, time.monotonic() + 60)
+    return _Entry(claim, 30, time.monotonic() + 60, time.monotonic())
