@@ -1,9 +1,9 @@
 """Mutation check: break each guarantee on purpose, and require a test to notice.
 
 Coverage says a line ran, not that a test would fail if the line were wrong. Each mutant
-below is one small edit that breaks a promise of DESIGN.md (§7a above all: one execution
-per key, never a 2xx for work that did not commit); the tests named with it must fail
-when it is applied. A mutant that survives is a gap in the suite.
+below is one small edit that breaks a promise of docs/guarantees.md (the invariant above
+all: one execution per key, never a 2xx for work that did not commit); the tests named with
+it must fail when it is applied. A mutant that survives is a gap in the suite.
 
 The edits are applied one at a time to a temporary copy of the working tree (the files
 ``git ls-files -co --exclude-standard`` lists), never to the checkout itself, and the
@@ -1445,7 +1445,7 @@ MUTANTS = [
         "        if False:\n            self._replicated(acked, record.pk",
         (REPLICAS + "test_a_take_over_no_replica_acknowledged_is_refused_and_released",),
     ),
-    # The Redis store on a cluster (issue 18 §3): its tests need the local cluster
+    # The Redis store on a cluster: its tests need the local cluster
     # (python -m tools.redis_cluster start; .ci/run starts it before this check).
     Mutant(
         "cluster-write-without-asking",
