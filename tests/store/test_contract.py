@@ -1,0 +1,445 @@
+"""The store contract: what every store must answer, through the ``Store`` interface alone.
+
+The lifecycle and the decision table (``claims.py``) rely on these answers and on nothing
+else of a store, so a store that passes this suite keeps the promises of
+docs/guarantees.md. Each test runs on every store the machine can reach: the database store
+(on the suite's database), the Redis store (``IDEMPOTENCY_TEST_REDIS_URL``) and the Redis
+store on the local Redis Cluster (marker ``redis_cluster``: ``python -m tools.redis_cluster
+start``). A new store adds one entry to ``STORES`` below.
+
+Time passes on the store's own clock, which a test cannot move: a lease or a TTL that must
+lapse is given a few milliseconds, and the test waits (polling, with a deadline) until the
+store says it lapsed.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from idempotency_django.models import IdempotencyRecord
+from idempotency_django.store.base import (
+    CLAIMED,
+    DEFAULT_STORE,
+    ClaimOrRead,
+    Snapshot,
+    Store,
+    get_store,
+    is_expired,
+    is_in_use,
+    is_lapsed,
+)
+from tests.conftest import REDIS_URL, wait_until
+from tools import redis_cluster
+
+if TYPE_CHECKING:
+    from pytest_django import Settings as SettingsWrapper
+
+State = IdempotencyRecord.State
+REDIS_STORE = "idempotency_django.store.redis.RedisStore"
+ALIAS = "default"
+FINGERPRINT = "3:00000000:" + "a" * 56
+
+
+def _redis_up(url: str) -> bool:
+    try:
+        return bool(redis_cluster.connect(url).ping())
+    except Exception:
+        return False
+
+
+def _use_redis(settings: SettingsWrapper, url: str) -> None:
+    redis_cluster.flush(url)
+    settings.IDEMPOTENCY = {
+        "STORE": REDIS_STORE,
+        "STORE_OPTIONS": {"URL": url, "KEY_PREFIX": "contract"},
+    }
+
+
+def _database(settings: SettingsWrapper) -> Store:
+    return get_store(DEFAULT_STORE)
+
+
+def _redis(settings: SettingsWrapper) -> Store:
+    if not _redis_up(REDIS_URL):
+        pytest.skip(f"no Redis at {REDIS_URL}")
+    _use_redis(settings, REDIS_URL)
+    return get_store(REDIS_STORE)
+
+
+def _cluster(settings: SettingsWrapper) -> Store:
+    if not redis_cluster.healthy():
+        pytest.skip("no Redis Cluster (python -m tools.redis_cluster start)")
+    _use_redis(settings, redis_cluster.cluster_url().replace("redis://", "redis+cluster://"))
+    return get_store(REDIS_STORE)
+
+
+#: Every store the contract is checked on: (id, fixture, marks).
+STORES: list[Any] = [
+    pytest.param(_database, id="database"),
+    pytest.param(_redis, id="redis", marks=pytest.mark.redis),
+    pytest.param(_cluster, id="redis-cluster", marks=pytest.mark.redis_cluster),
+]
+
+
+@pytest.fixture(params=STORES)
+def store(
+    request: pytest.FixtureRequest, settings: SettingsWrapper, transactional_db: None
+) -> Store:
+    make: Callable[[SettingsWrapper], Store] = request.param
+    return make(settings)
+
+
+@dataclass
+class Scope:
+    """One key's scope, unique to the test, and the values a claim of it writes."""
+
+    key: str
+    account: str = "contract"
+    endpoint: str = "POST /charges/"
+
+    def lookup(self) -> dict[str, str]:
+        return {"account": self.account, "endpoint": self.endpoint, "key": self.key}
+
+    def claim(self, token: str, *, lease: float = 30, ttl: float = 3600) -> dict[str, Any]:
+        """What ``claims.claim`` writes: the scope, the request and the claim's times."""
+        now = timezone.now()
+        return {
+            **self.lookup(),
+            "fingerprint": FINGERPRINT,
+            "state": State.IN_PROGRESS,
+            "token": token,
+            "lease_expires_at": now + timedelta(seconds=lease),
+            "response_headers": [],
+            "created_at": now,
+            "expires_at": now + timedelta(seconds=ttl),
+        }
+
+    def take_over(self, token: str, *, lease: float = 30) -> dict[str, Any]:
+        """What ``claims._take_over`` writes over a lapsed or expired record."""
+        now = timezone.now()
+        return {
+            "fingerprint": FINGERPRINT,
+            "state": State.IN_PROGRESS,
+            "token": token,
+            "lease_expires_at": now + timedelta(seconds=lease),
+            "response_status": None,
+            "response_headers": [],
+            "response_body": None,
+            "created_at": now,
+            "completed_at": None,
+            "expires_at": now + timedelta(hours=1),
+        }
+
+
+def completion(status: int = 201, body: bytes | None = b'{"id": "ch_1"}', ttl: float = 3600) -> Any:
+    now = timezone.now()
+    return {
+        "response_status": status,
+        "response_headers": [["Location", "/charges/ch_1"]],
+        "response_body": body,
+        "completed_at": now,
+        "expires_at": now + timedelta(seconds=ttl),
+    }
+
+
+@pytest.fixture
+def scope() -> Scope:
+    return Scope(f"contract-{uuid.uuid4()}")
+
+
+def token() -> str:
+    return uuid.uuid4().hex
+
+
+def read(store: Store, scope: Scope) -> ClaimOrRead:
+    """The record of ``scope``, read as a losing claim reads it (a claim with a token of its
+    own): ``CLAIMED`` when there was none, which the caller must expect."""
+    return store.claim_or_read(ALIAS, scope.claim(token()), FINGERPRINT)
+
+
+def snapshot(store: Store, scope: Scope) -> Snapshot:
+    found = read(store, scope)
+    assert isinstance(found, Snapshot), f"expected a record, the claim answered {found!r}"
+    return found
+
+
+def until_lapsed(store: Store, scope: Scope) -> Snapshot:
+    """Wait until the store's clock has passed the record's lease; the record as read then."""
+    seen: list[Snapshot] = []
+
+    def lapsed() -> bool:
+        seen[:] = [snapshot(store, scope)]
+        return is_lapsed(seen[0], timezone.now())
+
+    assert wait_until(lapsed, timeout=10), "the lease never lapsed on the store's clock"
+    return seen[0]
+
+
+# -- the claim -----------------------------------------------------------------------------
+
+
+def test_the_first_claim_wins_and_a_second_reads_the_winners_record(
+    store: Store, scope: Scope
+) -> None:
+    first = token()
+    assert store.claim_or_read(ALIAS, scope.claim(first), FINGERPRINT) == CLAIMED
+    record = snapshot(store, scope)
+    assert (record.state, record.token, record.fingerprint) == (
+        State.IN_PROGRESS,
+        first,
+        FINGERPRINT,
+    )
+    assert is_in_use(record, timezone.now())
+    assert record.response_status is None
+
+
+def test_a_resent_claim_finds_its_own_record(store: Store, scope: Scope) -> None:
+    """A claim whose reply was lost is sent again with the same token: it must come back as
+    this claim's (claimed, or the record with its own token), never as another's."""
+    mine = token()
+    values = scope.claim(mine)
+    assert store.claim_or_read(ALIAS, values, FINGERPRINT) == CLAIMED
+    again = store.claim_or_read(ALIAS, values, FINGERPRINT)
+    assert again == CLAIMED or (isinstance(again, Snapshot) and again.token == mine)
+
+
+def test_a_key_is_scoped_to_its_account_and_endpoint(store: Store, scope: Scope) -> None:
+    """The same key under another account or endpoint is another record: each claim wins,
+    and each read answers its own scope's record, never a neighbour's."""
+    neighbours = [
+        scope,
+        Scope(scope.key, account="someone-else"),
+        Scope(scope.key, endpoint="POST /refunds/"),
+    ]
+    tokens = [token() for _ in neighbours]
+    for each, mine in zip(neighbours, tokens, strict=True):
+        assert store.claim_or_read(ALIAS, each.claim(mine), FINGERPRINT) == CLAIMED
+    for each, mine in zip(neighbours, tokens, strict=True):
+        assert snapshot(store, each).token == mine
+
+
+def test_claim_alone_inserts_only_when_the_key_is_absent(store: Store, scope: Scope) -> None:
+    assert store.claim(ALIAS, scope.claim(token())) is True
+    assert store.claim(ALIAS, scope.claim(token())) is False
+
+
+def test_of_many_concurrent_claims_exactly_one_wins(store: Store, scope: Scope) -> None:
+    if connection.vendor == "sqlite" and store.transactional:
+        pytest.skip("SQLite serialises writers in one process: no concurrency to test")
+    contenders = 8
+    barrier = threading.Barrier(contenders)
+    answers: list[ClaimOrRead] = []
+    lock = threading.Lock()
+
+    def contend() -> None:
+        values = scope.claim(token())
+        barrier.wait()
+        try:
+            answer = store.claim_or_read(ALIAS, values, FINGERPRINT)
+        finally:
+            connection.close()
+        with lock:
+            answers.append(answer)
+
+    threads = [threading.Thread(target=contend) for _ in range(contenders)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(answers) == contenders
+    assert answers.count(CLAIMED) == 1
+    winners = {answer.token for answer in answers if isinstance(answer, Snapshot)}
+    assert len(winners) <= 1  # every loser read the one winner's record (or a race: None)
+
+
+# -- completion, fenced ----------------------------------------------------------------------
+
+
+def test_only_the_claims_token_completes_it_and_the_outcome_reads_back(
+    store: Store, scope: Scope
+) -> None:
+    mine = token()
+    assert store.claim_or_read(ALIAS, scope.claim(mine), FINGERPRINT) == CLAIMED
+    assert store.complete(ALIAS, scope.lookup(), token(), completion()) is False
+    assert store.is_completed(ALIAS, scope.lookup(), mine) is False
+    assert store.complete(ALIAS, scope.lookup(), mine, completion()) is True
+    assert store.is_completed(ALIAS, scope.lookup(), mine) is True
+    record = snapshot(store, scope)
+    assert (record.state, record.response_status) == (State.COMPLETED, 201)
+    stored = record.stored or store.read_stored(ALIAS, record.pk)
+    assert stored is not None
+    assert (stored.status, stored.body) == (201, b'{"id": "ch_1"}')
+    assert ("Location", "/charges/ch_1") in stored.headers
+
+
+def test_a_resent_completion_is_not_a_lost_one(store: Store, scope: Scope) -> None:
+    """A completion sent again after its reply was lost: either it succeeds again, or
+    ``is_completed`` says the first one did; the lifecycle takes both as stored."""
+    mine = token()
+    assert store.claim_or_read(ALIAS, scope.claim(mine), FINGERPRINT) == CLAIMED
+    assert store.complete(ALIAS, scope.lookup(), mine, completion()) is True
+    again = store.complete(ALIAS, scope.lookup(), mine, completion())
+    assert again or store.is_completed(ALIAS, scope.lookup(), mine)
+
+
+def test_a_completion_without_a_body_reads_back_as_not_stored(store: Store, scope: Scope) -> None:
+    mine = token()
+    assert store.claim_or_read(ALIAS, scope.claim(mine), FINGERPRINT) == CLAIMED
+    assert store.complete(ALIAS, scope.lookup(), mine, completion(body=None)) is True
+    record = snapshot(store, scope)
+    stored = record.stored or store.read_stored(ALIAS, record.pk)
+    assert stored is not None
+    assert (stored.status, stored.body) == (201, None)
+
+
+# -- release, fenced -------------------------------------------------------------------------
+
+
+def test_only_the_claims_token_releases_it_and_the_key_is_free_again(
+    store: Store, scope: Scope
+) -> None:
+    mine = token()
+    assert store.claim_or_read(ALIAS, scope.claim(mine), FINGERPRINT) == CLAIMED
+    assert store.release(ALIAS, scope.lookup(), token()) == 0
+    assert snapshot(store, scope).token == mine
+    assert store.release(ALIAS, scope.lookup(), mine) == 1
+    assert store.claim_or_read(ALIAS, scope.claim(token()), FINGERPRINT) == CLAIMED
+
+
+def test_a_completed_record_is_not_released(store: Store, scope: Scope) -> None:
+    mine = token()
+    assert store.claim_or_read(ALIAS, scope.claim(mine), FINGERPRINT) == CLAIMED
+    assert store.complete(ALIAS, scope.lookup(), mine, completion()) is True
+    assert store.release(ALIAS, scope.lookup(), mine) == 0
+    assert snapshot(store, scope).state == State.COMPLETED
+
+
+# -- leases: renewal, lapse, take-over -------------------------------------------------------
+
+
+def test_renewal_extends_only_the_claims_own_lease(store: Store, scope: Scope) -> None:
+    mine = token()
+    assert store.claim_or_read(ALIAS, scope.claim(mine, lease=5), FINGERPRINT) == CLAIMED
+    before = snapshot(store, scope).lease_expires_at
+    assert store.renew(ALIAS, [(scope.lookup(), token())], 60, 5) == 0
+    unchanged = snapshot(store, scope).lease_expires_at
+    assert before is not None
+    assert unchanged is not None
+    # read back onto this process's clock: equal but for the clocks' offset, read each time
+    assert abs(unchanged - before) < timedelta(seconds=1)
+    assert store.renew(ALIAS, [(scope.lookup(), mine)], 60, 5) == 1
+    after = snapshot(store, scope).lease_expires_at
+    assert after is not None
+    assert after - before > timedelta(seconds=30)
+
+
+def test_a_completed_record_is_not_renewed(store: Store, scope: Scope) -> None:
+    mine = token()
+    assert store.claim_or_read(ALIAS, scope.claim(mine), FINGERPRINT) == CLAIMED
+    assert store.complete(ALIAS, scope.lookup(), mine, completion()) is True
+    assert store.renew(ALIAS, [(scope.lookup(), mine)], 60, 5) == 0
+
+
+def test_a_live_lease_is_never_taken_over(store: Store, scope: Scope) -> None:
+    mine = token()
+    assert store.claim_or_read(ALIAS, scope.claim(mine), FINGERPRINT) == CLAIMED
+    record = snapshot(store, scope)
+    assert store.take_over(ALIAS, record, scope.take_over(token())) is False
+    assert snapshot(store, scope).token == mine
+
+
+def test_a_lapsed_lease_is_taken_over_once_and_fences_its_first_owner(
+    store: Store, scope: Scope
+) -> None:
+    first = token()
+    assert store.claim_or_read(ALIAS, scope.claim(first, lease=0.05), FINGERPRINT) == CLAIMED
+    lapsed = until_lapsed(store, scope)
+    second, third = token(), token()
+    assert store.take_over(ALIAS, lapsed, scope.take_over(second)) is True
+    # another contender that read the same lapsed record loses
+    assert store.take_over(ALIAS, lapsed, scope.take_over(third)) is False
+    record = snapshot(store, scope)
+    assert record.token == second
+    assert is_in_use(record, timezone.now())
+    # the first owner, back from its pause, can neither complete, release nor renew
+    assert store.complete(ALIAS, scope.lookup(), first, completion()) is False
+    assert store.is_completed(ALIAS, scope.lookup(), first) is False
+    assert store.release(ALIAS, scope.lookup(), first) == 0
+    assert store.renew(ALIAS, [(scope.lookup(), first)], 60, 5) == 0
+    assert store.complete(ALIAS, scope.lookup(), second, completion()) is True
+
+
+def test_a_take_over_fails_when_the_record_changed_since_it_was_read(
+    store: Store, scope: Scope
+) -> None:
+    """A take-over names the record it read: if that claim was released and another request
+    claimed the key since (its lease lapsed too), the take-over must not take that other
+    request's record, which may owe this one a 422."""
+    first = token()
+    assert store.claim_or_read(ALIAS, scope.claim(first, lease=0.05), FINGERPRINT) == CLAIMED
+    read_then = until_lapsed(store, scope)
+    assert store.release(ALIAS, scope.lookup(), first) == 1
+    other = token()
+    assert store.claim_or_read(ALIAS, scope.claim(other, lease=0.05), FINGERPRINT) == CLAIMED
+    assert until_lapsed(store, scope).token == other
+    assert store.take_over(ALIAS, read_then, scope.take_over(token())) is False
+    assert snapshot(store, scope).token == other
+
+
+def test_a_renewed_lease_does_not_lapse(store: Store, scope: Scope) -> None:
+    """Renewed before it lapses, a short lease holds: the record read after the first
+    lease's end is still in use (the heartbeat's whole purpose)."""
+    mine = token()
+    assert store.claim_or_read(ALIAS, scope.claim(mine, lease=1), FINGERPRINT) == CLAIMED
+    assert store.renew(ALIAS, [(scope.lookup(), mine)], 60, 5) == 1
+    first_end = timezone.now() + timedelta(seconds=1)
+    assert wait_until(lambda: timezone.now() > first_end, timeout=5)
+    record = snapshot(store, scope)
+    assert record.token == mine
+    assert is_in_use(record, timezone.now())
+    assert store.take_over(ALIAS, record, scope.take_over(token())) is False
+
+
+# -- expiry ----------------------------------------------------------------------------------
+
+
+def test_an_expired_record_counts_as_absent(store: Store, scope: Scope) -> None:
+    """Past its TTL, a completed record is either gone (Redis expires it) or read as expired
+    and taken over (the database store; the purge deletes it later)."""
+    mine = token()
+    assert store.claim_or_read(ALIAS, scope.claim(mine), FINGERPRINT) == CLAIMED
+    assert store.complete(ALIAS, scope.lookup(), mine, completion(ttl=0.05)) is True
+    answers: list[ClaimOrRead] = []
+
+    def gone_or_expired() -> bool:
+        answers[:] = [read(store, scope)]
+        found = answers[0]
+        return found == CLAIMED or (
+            isinstance(found, Snapshot) and is_expired(found, timezone.now())
+        )
+
+    assert wait_until(gone_or_expired, timeout=10), "the record never expired"
+    found = answers[0]
+    if isinstance(found, Snapshot):
+        assert store.take_over(ALIAS, found, scope.take_over(token())) is True
+
+
+def test_an_expired_ttl_never_frees_a_record_under_a_live_lease(store: Store, scope: Scope) -> None:
+    """The TTL counts for nothing while a claim is in use: its view may be running."""
+    mine = token()
+    assert store.claim_or_read(ALIAS, scope.claim(mine, ttl=0.05), FINGERPRINT) == CLAIMED
+    ttl_end = timezone.now() + timedelta(seconds=0.05)
+    assert wait_until(lambda: timezone.now() > ttl_end + timedelta(seconds=0.2), timeout=5)
+    record = snapshot(store, scope)
+    assert record.token == mine
+    assert not is_expired(record, timezone.now())
+    assert store.take_over(ALIAS, record, scope.take_over(token())) is False
