@@ -206,10 +206,13 @@ MUTANTS = [
     Mutant(
         "engine-live-lease-lapsed",
         "the engine treats a live lease as lapsed and tries to take it over",
-        "claims.py",
+        "decisions.py",
         "lapsed = is_lapsed(record, now)",
         "lapsed = record.state == State.IN_PROGRESS",
-        ("test_query_budget.py::test_an_in_flight_conflict_costs_what_a_replay_costs",),
+        (
+            "test_decisions.py",
+            "test_query_budget.py::test_an_in_flight_conflict_costs_what_a_replay_costs",
+        ),
     ),
     Mutant(
         "completion-unfenced",
@@ -612,10 +615,13 @@ MUTANTS = [
     Mutant(
         "lapsed-mismatch-taken-over",
         "a lapsed lease is taken over by a different request instead of answering 422",
-        "claims.py",
-        "if expired or (lapsed and same):",
+        "decisions.py",
+        "if expired or (lapsed and matches):",
         "if expired or lapsed:",
-        (DEC + "test_lapsed_lease_with_another_body_is_still_422",),
+        (
+            "test_decisions.py",
+            DEC + "test_lapsed_lease_with_another_body_is_still_422",
+        ),
     ),
     Mutant(
         "fingerprint-ignores-body",
@@ -637,8 +643,8 @@ MUTANTS = [
         "completed-runs-again",
         "a completed key runs the view again instead of replaying",
         "claims.py",
-        "if record.state == State.COMPLETED:\n",
-        "if record.state == State.COMPLETED:\n"
+        "        if decision == REPLAY:\n",
+        "        if decision == REPLAY:\n"
         "            return Claim(scope, token, options.alias, options.ttl)\n",
         (DEC + "test_retry_replays_status_body_and_allowed_headers",),
     ),
@@ -646,25 +652,31 @@ MUTANTS = [
         "in-flight-runs",
         "a duplicate of a request still running runs the view too (in-flight policy ignored)",
         "claims.py",
-        "assert is_in_use(record, now)",
+        "assert decision == IN_FLIGHT",
         "return Claim(scope, token, options.alias, options.ttl)",
         (DEC + "test_in_flight_duplicate_gets_409_with_retry_after",),
     ),
     Mutant(
         "any-in-progress-is-ours",
         "any in-progress record is taken for this request's own unacknowledged claim",
-        "claims.py",
+        "decisions.py",
         "if record.token == token and is_in_use(record, now):",
         "if is_in_use(record, now):",
-        (DEC + "test_in_flight_duplicate_gets_409_with_retry_after",),
+        (
+            "test_decisions.py",
+            DEC + "test_in_flight_duplicate_gets_409_with_retry_after",
+        ),
     ),
     Mutant(
         "own-lapsed-claim-kept-lapsed",
         "a claim retried with its own token keeps a lapsed lease (a duplicate can take it)",
-        "claims.py",
+        "decisions.py",
         "if record.token == token and is_in_use(record, now):",
         "if record.token == token and record.state == State.IN_PROGRESS:",
-        (ATOM + "test_a_claim_retried_with_its_own_token_after_its_lease_lapsed_renews_it",),
+        (
+            "test_decisions.py",
+            ATOM + "test_a_claim_retried_with_its_own_token_after_its_lease_lapsed_renews_it",
+        ),
     ),
     Mutant(
         "5xx-stored",

@@ -27,6 +27,16 @@ from django.utils import timezone
 
 from idempotency_django import codecs, signals
 from idempotency_django.conf import conf
+from idempotency_django.decisions import (
+    IN_FLIGHT,
+    MISMATCH,
+    RACE,
+    REPLAY,
+    Resume,
+    TakeOver,
+    decide,
+    keep_waiting,
+)
 from idempotency_django.exceptions import InFlight, KeyMismatch, QuotaExceeded, ResponseNotStored
 from idempotency_django.keys import fingerprints_match
 from idempotency_django.models import IdempotencyRecord
@@ -40,9 +50,6 @@ from idempotency_django.store.base import (
     Stored,
     expiry,
     get_store,
-    is_expired,
-    is_in_use,
-    is_lapsed,
     lease_left,
     lock_wait,
     store_alias,
@@ -228,10 +235,10 @@ def _claim_or_replay(
             # database gave up on a lock for it: that is a request in flight, never a
             # reason to run unprotected.
             emit(signals.in_flight, logging.INFO, "Idempotency key contended.", **scope.lookup())
-            if (
-                store.in_transaction(options.alias)
-                or time.monotonic() >= deadline
-                or not place.take()
+            if not keep_waiting(
+                seconds_left=deadline - time.monotonic(),
+                place=place.take,
+                in_transaction=store.in_transaction(options.alias),
             ):
                 raise InFlight(
                     "A request with this Idempotency-Key is still being processed.",
@@ -243,24 +250,24 @@ def _claim_or_replay(
         if isinstance(claimed, Claim):
             return claimed
         record = claimed
-        if record is None:
+        decision = decide(
+            record,
+            token=token,
+            now=now,
+            same=lambda stored: fingerprints_match(stored, fingerprint),
+        )
+        if decision == RACE:
             races = _count_race(races, options)
             continue
-        if record.token == token and is_in_use(record, now):
+        assert record is not None
+        if isinstance(decision, Resume):
             # Ours, unacknowledged (the Redis store's claim answers this itself, rewritten
             # and replicated). Its lease was set by the earlier attempt: what is left of it
             # dates the claim.
-            assert record.lease_expires_at is not None
-            left = (record.lease_expires_at - now).total_seconds()
-            return _claim(scope, token, options, min(sent, sent + left - options.lease))
-        # Ours too, but its lease lapsed while the acknowledgement was lost: taken over
-        # below, which renews the lease, rather than run under a lease anyone may take.
-        expired = is_expired(record, now)
-        lapsed = is_lapsed(record, now)
-        same = fingerprints_match(record.fingerprint, fingerprint)
-        if expired or (lapsed and same):
+            return _claim(scope, token, options, min(sent, sent + decision.left - options.lease))
+        if isinstance(decision, TakeOver):
             if _take_over(record, scope, fingerprint, token, now, options):
-                if expired:
+                if decision.expired:
                     emit(signals.claimed, logging.DEBUG, "Expired key claimed.", **scope.lookup())
                 else:
                     emit(
@@ -272,7 +279,7 @@ def _claim_or_replay(
                 return _claim(scope, token, options, sent)
             races = _count_race(races, options)
             continue
-        if not same:
+        if decision == MISMATCH:
             emit(
                 signals.mismatch,
                 logging.INFO,
@@ -280,13 +287,13 @@ def _claim_or_replay(
                 **scope.lookup(),
             )
             raise KeyMismatch("This Idempotency-Key was already used with a different request.")
-        if record.state == State.COMPLETED:
+        if decision == REPLAY:
             stored = record.stored or options.store.read_stored(options.alias, record.pk)
             if stored is None:
                 races = _count_race(races, options)
                 continue
             return _replay(stored, scope)
-        assert is_in_use(record, now)
+        assert decision == IN_FLIGHT
         if not reported_in_flight:
             emit(
                 signals.in_flight,
@@ -296,7 +303,7 @@ def _claim_or_replay(
             )
             reported_in_flight = True
         remaining = deadline - time.monotonic()
-        if remaining <= 0 or not place.take():
+        if not keep_waiting(seconds_left=remaining, place=place.take):
             raise InFlight(
                 "A request with this Idempotency-Key is still being processed.",
                 retry_after=in_flight_retry_after(record, now, options),

@@ -1,0 +1,189 @@
+"""The decision table (docs/guarantees.md) as pure functions: every row, without a database.
+
+``decisions.decide`` answers what a request that lost its claim does about the record it
+read; ``decisions.keep_waiting`` whether it waits for a duplicate in flight. Table-driven
+cases name each row; Hypothesis checks the rules that hold over every record: only the
+request's own live claim is resumed, a live lease is never taken over, and another
+request's record is never replayed or taken over unless it expired.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from idempotency_django.decisions import (
+    IN_FLIGHT,
+    MISMATCH,
+    RACE,
+    REPLAY,
+    Decision,
+    Resume,
+    TakeOver,
+    decide,
+    keep_waiting,
+)
+from idempotency_django.models import IdempotencyRecord
+from idempotency_django.store.base import Snapshot
+
+State = IdempotencyRecord.State
+NOW = datetime(2026, 12, 5, 12, 0, tzinfo=dt_timezone.utc)
+MINE, THEIRS = "token-mine", "token-theirs"
+SAME, OTHER = "fingerprint-same", "fingerprint-other"
+
+
+def record(
+    *,
+    state: str = State.IN_PROGRESS,
+    token: str = THEIRS,
+    fingerprint: str = SAME,
+    lease: float | None = 30,
+    ttl: float = 3600,
+) -> Snapshot:
+    """A record read at ``NOW``: ``lease``/``ttl`` seconds from now (negative: in the past)."""
+    return Snapshot(
+        pk=1,
+        state=state,
+        token=token,
+        fingerprint=fingerprint,
+        lease_expires_at=None if lease is None else NOW + timedelta(seconds=lease),
+        expires_at=NOW + timedelta(seconds=ttl),
+        response_status=201 if state == State.COMPLETED else None,
+    )
+
+
+def decision(found: Snapshot | None, fingerprint: str = SAME) -> Decision:
+    return decide(found, token=MINE, now=NOW, same=lambda stored: stored == fingerprint)
+
+
+@pytest.mark.parametrize(
+    ("found", "fingerprint", "expected"),
+    [
+        pytest.param(None, SAME, RACE, id="gone-again: claim again"),
+        pytest.param(record(token=MINE, lease=12), SAME, Resume(12.0), id="own-claim-resumed"),
+        pytest.param(record(), SAME, IN_FLIGHT, id="live-lease-same: 409 or wait"),
+        pytest.param(record(), OTHER, MISMATCH, id="live-lease-other: 422"),
+        pytest.param(record(lease=-1), SAME, TakeOver(expired=False), id="lapsed-same: take over"),
+        pytest.param(record(lease=None), SAME, TakeOver(expired=False), id="no-lease-same"),
+        pytest.param(record(lease=-1), OTHER, MISMATCH, id="lapsed-other: 422"),
+        pytest.param(
+            record(token=MINE, lease=-1), SAME, TakeOver(expired=False), id="own-lapsed: renewed"
+        ),
+        pytest.param(record(state=State.COMPLETED), SAME, REPLAY, id="completed-same: replay"),
+        pytest.param(record(state=State.COMPLETED), OTHER, MISMATCH, id="completed-other: 422"),
+        pytest.param(
+            record(state=State.COMPLETED, ttl=-1), OTHER, TakeOver(expired=True), id="expired"
+        ),
+        pytest.param(
+            record(lease=-1, ttl=-1), OTHER, TakeOver(expired=True), id="lapsed-and-expired"
+        ),
+        pytest.param(record(ttl=-1), SAME, IN_FLIGHT, id="past-ttl-under-live-lease: in use"),
+        pytest.param(record(ttl=-1), OTHER, MISMATCH, id="past-ttl-live-lease-other: 422"),
+    ],
+)
+def test_each_row_of_the_table(found: Snapshot | None, fingerprint: str, expected: object) -> None:
+    assert decision(found, fingerprint) == expected
+
+
+def test_the_fingerprint_is_compared_only_where_the_table_needs_it() -> None:
+    """Comparing can log (a key no longer held); a request's own live claim, and a record
+    gone again, never ask."""
+    asked: list[str] = []
+
+    def same(stored: str) -> bool:
+        asked.append(stored)
+        return True
+
+    decide(None, token=MINE, now=NOW, same=same)
+    decide(record(token=MINE), token=MINE, now=NOW, same=same)
+    assert asked == []
+    decide(record(), token=MINE, now=NOW, same=same)
+    assert asked == [SAME]
+
+
+@pytest.mark.parametrize(
+    ("seconds_left", "place", "in_transaction", "expected"),
+    [
+        (1.0, True, False, True),
+        (0.0, True, False, False),  # the wait is over: 409
+        (-0.5, True, False, False),
+        (1.0, False, False, False),  # every waiter's place taken: 409 at once
+        (1.0, True, True, False),  # inside a transaction the claim cannot be retried
+    ],
+)
+def test_keep_waiting(
+    seconds_left: float, place: bool, in_transaction: bool, expected: bool
+) -> None:
+    assert (
+        keep_waiting(seconds_left=seconds_left, place=lambda: place, in_transaction=in_transaction)
+        is expected
+    )
+
+
+def test_keep_waiting_takes_a_place_only_when_it_would_wait() -> None:
+    taken: list[bool] = []
+
+    def place() -> bool:
+        taken.append(True)
+        return True
+
+    assert keep_waiting(seconds_left=0, place=place) is False
+    assert keep_waiting(seconds_left=1, place=place, in_transaction=True) is False
+    assert taken == []
+    assert keep_waiting(seconds_left=1, place=place) is True
+    assert taken == [True]
+
+
+records = st.builds(
+    record,
+    state=st.sampled_from([State.IN_PROGRESS, State.COMPLETED]),
+    token=st.sampled_from([MINE, THEIRS]),
+    fingerprint=st.sampled_from([SAME, OTHER]),
+    lease=st.one_of(st.none(), st.floats(-3600, 3600, allow_nan=False)),
+    ttl=st.floats(-3600, 3600, allow_nan=False),
+)
+
+
+@given(found=records)
+def test_a_live_lease_is_never_taken_over_and_only_its_own_claim_resumes(found: Snapshot) -> None:
+    live = (
+        found.state == State.IN_PROGRESS
+        and found.lease_expires_at is not None
+        and found.lease_expires_at > NOW
+    )
+    answer = decision(found)
+    if live:
+        assert not isinstance(answer, TakeOver)
+        assert isinstance(answer, Resume) == (found.token == MINE)
+    else:
+        assert not isinstance(answer, Resume)
+
+
+@given(found=records)
+def test_another_requests_record_is_refused_unless_it_expired(found: Snapshot) -> None:
+    """A different fingerprint is never replayed, waited on or taken over while the record
+    counts: only an expired record (absent) is claimed over it."""
+    answer = decision(found, fingerprint=OTHER if found.fingerprint == SAME else SAME)
+    if found.token == MINE and isinstance(answer, Resume):
+        return  # its own claim: the fingerprint is its own by construction in real use
+    live = (
+        found.state == State.IN_PROGRESS
+        and found.lease_expires_at is not None
+        and found.lease_expires_at > NOW
+    )
+    expired = found.expires_at <= NOW and not live
+    assert answer == (TakeOver(expired=True) if expired else MISMATCH)
+
+
+@given(found=records)
+def test_a_completed_record_of_the_same_request_is_replayed_until_it_expires(
+    found: Snapshot,
+) -> None:
+    if found.state != State.COMPLETED or found.fingerprint != SAME:
+        return
+    expected = TakeOver(expired=True) if found.expires_at <= NOW else REPLAY
+    assert decision(found) == expected
