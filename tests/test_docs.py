@@ -30,7 +30,7 @@ from idempotency_django import checks, exceptions, keys
 from tests import records
 from tests.conftest import PACKAGE_DEFAULTS
 from tests.docs_snippets import client as client_snippet
-from tests.docs_snippets import downstream, settings_examples, signals_metrics, tasks
+from tests.docs_snippets import downstream, signals_metrics, tasks
 from tests.models import SideEffect
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -306,28 +306,127 @@ def test_downstream_snippet_sends_the_provider_the_same_key_on_a_rerun(
     assert first["idempotency_key"] == second["idempotency_key"]
 
 
-def test_settings_snippets_pass_the_system_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+SETTINGS_SNIPPETS = ROOT / "tests/docs_snippets/settings"
+BASE_SETTINGS = ROOT / "tests/project/settings.py"
+
+
+def settings_snippets() -> list[str]:
+    return sorted(p.stem for p in SETTINGS_SNIPPETS.glob("*.py") if p.stem != "__init__")
+
+
+@pytest.fixture(autouse=True)
+def _encryption_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment the encryption snippet reads its keys from, as a deployment sets it."""
     from cryptography.fernet import Fernet
 
     keys = ",".join(Fernet.generate_key().decode() for _ in range(2))
     monkeypatch.setenv("IDEMPOTENCY_ENCRYPTION_KEYS", keys)
-    for value in (
-        settings_examples.IDEMPOTENCY,
-        settings_examples.encryption(),
-        settings_examples.REDACTING,
-        settings_examples.REPLAY_HOOKED,
-        settings_examples.TENANCY,
-        settings_examples.SCOPED_BY_HOST,
-        settings_examples.SCOPED_BY_HEADER,
-        settings_examples.SCOPED_BY_SCHEMA,
-        settings_examples.NAMESPACED,
-        settings_examples.REDIS_STORE,
-        settings_examples.REDIS_CLUSTER,
-    ):
-        with override_settings(IDEMPOTENCY=value):
-            assert checks.check_settings() == [], value
-    with override_settings(MIDDLEWARE=settings_examples.MIDDLEWARE):
+
+
+def paste(name: str) -> dict[str, Any]:
+    """A settings module with the snippet pasted at its end, as a user pastes it into theirs:
+    the test project's settings, then the snippet's text. Returns the settings the snippet
+    sets (its upper-case names)."""
+    snippet = (SETTINGS_SNIPPETS / f"{name}.py").read_text()
+    module: dict[str, Any] = {"__name__": "pasted_settings", "__file__": str(BASE_SETTINGS)}
+    exec(compile(BASE_SETTINGS.read_text() + "\n" + snippet, "pasted_settings", "exec"), module)
+    names = set(re.findall(r"^([A-Z][A-Z0-9_]*)\s*=", snippet, re.M))
+    return {name: module[name] for name in names}
+
+
+def test_the_docs_show_every_settings_snippet_whole() -> None:
+    """What a page shows of a settings snippet is the whole file the paste test loads."""
+    shown = set()
+    for path, text in all_pages().items():
+        for include, options in re.findall(
+            r"^```+\s*\{literalinclude\}\s*(\S+)\n((?::.*\n)*)", text, re.M
+        ):
+            target = (DOCS / include).resolve()
+            if target.parent == SETTINGS_SNIPPETS:
+                assert options.strip() == ":language: python", f"{path.name}: {include}"
+                shown.add(target.stem)
+    assert shown == set(settings_snippets())
+
+
+@pytest.mark.parametrize("name", settings_snippets())
+def test_settings_snippets_read_as_a_user_writes_them(name: str) -> None:
+    """Every name a settings snippet sets is a setting: IDEMPOTENCY or one of Django's. A
+    snippet that set ``REDIS_STORE = {...}`` would be pasted and silently ignored."""
+    from django.conf import global_settings
+
+    names = set(paste(name))
+    assert names, f"{name}: sets nothing"
+    for setting in names:
+        assert setting == "IDEMPOTENCY" or hasattr(global_settings, setting), (name, setting)
+
+
+@pytest.mark.parametrize("name", settings_snippets())
+def test_settings_snippets_pasted_pass_the_system_checks(name: str) -> None:
+    """Each snippet, pasted into a settings module, leaves every system check quiet (the
+    database snippet is PostgreSQL's: it is connected to in the prepared-statements test)."""
+    from django.core.checks import run_checks
+
+    pasted = paste(name)
+    pasted.pop("DATABASES", None)
+    before = run_checks()
+    with override_settings(**pasted):
+        from django.conf import settings
+
+        for setting, value in pasted.items():
+            assert getattr(settings, setting) == value
+        reported = [message for message in run_checks() if message not in before]
+        assert reported == [], name
+        assert checks.check_settings() == []
         assert checks.check_middleware() == []
+
+
+def test_the_redis_store_snippet_selects_the_redis_store() -> None:
+    """Pasted as shown, the store in use is the Redis store at the snippet's URL: the
+    snippet once set a name no one reads, and the database store stayed."""
+    from idempotency_django.store.base import get_store
+    from idempotency_django.store.redis import RedisStore
+
+    for name, cluster in (("redis_store", False), ("redis_cluster", True)):
+        idempotency = paste(name)["IDEMPOTENCY"]
+        with override_settings(IDEMPOTENCY=idempotency):
+            store = get_store()
+            assert isinstance(store, RedisStore), name
+            assert store.options()["URL"] == idempotency["STORE_OPTIONS"]["URL"]
+            assert bool(store.options()["CLUSTER"]) is cluster
+
+
+@pytest.mark.redis
+def test_the_redis_store_snippet_keeps_records_in_redis_not_the_database(
+    docs_client: Client,
+) -> None:
+    """The snippet pasted, its URL pointed at a real Redis as a user points it at theirs: a
+    request runs once, its retry is replayed, and the record is in Redis under the
+    snippet's prefix, none in the database."""
+    from tools import redis_cluster
+
+    from tests.conftest import REDIS_URL
+
+    try:
+        client = redis_cluster.connect(REDIS_URL)
+        client.ping()
+    except Exception as error:  # any failure to reach it: no Redis here
+        pytest.skip(f"needs a Redis at {REDIS_URL}: {error}")
+    idempotency = paste("redis_store")["IDEMPOTENCY"]
+    idempotency["STORE_OPTIONS"] = {**idempotency["STORE_OPTIONS"], "URL": REDIS_URL}
+    redis_cluster.flush(REDIS_URL)
+    send = {"content_type": "application/json", "headers": {"Idempotency-Key": "r1"}}
+    with override_settings(IDEMPOTENCY=idempotency):
+        first = docs_client.post("/orders/", {"item": "x"}, **send)
+        again = docs_client.post("/orders/", {"item": "x"}, **send)
+
+    assert (first.status_code, again.status_code) == (201, 201)
+    assert again["Idempotent-Replayed"] == "true"
+    assert SideEffect.objects.count() == 1
+    assert [key.decode() for key in client.scan_iter("idem:*")], "no record in Redis"
+    from idempotency_django.models import IdempotencyRecord
+
+    assert IdempotencyRecord.objects.count() == 0
+    redis_cluster.flush(REDIS_URL)
 
 
 def test_tenant_snippets_name_the_requests_tenant(rf: RequestFactory) -> None:
@@ -336,8 +435,8 @@ def test_tenant_snippets_name_the_requests_tenant(rf: RequestFactory) -> None:
 
     with override_settings(ALLOWED_HOSTS=[".example.com"]):
         assert keys.request_host(request) == "shop.example.com"
-    assert settings_examples.SCOPED_BY_HEADER["TENANT"](request) == "acme"
-    assert settings_examples.schema_tenant(request) == "acme_schema"
+    assert paste("tenant_header")["IDEMPOTENCY"]["TENANT"](request) == "acme"
+    assert paste("tenant_schema")["IDEMPOTENCY"]["TENANT"](request) == "acme_schema"
 
 
 def test_guest_snippet_gives_each_guest_session_its_own_downstream_key(
@@ -358,13 +457,14 @@ def test_guest_snippet_gives_each_guest_session_its_own_downstream_key(
 
 
 def test_tenancy_snippet_names_and_finds_a_tenant() -> None:
-    assert settings_examples.tenant_name("tenant-7") == "Acme Ltd (tenant-7)"
-    assert settings_examples.accounts_named("acme") == ["tenant-7"]
+    tenancy = paste("tenancy")["IDEMPOTENCY"]
+    assert tenancy["ACCOUNT_DISPLAY"]("tenant-7") == "Acme Ltd (tenant-7)"
+    assert tenancy["ACCOUNT_SEARCH"]("acme") == ["tenant-7"]
 
 
 def test_replay_hook_snippet_marks_replays(docs_client: Client) -> None:
     send = {"content_type": "application/json", "headers": {"Idempotency-Key": "h"}}
-    with override_settings(IDEMPOTENCY=settings_examples.REPLAY_HOOKED):
+    with override_settings(IDEMPOTENCY=paste("replay_hook")["IDEMPOTENCY"]):
         first = docs_client.post("/orders/", {"item": "x"}, **send)
         again = docs_client.post("/orders/", {"item": "x"}, **send)
     assert "Cache-Control" not in first
@@ -440,7 +540,7 @@ def test_prepared_statements_snippet_makes_psycopg_prepare(db: None) -> None:
     connection = connections["default"]
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL's option")
-    snippet = settings_examples.DATABASES["default"]
+    snippet = paste("prepared_statements")["DATABASES"]["default"]
     params = {**connection.settings_dict}
     params["OPTIONS"] = {**connection.settings_dict.get("OPTIONS", {})}
     params["OPTIONS"].update(snippet["OPTIONS"])
