@@ -59,14 +59,23 @@ def render(value: Any) -> str:
     return repr(value)
 
 
-def test_every_setting_has_a_row_with_its_default() -> None:
-    rows = {
-        match[1]: match[2]
-        for match in re.finditer(r"^\| `([A-Z_]+)` \| `([^`]*)` \|", page("settings.md"), re.M)
-    }
-    assert sorted(rows) == sorted(PACKAGE_DEFAULTS), "settings.md rows != conf.DEFAULTS"
-    for name, default in PACKAGE_DEFAULTS.items():
-        assert rows[name] == render(default), f"{name}: documented default {rows[name]}"
+def test_every_setting_has_a_section_with_its_default() -> None:
+    """One section per setting, in the order of ``conf.DEFAULTS``, as Django's settings
+    reference is written: name, default, type, related checks, then what it does."""
+    sections = re.findall(
+        r"^## `([A-Z_]+)`\n\nDefault: `([^`]*)` · type: ([^·\n]+) · checks: (.*)\n\n\S",
+        page("settings.md"),
+        re.M,
+    )
+    assert [name for name, *_ in sections] == list(PACKAGE_DEFAULTS), "settings.md != DEFAULTS"
+    known = check_ids()
+    for name, default, _type, related in sections:
+        assert default == render(PACKAGE_DEFAULTS[name]), f"{name}: documented default {default}"
+        for check in re.findall(
+            r"\[`([EW]\d{3})`\]\(checks\.md#idempotency_django(\w+)\)", related
+        ):
+            assert f"idempotency_django.{check[0]}" in known, f"{name}: {check[0]}"
+            assert check[1] == check[0].lower(), f"{name}: the link to {check[0]}"
 
 
 def check_ids() -> set[str]:
@@ -402,9 +411,8 @@ def test_the_redis_store_snippet_keeps_records_in_redis_not_the_database(
     """The snippet pasted, its URL pointed at a real Redis as a user points it at theirs: a
     request runs once, its retry is replayed, and the record is in Redis under the
     snippet's prefix, none in the database."""
-    from tools import redis_cluster
-
     from tests.conftest import REDIS_URL
+    from tools import redis_cluster
 
     try:
         client = redis_cluster.connect(REDIS_URL)

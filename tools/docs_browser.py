@@ -127,7 +127,7 @@ class Report:
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
+    def log_message(self, format: str, *args: Any) -> None:
         """The checker reports what matters; a line per request would bury it."""
 
 
@@ -226,9 +226,12 @@ def broken_links(
                 relative += "index.html"
             if not (site / relative).is_file():
                 problems.append(f"{page}: broken link to {relative}")
-            elif url.fragment and relative in ids:
-                if urllib.parse.unquote(url.fragment) not in ids[relative]:
-                    problems.append(f"{page}: broken link to {relative}#{url.fragment}")
+            elif (
+                url.fragment
+                and relative in ids
+                and urllib.parse.unquote(url.fragment) not in ids[relative]
+            ):
+                problems.append(f"{page}: broken link to {relative}#{url.fragment}")
     return problems
 
 

@@ -2,4 +2,5 @@ def mark_replay(response, stored):
     response["Cache-Control"] = "no-store"
 
 
-IDEMPOTENCY = {"REPLAY_HOOK": mark_replay}  # or its dotted path, "myapp.hooks.mark_replay"
+# The function, or its dotted path in your code ("myapp.hooks.mark_replay"):
+IDEMPOTENCY = {"REPLAY_HOOK": mark_replay}
