@@ -56,6 +56,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # fixtures' ``pytest.skip`` calls say what is missing; this says what to set).
 HOW_TO_RUN = {
     "needs PostgreSQL or MariaDB": "DATABASE_URL=postgres://…/test or mysql://…/test",
+    "e2e tests run on PostgreSQL": "DATABASE_URL=postgres://…/test or mysql://…/test",
+    "the Celery worker tests run on PostgreSQL": "DATABASE_URL=postgres://…/test and a Redis",
+    "prepared statements: PostgreSQL": "DATABASE_URL=postgres://…/test",
     "database store only": "unset IDEMPOTENCY_TEST_STORE (they run on the database store)",
     "needs a Redis": "a Redis at IDEMPOTENCY_TEST_REDIS_URL (default redis://127.0.0.1:6379/3)",
 }

@@ -559,3 +559,91 @@ def test_prepared_statements_snippet_makes_psycopg_prepare(db: None) -> None:
         assert wrapper.connection.prepare_threshold == 5
     finally:
         wrapper.close()
+
+
+# --- every install command refers to something that exists ----------------------------------
+
+OWN_NAME = re.compile(r"^idempotency[-_]django(\[[a-z,]+\])?$")
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def install_requirements() -> list[tuple[str, str]]:
+    """What every ``pip install`` of the README, SECURITY.md and the docs installs, and every
+    requirement line naming this package (``idempotency-django[drf] @ git+…``)."""
+    sources = {
+        **{p.name: t for p, t in all_pages().items()},
+        "README.md": (ROOT / "README.md").read_text(),
+        "SECURITY.md": (ROOT / "SECURITY.md").read_text(),
+    }
+    found = []
+    for name, text in sources.items():
+        text = text.replace("\\\n", " ")
+        for command in re.findall(r"pip install ([^`\n&|#]+)", text):
+            words = re.findall(r'"([^"]+)"|(\S+)', command)
+            found += [(name, q or w) for q, w in words if not (q or w).startswith("-")]
+        for line in re.findall(r"(idempotency-django\S* @ [^\s`\"]+)", text):
+            found.append((name, line))
+    return found
+
+
+def test_every_install_command_refers_to_something_that_exists() -> None:
+    """A newcomer's install is a commit of this repository, a path in it (the clone, a
+    wheel ``python -m build`` makes), or a third-party package: never a tag (none is
+    guaranteed), a branch, or this package by name from an index it is not on yet."""
+    import subprocess
+
+    extras = set(importlib.metadata.metadata("idempotency-django").get_all("Provides-Extra") or ())
+    wheel = f"idempotency_django-{idempotency_django.__version__}-py3-none-any.whl"
+    has_git = (ROOT / ".git").exists()
+    kinds = set()
+    for name, requirement in install_requirements():
+        requirement = requirement.strip()
+        target, _, where = (part.strip() for part in requirement.partition(" @ "))
+        for group in re.findall(r"\[([a-z,]+)\]", requirement):
+            assert not set(group.split(",")) - extras, f"{name}: {requirement}: no such extra"
+        if where:  # name @ url
+            assert OWN_NAME.match(target), f"{name}: {requirement}"
+            if where.startswith("git+"):
+                ref = where.rsplit("@", 1)[1]
+                assert COMMIT.match(ref), f"{name}: {requirement}: pin a commit, not {ref!r}"
+                if has_git:  # an unpacked sdist has no history to look in
+                    exists = subprocess.run(
+                        ["git", "-C", str(ROOT), "cat-file", "-e", f"{ref}:pyproject.toml"],
+                        capture_output=True,
+                        check=False,
+                    )
+                    assert exists.returncode == 0, f"{name}: {ref} is not a commit here"
+                kinds.add("commit")
+            else:
+                assert where.startswith("file://"), requirement
+                assert where.endswith(wheel), f"{name}: {requirement}: build makes {wheel}"
+                kinds.add("wheel")
+        elif requirement.startswith((".", "dist/")):
+            path = re.sub(r"\[[a-z,]+\]$", "", requirement)
+            if path.startswith("dist/"):
+                assert path == f"dist/{wheel}", f"{name}: {requirement}: build makes {wheel}"
+                kinds.add("wheel")
+            else:
+                assert (ROOT / path / "pyproject.toml").exists(), f"{name}: {requirement}"
+                kinds.add("path")
+        else:
+            assert not OWN_NAME.match(requirement), f"{name}: {requirement}: not on an index"
+            kinds.add("third party")
+    assert kinds == {"commit", "wheel", "path", "third party"}
+
+
+def test_the_wheel_the_docs_name_is_the_one_build_makes() -> None:
+    """``python -m build`` names the wheel after the normalized name and the version."""
+    text = page("install-from-git.md")
+    version = idempotency_django.__version__
+    assert f"dist/idempotency_django-{version}-py3-none-any.whl" in text
+    assert "python -m build --wheel" in text
+
+
+def test_the_project_urls_name_files_of_the_repository() -> None:
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11+ reads TOML")
+    with (ROOT / "pyproject.toml").open("rb") as file:
+        named = tomllib.load(file)["project"]["urls"]
+    assert set(named) >= {"Documentation", "Changelog", "Security"}
+    for path in named.values():
+        assert (ROOT / path).is_file(), path
