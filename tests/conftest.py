@@ -86,8 +86,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             if reason.startswith(start):
                 terminalreporter.write_line(f"       to run them: {how}")
     terminalreporter.write_line(
-        "Nothing is broken: these need a real database or a service this run did not have. "
-        "README.md, 'Install and run the tests', runs all of them; -rs lists each test."
+        "Nothing is broken: each is for a database, store or service this run does not use. "
+        "README.md ('Install and run the tests') runs them all; -rs lists each test."
     )
 
 
