@@ -29,8 +29,9 @@ WIDE_CELL = "`" + "x" * 60 + "`"
 def build(tmp_path: Path, pages: dict[str, str]) -> Path:
     """Built by sphinx-build in its own process, as CI builds the docs (in this one, the
     suite's warnings-as-errors would stop on Sphinx's own deprecations)."""
-    pytest.importorskip("selenium.webdriver")
-    pytest.importorskip("sphinx")
+    pytest.importorskip("selenium.webdriver", reason="selenium: pip install -e '.[test]'")
+    for module in ("sphinx", "furo", "myst_parser"):
+        pytest.importorskip(module, reason="builds a planted site: pip install -e '.[docs]'")
     source = tmp_path / "source"
     source.mkdir()
     (source / "conf.py").write_text(CONF)
