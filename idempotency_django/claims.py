@@ -1,4 +1,4 @@
-"""The decision table (DESIGN.md §2): claim a key, or tell why not, over the store interface.
+"""The decision table (docs/guarantees.md): claim a key, or tell why not, over the store interface.
 
 This module knows nothing of HTTP or of transactions: ``lifecycle.py`` decides how a
 claim is run, completed or released; the store (``store/``) keeps the records, and tells

@@ -587,7 +587,7 @@ class Protected:
 
         - the store's commit failed after the work's committed (``committed``: the store in
           a database of its own): the work stands, its outcome was not stored; a 503, and
-          the key is kept until its lease lapses (§7a: this run lost its store);
+          the key is kept until its lease lapses (docs/guarantees.md: this run lost its store);
         - the connection broke during a commit (``outcome_unknown``): maybe committed; a
           503, and the key is kept;
         - otherwise the rollback is certain and the key is released: a completion that

@@ -1,4 +1,4 @@
-"""Rules every adapter applies the same way (issue 20): each case is run through every
+"""Rules every adapter applies the same way: each case is run through every
 adapter that has it, so one adapter cannot drift from the others unnoticed."""
 
 from __future__ import annotations

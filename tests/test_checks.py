@@ -390,7 +390,7 @@ def test_a_router_built_under_a_bad_methods_setting_protects_the_default_methods
     assert operation.__dict__.get("_run_decorators")  # the POST operation is wrapped
 
 
-# -- a worker's settings (issue 21): no ROOT_URLCONF, no MIDDLEWARE, no TEMPLATES ... ---------
+# -- a worker's settings: no ROOT_URLCONF, no MIDDLEWARE, no TEMPLATES ... ---------
 
 WORKER_MAY_LACK = [
     "ROOT_URLCONF",

@@ -234,7 +234,7 @@ def test_check_argument_accepts_what_the_setting_accepts(name: str, value: objec
     check_argument(name, value, "@idempotent on charge")
 
 
-# -- settings that would switch protection off without a word (issue 17, item 5) -------------
+# -- settings that would switch protection off without a word -------------
 
 
 @pytest.mark.parametrize("value", ["no", "false", 0, None, ""])

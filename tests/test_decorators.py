@@ -1,4 +1,4 @@
-"""The decision table of DESIGN.md §2-§3, through ``@idempotent`` views and the test client.
+"""The decision table of docs/guarantees.md, through ``@idempotent`` views and the test client.
 
 These tests commit for real (``transaction=True``): the default mode claims in a
 transaction of its own, which a test wrapped in a transaction would hide.

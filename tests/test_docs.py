@@ -568,12 +568,14 @@ COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 def install_requirements() -> list[tuple[str, str]]:
-    """What every ``pip install`` of the README, SECURITY.md and the docs installs, and every
-    requirement line naming this package (``idempotency-django[drf] @ git+…``)."""
+    """What every ``pip install`` of the README, SECURITY.md, CONTRIBUTING.md and the docs
+    installs, and every requirement line naming this package (``idempotency-django[drf] @
+    git+…``)."""
     sources = {
         **{p.name: t for p, t in all_pages().items()},
         "README.md": (ROOT / "README.md").read_text(),
         "SECURITY.md": (ROOT / "SECURITY.md").read_text(),
+        "CONTRIBUTING.md": (ROOT / "CONTRIBUTING.md").read_text(),
     }
     found = []
     for name, text in sources.items():

@@ -1,4 +1,4 @@
-"""Never two executions for one key, never a 2xx for work that did not commit (DESIGN §7a).
+"""Never two executions for one key, never a 2xx for work that did not commit (docs/guarantees.md).
 
 Each test is one scenario from an independent review: what a client would see (status,
 headers, the replay) and how many side effects were really performed. Connection kills are

@@ -1,5 +1,5 @@
 """A store in a database of its own (``IDEMPOTENCY["DATABASE"]``), the work in another with
-``ATOMIC_REQUESTS``: the completion never commits before the work does (issue 9, item 5)."""
+``ATOMIC_REQUESTS``: the completion never commits before the work does."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_work_that_fails_to_commit_is_never_replayed_as_a_success(
     # The view returns 201; then default's COMMIT fails on the dangling foreign key.
     failed = post("/orphan/", {"parent": 10**9})
 
-    # Its own problem, not a store to wait for (issue 17, item 8): a 500 without Retry-After.
+    # Its own problem, not a store to wait for: a 500 without Retry-After.
     assert failed.status_code == 500
     assert "Retry-After" not in failed
     assert json.loads(failed.content)["type"].endswith("work-not-committed")
@@ -95,7 +95,7 @@ def test_the_packages_client_does_not_retry_work_that_failed_to_commit(
     assert not records().exists()
 
 
-# --- the store's COMMIT fails after the work's committed (issue 17, item 6) -------------------
+# --- the store's COMMIT fails after the work's committed -------------------
 
 
 @pytest.fixture

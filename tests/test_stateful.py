@@ -1,5 +1,5 @@
 """A stateful test (Hypothesis ``RuleBasedStateMachine``) of the engine against a model of
-the HTTP contract's decision table (DESIGN.md §2, docs/index.md and docs/http-contract.md), on the
+the HTTP contract's decision table (docs/guarantees.md and docs/http-contract.md), on the
 database in ``DATABASE_URL`` (PostgreSQL, MariaDB) or SQLite, or on the Redis store
 (``IDEMPOTENCY_TEST_STORE=redis``, a single Redis or a ``redis+cluster://`` one).
 

@@ -151,7 +151,7 @@ def test_a_task_whose_connection_died_keeps_its_key() -> None:
     assert IdempotencyRecord.objects.get().state == IdempotencyRecord.State.IN_PROGRESS
 
 
-# --- a statement timeout is not a duplicate in flight (issue 17, item 8) ----------------------
+# --- a statement timeout is not a duplicate in flight ----------------------
 
 
 @pytest.fixture

@@ -213,7 +213,7 @@ def test_once_prepared_a_request_makes_no_more_round_trips_than_unprepared(
     assert again - unprotected == 0, sent  # the claim instead of the view's INSERT
 
 
-# --- statements the server refuses (issue 17 item 7, issue 21 item 1) -------------------------
+# --- statements the server refuses -------------------------
 
 
 def _from_another_connection(sql: str) -> None:

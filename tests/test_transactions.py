@@ -1,4 +1,4 @@
-"""The two transaction modes and ATOMIC_REQUESTS (DESIGN.md §4)."""
+"""The two transaction modes and ATOMIC_REQUESTS (docs/transactions.md)."""
 
 from __future__ import annotations
 

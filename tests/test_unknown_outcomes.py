@@ -1,4 +1,4 @@
-"""Unknown outcomes are never released (issue 17, item 6): a view whose database connection
+"""Unknown outcomes are never released (docs/guarantees.md): a view whose database connection
 broke after a write (``InterfaceError``, or an ``OperationalError`` of a lost connection) may
 have committed that write, so its key stays claimed until its lease lapses, on every adapter,
 whether the error propagates or the framework answers it (a DRF ``EXCEPTION_HANDLER``, a
@@ -101,7 +101,7 @@ def test_a_view_that_lost_its_connection_keeps_its_key_until_its_lease_lapses(
     after = post(path, {"amount": 1})
 
     assert after.status_code == 201
-    assert effects() == 2  # the one second run §7a allows: after the lease lapsed
+    assert effects() == 2  # the one second run docs/guarantees.md allows: after the lease lapsed
 
 
 @idempotent_task(scope="orders", key="message_id", name="loses-its-connection")
@@ -128,7 +128,7 @@ def test_a_task_that_lost_its_connection_keeps_its_key_until_its_lease_lapses(
     assert SideEffect.objects.count() == 2
 
 
-# --- work that committed, and whose outcome cannot be stored (issue 21, item 1) ---------------
+# --- work that committed, and whose outcome cannot be stored ---------------
 
 
 @pytest.mark.database_store("refuses the completion's SQL statement")

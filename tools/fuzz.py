@@ -386,7 +386,7 @@ TOO_LARGE = Expect(413, f"{LIBRARY}body-too-large")
 CREATED = Expect(201)
 
 CORPUS: list[Case] = [
-    # The inputs of issue 12: each was a 500.
+    # Inputs that were each a 500 once.
     Case("amount 10**400", lambda a: charge_json(10**400)),
     Case("amount 2**31 (past the column)", lambda a: charge_json(2**31)),
     Case("array nested 5000 deep", lambda a: b"[" * 5000, expect=INVALID_JSON),

@@ -1,4 +1,4 @@
-"""Bad input to the example API gets a clear 4xx problem, never a 5xx (issue 12).
+"""Bad input to the example API gets a clear 4xx problem, never a 5xx.
 
 Every case of the fuzz's corpus (``tools/fuzz.py``: the inputs that were 500s, and one
 of each class of odd input) on each endpoint — ``/charges/`` and ``/api/charges/`` under

@@ -7,7 +7,7 @@ client's next transaction to whichever server connection is free, where the stat
 psycopg prepared on another do not exist (SQLSTATE 26000), or exist already (42P05). The
 app may answer 503 for such a request (the view did not run), but a request whose work
 committed must have its outcome stored: a retry after the lease must replay, never charge
-again (DESIGN §7a). Runs on PostgreSQL with ``pgbouncer`` installed, else skipped.
+again (docs/guarantees.md). Runs on PostgreSQL with ``pgbouncer`` installed, else skipped.
 """
 
 from __future__ import annotations

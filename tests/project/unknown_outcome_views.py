@@ -1,4 +1,4 @@
-"""Views that lose their database connection after a side effect (issue 17, item 6): one
+"""Views that lose their database connection after a side effect: one
 per adapter. While ``LOSING`` names an error class, each writes its ``SideEffect`` row and
 then raises that error, as a view does whose connection broke after a write that may have
 committed; once it is empty, each answers 201."""
