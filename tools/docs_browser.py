@@ -74,9 +74,9 @@ for (const element of document.querySelectorAll('table, pre')) {
       while (n && n !== column) {
         let s = n.previousElementSibling;
         while (s) {
-          if (/^H[1-6]$/.test(s.tagName)) return s.textContent.replace('#', '').trim();
-          const h = s.querySelector && s.querySelector('h1,h2,h3,h4,h5,h6');
-          if (h) return h.textContent.replace('#', '').trim();
+          if (/^H[1-6]$/.test(s.tagName)) return s.textContent.replace(/[¶#]/g, '').trim();
+          const all = s.querySelectorAll ? s.querySelectorAll('h1,h2,h3,h4,h5,h6') : [];
+          if (all.length) return all[all.length - 1].textContent.replace(/[¶#]/g, '').trim();
           s = s.previousElementSibling;
         }
         n = n.parentElement;
