@@ -2263,6 +2263,15 @@ MUTANTS = [
         "            milliseconds = max(1, math.ceil(seconds))",
         ("test_heartbeat.py::test_a_renewal_waits_out_a_row_lock_shorter_than_its_timeout",),
     ),
+    Mutant(
+        "eviction-check-cluster-unreachable",
+        "the eviction check lets a cluster that no node answers raise: `manage.py check` (and "
+        "runserver, migrate) crashes with StoreError instead of staying silent",
+        "store/redis.py",
+        "        except (redis.RedisError, StoreError):  # StoreError: a cluster no node answers",
+        "        except redis.RedisError:",
+        ("test_docs.py::test_settings_snippets_pasted_pass_the_system_checks",),
+    ),
 ]
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -52,6 +52,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+# How to run what a run skipped, by the start of its reason (the reasons above and the
+# fixtures' ``pytest.skip`` calls say what is missing; this says what to set).
+HOW_TO_RUN = {
+    "needs PostgreSQL or MariaDB": "DATABASE_URL=postgres://…/test or mysql://…/test",
+    "e2e tests run on PostgreSQL": "DATABASE_URL=postgres://…/test or mysql://…/test",
+    "the Celery worker tests run on PostgreSQL": "DATABASE_URL=postgres://…/test and a Redis",
+    "prepared statements: PostgreSQL": "DATABASE_URL=postgres://…/test",
+    "database store only": "unset IDEMPOTENCY_TEST_STORE (they run on the database store)",
+    "needs a Redis": "a Redis at IDEMPOTENCY_TEST_REDIS_URL (default redis://127.0.0.1:6379/3)",
+}
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Say which tests were skipped and why, grouped by reason, and how to run them: a bare
+    ``N skipped`` leaves a newcomer guessing whether something is broken. ``-rs`` lists each
+    skipped test instead."""
+    reports = terminalreporter.stats.get("skipped", [])
+    reasons: dict[str, int] = {}
+    for report in reports:
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    if not reasons:
+        return
+    database = connection.vendor
+    store = "the Redis store" if ON_REDIS else "the database store"
+    terminalreporter.section(f"{len(reports)} skipped on {database}, {store}: why")
+    for reason, count in sorted(reasons.items(), key=lambda item: (-item[1], item[0])):
+        terminalreporter.write_line(f"{count:5d}  {reason}")
+        for start, how in HOW_TO_RUN.items():
+            if reason.startswith(start):
+                terminalreporter.write_line(f"       to run them: {how}")
+    terminalreporter.write_line(
+        "Nothing is broken: each is for a database, store or service this run does not use. "
+        "README.md ('Install and run the tests') runs them all; -rs lists each test."
+    )
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _stop_heartbeat() -> Iterator[None]:
     """Close the heartbeat thread's connection before the test databases are dropped."""

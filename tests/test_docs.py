@@ -30,7 +30,7 @@ from idempotency_django import checks, exceptions, keys
 from tests import records
 from tests.conftest import PACKAGE_DEFAULTS
 from tests.docs_snippets import client as client_snippet
-from tests.docs_snippets import downstream, settings_examples, signals_metrics, tasks
+from tests.docs_snippets import downstream, signals_metrics, tasks
 from tests.models import SideEffect
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,14 +59,23 @@ def render(value: Any) -> str:
     return repr(value)
 
 
-def test_every_setting_has_a_row_with_its_default() -> None:
-    rows = {
-        match[1]: match[2]
-        for match in re.finditer(r"^\| `([A-Z_]+)` \| `([^`]*)` \|", page("settings.md"), re.M)
-    }
-    assert sorted(rows) == sorted(PACKAGE_DEFAULTS), "settings.md rows != conf.DEFAULTS"
-    for name, default in PACKAGE_DEFAULTS.items():
-        assert rows[name] == render(default), f"{name}: documented default {rows[name]}"
+def test_every_setting_has_a_section_with_its_default() -> None:
+    """One section per setting, in the order of ``conf.DEFAULTS``, as Django's settings
+    reference is written: name, default, type, related checks, then what it does."""
+    sections = re.findall(
+        r"^## `([A-Z_]+)`\n\nDefault: `([^`]*)` · type: ([^·\n]+) · checks: (.*)\n\n\S",
+        page("settings.md"),
+        re.M,
+    )
+    assert [name for name, *_ in sections] == list(PACKAGE_DEFAULTS), "settings.md != DEFAULTS"
+    known = check_ids()
+    for name, default, _type, related in sections:
+        assert default == render(PACKAGE_DEFAULTS[name]), f"{name}: documented default {default}"
+        for check in re.findall(
+            r"\[`([EW]\d{3})`\]\(checks\.md#idempotency_django(\w+)\)", related
+        ):
+            assert f"idempotency_django.{check[0]}" in known, f"{name}: {check[0]}"
+            assert check[1] == check[0].lower(), f"{name}: the link to {check[0]}"
 
 
 def check_ids() -> set[str]:
@@ -211,8 +220,11 @@ def test_shell_snippets_name_real_commands_options_modules_and_extras() -> None:
     extras = set(importlib.metadata.metadata("idempotency-django").get_all("Provides-Extra") or ())
     commands = get_commands()
     checked = 0
+    installed: set[tuple[str, str]] = set()  # (page, module) a line before installs
     for name, line in shell_lines():
         for words in commands_of(line):
+            if "install" in words and "pip" in " ".join(words[: words.index("install")]):
+                installed |= {(name, word) for word in words if re.fullmatch(r"[a-z_]+", word)}
             if "manage.py" in words:
                 command, *args = words[words.index("manage.py") + 1 :]
                 if command in ("migrate", "runserver"):
@@ -224,7 +236,8 @@ def test_shell_snippets_name_real_commands_options_modules_and_extras() -> None:
                 parser.parse_args(args)  # a wrong option is a CommandError
                 checked += 1
             elif words[:2] == ["python", "-m"] and words[2] not in ("venv", "pytest"):
-                assert importlib.util.find_spec(words[2]) is not None, f"{name}: {line}"
+                if (name, words[2]) not in installed:  # else the page installs it first
+                    assert importlib.util.find_spec(words[2]) is not None, f"{name}: {line}"
                 checked += 1
             for word in words:
                 for group in re.findall(
@@ -306,28 +319,126 @@ def test_downstream_snippet_sends_the_provider_the_same_key_on_a_rerun(
     assert first["idempotency_key"] == second["idempotency_key"]
 
 
-def test_settings_snippets_pass_the_system_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+SETTINGS_SNIPPETS = ROOT / "tests/docs_snippets/settings"
+BASE_SETTINGS = ROOT / "tests/project/settings.py"
+
+
+def settings_snippets() -> list[str]:
+    return sorted(p.stem for p in SETTINGS_SNIPPETS.glob("*.py") if p.stem != "__init__")
+
+
+@pytest.fixture(autouse=True)
+def _encryption_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment the encryption snippet reads its keys from, as a deployment sets it."""
     from cryptography.fernet import Fernet
 
     keys = ",".join(Fernet.generate_key().decode() for _ in range(2))
     monkeypatch.setenv("IDEMPOTENCY_ENCRYPTION_KEYS", keys)
-    for value in (
-        settings_examples.IDEMPOTENCY,
-        settings_examples.encryption(),
-        settings_examples.REDACTING,
-        settings_examples.REPLAY_HOOKED,
-        settings_examples.TENANCY,
-        settings_examples.SCOPED_BY_HOST,
-        settings_examples.SCOPED_BY_HEADER,
-        settings_examples.SCOPED_BY_SCHEMA,
-        settings_examples.NAMESPACED,
-        settings_examples.REDIS_STORE,
-        settings_examples.REDIS_CLUSTER,
-    ):
-        with override_settings(IDEMPOTENCY=value):
-            assert checks.check_settings() == [], value
-    with override_settings(MIDDLEWARE=settings_examples.MIDDLEWARE):
+
+
+def paste(name: str) -> dict[str, Any]:
+    """A settings module with the snippet pasted at its end, as a user pastes it into theirs:
+    the test project's settings, then the snippet's text. Returns the settings the snippet
+    sets (its upper-case names)."""
+    snippet = (SETTINGS_SNIPPETS / f"{name}.py").read_text()
+    module: dict[str, Any] = {"__name__": "pasted_settings", "__file__": str(BASE_SETTINGS)}
+    exec(compile(BASE_SETTINGS.read_text() + "\n" + snippet, "pasted_settings", "exec"), module)
+    names = set(re.findall(r"^([A-Z][A-Z0-9_]*)\s*=", snippet, re.M))
+    return {name: module[name] for name in names}
+
+
+def test_the_docs_show_every_settings_snippet_whole() -> None:
+    """What a page shows of a settings snippet is the whole file the paste test loads."""
+    shown = set()
+    for path, text in all_pages().items():
+        for include, options in re.findall(
+            r"^```+\s*\{literalinclude\}\s*(\S+)\n((?::.*\n)*)", text, re.M
+        ):
+            target = (DOCS / include).resolve()
+            if target.parent == SETTINGS_SNIPPETS:
+                assert options.strip() == ":language: python", f"{path.name}: {include}"
+                shown.add(target.stem)
+    assert shown == set(settings_snippets())
+
+
+@pytest.mark.parametrize("name", settings_snippets())
+def test_settings_snippets_read_as_a_user_writes_them(name: str) -> None:
+    """Every name a settings snippet sets is a setting: IDEMPOTENCY or one of Django's. A
+    snippet that set ``REDIS_STORE = {...}`` would be pasted and silently ignored."""
+    from django.conf import global_settings
+
+    names = set(paste(name))
+    assert names, f"{name}: sets nothing"
+    for setting in names:
+        assert setting == "IDEMPOTENCY" or hasattr(global_settings, setting), (name, setting)
+
+
+@pytest.mark.parametrize("name", settings_snippets())
+def test_settings_snippets_pasted_pass_the_system_checks(name: str) -> None:
+    """Each snippet, pasted into a settings module, leaves every system check quiet (the
+    database snippet is PostgreSQL's: it is connected to in the prepared-statements test)."""
+    from django.core.checks import run_checks
+
+    pasted = paste(name)
+    pasted.pop("DATABASES", None)
+    before = run_checks()
+    with override_settings(**pasted):
+        from django.conf import settings
+
+        for setting, value in pasted.items():
+            assert getattr(settings, setting) == value
+        reported = [message for message in run_checks() if message not in before]
+        assert reported == [], name
+        assert checks.check_settings() == []
         assert checks.check_middleware() == []
+
+
+def test_the_redis_store_snippet_selects_the_redis_store() -> None:
+    """Pasted as shown, the store in use is the Redis store at the snippet's URL: the
+    snippet once set a name no one reads, and the database store stayed."""
+    from idempotency_django.store.base import get_store
+    from idempotency_django.store.redis import RedisStore
+
+    for name, cluster in (("redis_store", False), ("redis_cluster", True)):
+        idempotency = paste(name)["IDEMPOTENCY"]
+        with override_settings(IDEMPOTENCY=idempotency):
+            store = get_store()
+            assert isinstance(store, RedisStore), name
+            assert store.options()["URL"] == idempotency["STORE_OPTIONS"]["URL"]
+            assert bool(store.options()["CLUSTER"]) is cluster
+
+
+@pytest.mark.redis
+def test_the_redis_store_snippet_keeps_records_in_redis_not_the_database(
+    docs_client: Client,
+) -> None:
+    """The snippet pasted, its URL pointed at a real Redis as a user points it at theirs: a
+    request runs once, its retry is replayed, and the record is in Redis under the
+    snippet's prefix, none in the database."""
+    from tests.conftest import REDIS_URL
+    from tools import redis_cluster
+
+    try:
+        client = redis_cluster.connect(REDIS_URL)
+        client.ping()
+    except Exception as error:  # any failure to reach it: no Redis here
+        pytest.skip(f"needs a Redis at {REDIS_URL}: {error}")
+    idempotency = paste("redis_store")["IDEMPOTENCY"]
+    idempotency["STORE_OPTIONS"] = {**idempotency["STORE_OPTIONS"], "URL": REDIS_URL}
+    redis_cluster.flush(REDIS_URL)
+    send = {"content_type": "application/json", "headers": {"Idempotency-Key": "r1"}}
+    with override_settings(IDEMPOTENCY=idempotency):
+        first = docs_client.post("/orders/", {"item": "x"}, **send)
+        again = docs_client.post("/orders/", {"item": "x"}, **send)
+
+    assert (first.status_code, again.status_code) == (201, 201)
+    assert again["Idempotent-Replayed"] == "true"
+    assert SideEffect.objects.count() == 1
+    assert [key.decode() for key in client.scan_iter("idem:*")], "no record in Redis"
+    from idempotency_django.models import IdempotencyRecord
+
+    assert IdempotencyRecord.objects.count() == 0
+    redis_cluster.flush(REDIS_URL)
 
 
 def test_tenant_snippets_name_the_requests_tenant(rf: RequestFactory) -> None:
@@ -336,8 +447,8 @@ def test_tenant_snippets_name_the_requests_tenant(rf: RequestFactory) -> None:
 
     with override_settings(ALLOWED_HOSTS=[".example.com"]):
         assert keys.request_host(request) == "shop.example.com"
-    assert settings_examples.SCOPED_BY_HEADER["TENANT"](request) == "acme"
-    assert settings_examples.schema_tenant(request) == "acme_schema"
+    assert paste("tenant_header")["IDEMPOTENCY"]["TENANT"](request) == "acme"
+    assert paste("tenant_schema")["IDEMPOTENCY"]["TENANT"](request) == "acme_schema"
 
 
 def test_guest_snippet_gives_each_guest_session_its_own_downstream_key(
@@ -358,13 +469,14 @@ def test_guest_snippet_gives_each_guest_session_its_own_downstream_key(
 
 
 def test_tenancy_snippet_names_and_finds_a_tenant() -> None:
-    assert settings_examples.tenant_name("tenant-7") == "Acme Ltd (tenant-7)"
-    assert settings_examples.accounts_named("acme") == ["tenant-7"]
+    tenancy = paste("tenancy")["IDEMPOTENCY"]
+    assert tenancy["ACCOUNT_DISPLAY"]("tenant-7") == "Acme Ltd (tenant-7)"
+    assert tenancy["ACCOUNT_SEARCH"]("acme") == ["tenant-7"]
 
 
 def test_replay_hook_snippet_marks_replays(docs_client: Client) -> None:
     send = {"content_type": "application/json", "headers": {"Idempotency-Key": "h"}}
-    with override_settings(IDEMPOTENCY=settings_examples.REPLAY_HOOKED):
+    with override_settings(IDEMPOTENCY=paste("replay_hook")["IDEMPOTENCY"]):
         first = docs_client.post("/orders/", {"item": "x"}, **send)
         again = docs_client.post("/orders/", {"item": "x"}, **send)
     assert "Cache-Control" not in first
@@ -440,7 +552,7 @@ def test_prepared_statements_snippet_makes_psycopg_prepare(db: None) -> None:
     connection = connections["default"]
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL's option")
-    snippet = settings_examples.DATABASES["default"]
+    snippet = paste("prepared_statements")["DATABASES"]["default"]
     params = {**connection.settings_dict}
     params["OPTIONS"] = {**connection.settings_dict.get("OPTIONS", {})}
     params["OPTIONS"].update(snippet["OPTIONS"])
@@ -451,3 +563,93 @@ def test_prepared_statements_snippet_makes_psycopg_prepare(db: None) -> None:
         assert wrapper.connection.prepare_threshold == 5
     finally:
         wrapper.close()
+
+
+# --- every install command refers to something that exists ----------------------------------
+
+OWN_NAME = re.compile(r"^idempotency[-_]django(\[[a-z,]+\])?$")
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def install_requirements() -> list[tuple[str, str]]:
+    """What every ``pip install`` of the README, SECURITY.md, CONTRIBUTING.md and the docs
+    installs, and every requirement line naming this package (``idempotency-django[drf] @
+    git+…``)."""
+    sources = {
+        **{p.name: t for p, t in all_pages().items()},
+        "README.md": (ROOT / "README.md").read_text(),
+        "SECURITY.md": (ROOT / "SECURITY.md").read_text(),
+        "CONTRIBUTING.md": (ROOT / "CONTRIBUTING.md").read_text(),
+    }
+    found = []
+    for name, text in sources.items():
+        text = text.replace("\\\n", " ")
+        for command in re.findall(r"pip install ([^`\n&|#]+)", text):
+            words = re.findall(r'"([^"]+)"|(\S+)', command)
+            found += [(name, q or w) for q, w in words if not (q or w).startswith("-")]
+        for line in re.findall(r"(idempotency-django\S* @ [^\s`\"]+)", text):
+            found.append((name, line))
+    return found
+
+
+def test_every_install_command_refers_to_something_that_exists() -> None:
+    """A newcomer's install is a commit of this repository, a path in it (the clone, a
+    wheel ``python -m build`` makes), or a third-party package: never a tag (none is
+    guaranteed), a branch, or this package by name from an index it is not on yet."""
+    import subprocess
+
+    extras = set(importlib.metadata.metadata("idempotency-django").get_all("Provides-Extra") or ())
+    wheel = f"idempotency_django-{idempotency_django.__version__}-py3-none-any.whl"
+    has_git = (ROOT / ".git").exists()
+    kinds = set()
+    for name, requirement in install_requirements():
+        requirement = requirement.strip()
+        target, _, where = (part.strip() for part in requirement.partition(" @ "))
+        for group in re.findall(r"\[([a-z,]+)\]", requirement):
+            assert not set(group.split(",")) - extras, f"{name}: {requirement}: no such extra"
+        if where:  # name @ url
+            assert OWN_NAME.match(target), f"{name}: {requirement}"
+            if where.startswith("git+"):
+                ref = where.rsplit("@", 1)[1]
+                assert COMMIT.match(ref), f"{name}: {requirement}: pin a commit, not {ref!r}"
+                if has_git:  # an unpacked sdist has no history to look in
+                    exists = subprocess.run(
+                        ["git", "-C", str(ROOT), "cat-file", "-e", f"{ref}:pyproject.toml"],
+                        capture_output=True,
+                        check=False,
+                    )
+                    assert exists.returncode == 0, f"{name}: {ref} is not a commit here"
+                kinds.add("commit")
+            else:
+                assert where.startswith("file://"), requirement
+                assert where.endswith(wheel), f"{name}: {requirement}: build makes {wheel}"
+                kinds.add("wheel")
+        elif requirement.startswith((".", "dist/")):
+            path = re.sub(r"\[[a-z,]+\]$", "", requirement)
+            if path.startswith("dist/"):
+                assert path == f"dist/{wheel}", f"{name}: {requirement}: build makes {wheel}"
+                kinds.add("wheel")
+            else:
+                assert (ROOT / path / "pyproject.toml").exists(), f"{name}: {requirement}"
+                kinds.add("path")
+        else:
+            assert not OWN_NAME.match(requirement), f"{name}: {requirement}: not on an index"
+            kinds.add("third party")
+    assert kinds == {"commit", "wheel", "path", "third party"}
+
+
+def test_the_wheel_the_docs_name_is_the_one_build_makes() -> None:
+    """``python -m build`` names the wheel after the normalized name and the version."""
+    text = page("install-from-git.md")
+    version = idempotency_django.__version__
+    assert f"dist/idempotency_django-{version}-py3-none-any.whl" in text
+    assert "python -m build --wheel" in text
+
+
+def test_the_project_urls_name_files_of_the_repository() -> None:
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11+ reads TOML")
+    with (ROOT / "pyproject.toml").open("rb") as file:
+        named = tomllib.load(file)["project"]["urls"]
+    assert set(named) >= {"Documentation", "Changelog", "Security"}
+    for path in named.values():
+        assert (ROOT / path).is_file(), path

@@ -319,7 +319,12 @@ def test_single_flight_needs_two_requests(client: Client) -> None:
 def test_idempotency_check_fixture_on_a_plain_view(
     idempotency_check: Callable[..., IdempotencyCheck], alice: User
 ) -> None:
-    charges = idempotency_check(PLAIN, {"amount": 100}, side_effects=runs, headers=AS_ALICE)
+    charges = idempotency_check(
+        PLAIN,
+        {"amount": 100},
+        side_effects=runs,
+        headers=AS_ALICE,
+    )
 
     charges.assert_replays()
     charges.assert_rejects_changed_body({"amount": 200})
@@ -387,7 +392,13 @@ class KitInATestCase(TestCase):
         assert_replays(self.client, PLAIN, BODY, side_effects=runs)
 
     def test_rejects_changed_body(self) -> None:
-        assert_rejects_changed_body(self.client, PLAIN, BODY, {"amount": 7}, side_effects=runs)
+        assert_rejects_changed_body(
+            self.client,
+            PLAIN,
+            BODY,
+            {"amount": 7},
+            side_effects=runs,
+        )
 
     def test_releases_on_failure(self) -> None:
         assert_releases_on_failure(

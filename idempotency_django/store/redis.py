@@ -643,7 +643,7 @@ class RedisStore:
                 ]
             else:
                 replies = [client.config_get("maxmemory-policy")]
-        except redis.RedisError:
+        except (redis.RedisError, StoreError):  # StoreError: a cluster no node answers
             return None
         policies = [reply.get("maxmemory-policy") for reply in replies]
         if not policies or None in policies:

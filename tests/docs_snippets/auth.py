@@ -1,4 +1,5 @@
-"""The snippets' "your authentication": HTTP Basic, answering 401 without valid credentials."""
+"""The snippets' "your authentication": HTTP Basic, answering 401 without valid
+credentials."""
 
 import base64
 import binascii
@@ -13,7 +14,9 @@ def api_auth_required(view):
     def wrapper(request, *args, **kwargs):
         scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
         try:
-            username, _, password = base64.b64decode(credentials).decode().partition(":")
+            username, _, password = (
+                base64.b64decode(credentials).decode().partition(":")
+            )
         except (binascii.Error, UnicodeDecodeError):
             username = password = ""
         user = authenticate(request, username=username, password=password)

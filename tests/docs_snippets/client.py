@@ -29,7 +29,8 @@ def pay(payments, order):
     # per call, and never in the retry loop.
     result = payments.post(
         "/charges/",
-        key=order.payment_key,  # e.g. f"order-{order.pk}-payment", or a UUID saved on the order
+        # e.g. f"order-{order.pk}-payment", or a UUID saved on the order:
+        key=order.payment_key,
         json={"amount": order.total, "currency": "eur", "card": order.card_token},
     )
     if result.status_code == 201:
@@ -37,7 +38,8 @@ def pay(payments, order):
     elif result.status_code == 402:
         order.mark_declined()  # definitive: not retried, and replayed if asked again
     elif result.gave_up:
-        raise TemporaryFailure  # still unknown (503, 409 in flight …): retry later, same key
+        # still unknown (503, 409 in flight …): retry later, with the same key
+        raise TemporaryFailure
     return result
 
 

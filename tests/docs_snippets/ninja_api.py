@@ -8,7 +8,8 @@ from .models import Order
 
 
 class BasicAuth(HttpBasicAuth):
-    """A ninja authenticator that returns the user (HTTP Basic here; an API key in yours)."""
+    """A ninja authenticator that returns the user (HTTP Basic here; an API key in
+    yours)."""
 
     def authenticate(self, request, username, password):
         return authenticate(request, username=username, password=password)
@@ -37,13 +38,17 @@ charges = IdempotentRouter(auth=BasicAuth())  # every POST and PATCH operation (
 
 @charges.post("/", response={201: ChargeOut})
 def create_charge(request, payload: ChargeIn):
-    return Status(201, {"id": Order.objects.create(label=f"charge {payload.amount}").pk})
+    return Status(
+        201, {"id": Order.objects.create(label=f"charge {payload.amount}").pk}
+    )
 
 
 @api.post("/refunds/", auth=BasicAuth(), response={201: RefundOut})
 @idempotent(in_flight="wait")  # one operation: below the route decorator
 def refund(request, payload: RefundIn):
-    return Status(201, {"id": Order.objects.create(label=f"refund {payload.amount}").pk})
+    return Status(
+        201, {"id": Order.objects.create(label=f"refund {payload.amount}").pk}
+    )
 
 
 api.add_router("/charges/", charges)

@@ -30,7 +30,9 @@ from django.utils.decorators import method_decorator
 from django.views import View
 
 
-@method_decorator([csrf_exempt, api_auth_required, idempotent(in_flight="wait")], name="dispatch")
+@method_decorator(
+    [csrf_exempt, api_auth_required, idempotent(in_flight="wait")], name="dispatch"
+)
 class OrderView(View):
     def post(self, request):
         order = Order.objects.create(label=json.loads(request.body)["item"])

@@ -1,4 +1,5 @@
-"""Counting the app's signals in Prometheus (``prometheus-client``, not a dependency)."""
+"""Counting the app's signals in Prometheus (``prometheus-client``, not a
+dependency)."""
 
 # docs:start
 from prometheus_client import CollectorRegistry, Counter
@@ -7,7 +8,10 @@ from idempotency_django import signals
 
 REGISTRY = CollectorRegistry()  # or prometheus_client's default REGISTRY
 EVENTS = Counter(
-    "idempotency_events_total", "Idempotency events", ["event", "endpoint"], registry=REGISTRY
+    "idempotency_events_total",
+    "Idempotency events",
+    ["event", "endpoint"],
+    registry=REGISTRY,
 )
 
 
@@ -30,7 +34,9 @@ def connect():  # call once, e.g. from your AppConfig.ready()
         "store_unavailable",
         "outcome_not_stored",
     ):
-        getattr(signals, name).connect(count(name), weak=False, dispatch_uid=f"metrics-{name}")
+        getattr(signals, name).connect(
+            count(name), weak=False, dispatch_uid=f"metrics-{name}"
+        )
 
 
 # docs:end

@@ -28,7 +28,10 @@ from idempotency_django.tasks import idempotent_task
 @idempotent_task(scope="receipts", key="message_id")
 def send_receipt(message_id: str, order_id: int) -> dict:
     mail = mailer.send_receipt(order_id)  # runs at most once per message_id
-    return {"order": order_id, "mail": mail.id}  # stored as JSON, returned to every repeat
+    return {
+        "order": order_id,
+        "mail": mail.id,
+    }  # stored as JSON, returned to every repeat
 
 
 # docs:task-end
@@ -59,7 +62,10 @@ from idempotency_django.celery import IdempotentTask
 @shared_task(base=IdempotentTask)
 def send_order_receipt(order_id: int) -> dict:
     mail = mailer.send_receipt(order_id)
-    return {"order": order_id, "mail": mail.id}  # JSON: stored, returned to every repeat
+    return {
+        "order": order_id,
+        "mail": mail.id,
+    }  # JSON: stored, returned to every repeat
 
 
 # When your code can publish the same job twice, key it by the job, not the message:
@@ -78,7 +84,9 @@ from idempotency_django.purge import purge_records
 
 @shared_task
 def purge_idempotency_keys() -> dict:
-    return purge_records().as_dict()  # {"expired": …, "stale": …, "total": …, "batches": …}
+    return (
+        purge_records().as_dict()
+    )  # {"expired": …, "stale": …, "total": …, "batches": …}
 
 
 # docs:purge-end
