@@ -42,8 +42,8 @@ def pay_order(request, order_id):
 
 # docs:guest
 def guest_payment_key(request):
-    """With ANONYMOUS = "bypass", a guest's request runs unprotected: scope its downstream
-    key by something only that guest holds, here its session."""
+    """With ANONYMOUS = "bypass", a guest's request runs unprotected: scope its
+    downstream key by something only that guest holds, here its session."""
     if request.session.session_key is None:
         request.session.save()
     account = f"guest:{request.session.session_key}"

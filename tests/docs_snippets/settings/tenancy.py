@@ -10,7 +10,8 @@ def tenant_name(account):  # ACCOUNT_DISPLAY: "tenant-7" -> "Acme Ltd (tenant-7)
 
 
 def accounts_named(term):  # ACCOUNT_SEARCH: "Acme" -> ["tenant-7"]
-    return [account for account, name in tenants.items() if term.lower() in name.lower()]
+    term = term.lower()
+    return [account for account, name in tenants.items() if term in name.lower()]
 
 
 IDEMPOTENCY = {
