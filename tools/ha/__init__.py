@@ -1,9 +1,10 @@
 """The high-availability topologies people run, on this machine, for tests and campaigns:
 a Redis master and replica under three Sentinels (``sentinel``), and PostgreSQL with a
 streaming replica under Patroni and etcd (``patroni``). Each is a context manager with the
-same small interface (``Topology``): ``env`` for the example project's settings,
-``failover()`` (a clean switch-over) and ``kill_primary()`` (SIGKILL of the primary, then
-the topology's own promotion)."""
+same small interface (``Topology``, which the campaign runner's ``tools.campaign.topology``
+adapts): ``env`` for the example project's settings, ``failover()`` (a clean switch-over)
+and ``kill_primary()`` (SIGKILL of the primary, then the topology's own promotion; the
+killed node comes back as a replica before it returns, unless ``rejoin=False``)."""
 
 from __future__ import annotations
 
@@ -27,4 +28,4 @@ class Topology(Protocol):
 
     def failover(self) -> str: ...
 
-    def kill_primary(self) -> str: ...
+    def kill_primary(self, *, rejoin: bool = True) -> str: ...

@@ -386,14 +386,18 @@ class PatroniTopology:
 
     # -- faults ---------------------------------------------------------------------------
 
-    def kill_primary(self, within: float = READY_WITHIN_SECONDS) -> str:
+    def kill_primary(self, within: float = READY_WITHIN_SECONDS, *, rejoin: bool = True) -> str:
         """SIGKILLs the leader's Patroni and PostgreSQL, as a host that dies; returns the
         new primary (``host:port``) once the other node leads (after the leader key's
-        ``TTL``) and accepts writes. The killed node stays down (``restart``)."""
+        ``TTL``) and accepts writes, after the killed node is started again and streams
+        from the new primary (after ``pg_rewind``; ``rejoin=False``: it stays down until
+        ``restart``)."""
         old = self.leader()
         self._kill(old)
         survivor = next(node for node in self.nodes if node.name != old.name)
         _wait(lambda: self._leads(survivor), f"{survivor.name} promoted", within)
+        if rejoin:
+            self.restart(old.name, within)
         return survivor.address
 
     def failover(self, within: float = READY_WITHIN_SECONDS) -> str:

@@ -251,13 +251,17 @@ class SentinelTopology:
 
     # -- faults ---------------------------------------------------------------------------
 
-    def kill_primary(self, within: float = READY_WITHIN_SECONDS) -> str:
+    def kill_primary(self, within: float = READY_WITHIN_SECONDS, *, rejoin: bool = True) -> str:
         """SIGKILLs the master; returns (``host:port``) once every Sentinel names its
-        promoted replica and it accepts writes. The killed node stays down
-        (``restart``)."""
+        promoted replica and it accepts writes, after the killed node is started again
+        as a replica of the new master (what a campaign that kills again later needs;
+        ``rejoin=False``: it stays down until ``restart``)."""
         old = self.master()
         self.kill(old)
-        return self.wait_promoted(old, within)
+        promoted = self.wait_promoted(old, within)
+        if rejoin:
+            self.restart(old, within)
+        return promoted
 
     def kill(self, port: int) -> None:
         """SIGKILLs the node on ``port`` and waits until it no longer answers."""
