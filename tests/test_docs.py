@@ -323,6 +323,8 @@ def test_settings_snippets_pass_the_system_checks(monkeypatch: pytest.MonkeyPatc
         settings_examples.NAMESPACED,
         settings_examples.REDIS_STORE,
         settings_examples.REDIS_CLUSTER,
+        settings_examples.REDIS_SENTINEL,
+        settings_examples.REDIS_SENTINEL_OPTIONS,
     ):
         with override_settings(IDEMPOTENCY=value):
             assert checks.check_settings() == [], value

@@ -105,6 +105,30 @@ REDIS_CLUSTER = {
 }
 # docs:redis-cluster-end
 
+# docs:redis-sentinel
+REDIS_SENTINEL = {
+    "STORE": "idempotency_django.store.redis.RedisStore",
+    "STORE_OPTIONS": {
+        # Every Sentinel (any that answers names the master), the service they monitor,
+        # and the master's database: the store always talks to the master they name.
+        "URL": "redis+sentinel://sentinel-1:26379,sentinel-2:26379,sentinel-3:26379/mymaster/0",
+        "WAIT_REPLICAS": 1,  # a claim or an outcome no replica has is not trusted
+    },
+}
+# docs:redis-sentinel-end
+
+# docs:redis-sentinel-options
+REDIS_SENTINEL_OPTIONS = {
+    "STORE": "idempotency_django.store.redis.RedisStore",
+    "STORE_OPTIONS": {
+        "SENTINELS": [("sentinel-1", 26379), ("sentinel-2", 26379), ("sentinel-3", 26379)],
+        "SERVICE_NAME": "mymaster",
+        "SENTINEL_PASSWORD": None,  # the Sentinels' own requirepass, if they have one
+        "URL": "rediss://:master-password@unused/0",  # TLS, password and db of the master
+    },
+}
+# docs:redis-sentinel-options-end
+
 
 # docs:tenant-host
 SCOPED_BY_HOST = {
