@@ -44,7 +44,7 @@ from tools.ha.patroni import PatroniTopology
 
 FREEZE_SECONDS = 2.0
 PROMOTION_WITHIN_SECONDS = 45.0
-BODY = {"amount": 1000, "currency": "eur", "card": "tok_visa"}
+BODY: dict[str, Any] = {"amount": 1000, "currency": "eur", "card": "tok_visa"}
 
 
 @dataclass

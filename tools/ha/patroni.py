@@ -319,7 +319,7 @@ class PatroniTopology:
             if len(leaders) != 1 or len(standbys) != len(self.nodes) - 1:
                 return False
             with self.connect("postgres") as connection:
-                return not connection.execute("SELECT pg_is_in_recovery()").fetchone()[0]
+                return not _in_recovery(connection)
 
         _wait(ready, "a leader and a streaming replica", within)
 
@@ -382,7 +382,7 @@ class PatroniTopology:
         if leaders != [node.name]:
             return False
         with self.node_connect(node, "postgres") as connection:
-            return not connection.execute("SELECT pg_is_in_recovery()").fetchone()[0]
+            return not _in_recovery(connection)
 
     # -- faults ---------------------------------------------------------------------------
 
@@ -426,6 +426,12 @@ class PatroniTopology:
 
     def status(self) -> list[dict[str, Any]]:
         return self.members()
+
+
+def _in_recovery(connection: psycopg.Connection[Any]) -> bool:
+    """Whether the server is a standby (``pg_is_in_recovery()``)."""
+    row = connection.execute("SELECT pg_is_in_recovery()").fetchone()
+    return bool(row and row[0])
 
 
 def _alive(pid: int) -> bool:
