@@ -1606,6 +1606,24 @@ MUTANTS = [
         (SENTINEL + "test_sentinels_that_cannot_be_reached_are_a_store_outage",),
     ),
     Mutant(
+        "redis-bad-url-is-a-500",
+        "a Redis URL the store cannot use (checks silenced) raises ValueError from the view: 500",
+        "store/redis.py",
+        "        except ValueError as error:\n"
+        '            raise StoreError(f"Redis: STORE_OPTIONS: {error}", "other") from error\n',
+        "",
+        (SENTINEL + "test_a_url_the_store_cannot_use_is_a_503_where_the_checks_were_silenced",),
+    ),
+    Mutant(
+        "redis-eviction-check-crashes",
+        "manage.py check crashes on a Redis URL the store cannot use, or a cluster that is down, "
+        "instead of reporting E026/E029",
+        "store/redis.py",
+        "        except (redis.RedisError, StoreError):",
+        "        except redis.RedisError:",
+        (SENTINEL + "test_a_url_the_store_cannot_use_is_reported_by_every_check_without_crashing",),
+    ),
+    Mutant(
         "redis-cluster-errors-untranslated",
         "a cluster that cannot be reached (RedisClusterException, no RedisError) is a 500",
         "store/redis.py",

@@ -135,6 +135,37 @@ def test_e029_is_a_registered_check(settings: SettingsWrapper) -> None:
     assert [m.id for m in check_settings()] == ["idempotency_django.E029"]
 
 
+@pytest.mark.parametrize(
+    ("url", "check"),
+    [("redis+sentinel://127.0.0.1:1/", "E029"), ("http://127.0.0.1:1/0", "E026")],
+)
+def test_a_url_the_store_cannot_use_is_reported_by_every_check_without_crashing(
+    settings: SettingsWrapper, url: str, check: str
+) -> None:
+    """All the checks (the eviction check too, which asks the server): the URL's own
+    error, never a ``ValueError`` out of ``manage.py check``."""
+    from django.core.checks import run_checks
+
+    settings.IDEMPOTENCY = {"STORE": REDIS_STORE, "STORE_OPTIONS": {"URL": url}}
+    ids = [message.id for message in run_checks() if message.id]
+    assert f"idempotency_django.{check}" in ids
+
+
+@pytest.mark.django_db
+def test_a_url_the_store_cannot_use_is_a_503_where_the_checks_were_silenced(
+    settings: SettingsWrapper, alice: User
+) -> None:
+    settings.IDEMPOTENCY = {
+        "STORE": REDIS_STORE,
+        "ON_STORE_ERROR": "open",  # not "unreachable": a configuration never fails open
+        "STORE_OPTIONS": {"URL": "redis+sentinel://127.0.0.1:1/"},
+    }
+    response = charge(f"k-{uuid.uuid4()}")
+    assert response.status_code == 503
+    assert response["Content-Type"] == "application/problem+json"
+    assert effects() == 0
+
+
 # -- Sentinels that name no master ----------------------------------------------------------------
 
 

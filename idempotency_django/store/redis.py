@@ -310,11 +310,15 @@ class RedisStore:
             return client
 
     def _built(self, options: dict[str, Any], socket_timeout: float | None = None) -> Any:
-        """``_connect``, its failure translated (``_kind(building=True)``)."""
+        """``_connect``, its failure translated (``_kind(building=True)``). A URL that
+        cannot be used (``ValueError``: checks ``E026``/``E029`` name it, unless silenced)
+        fails every call as a store error of kind ``other``: 503, never a 500."""
         try:
             return self._connect(options, socket_timeout)
         except CLIENT_ERRORS as error:
             raise StoreError(f"Redis: {error}", self._kind(error, building=True)) from error
+        except ValueError as error:
+            raise StoreError(f"Redis: STORE_OPTIONS: {error}", "other") from error
 
     def _connect(self, options: dict[str, Any], socket_timeout: float | None = None) -> Any:
         """A client that never retries on its own: a command that timed out may have run,
@@ -663,7 +667,7 @@ class RedisStore:
                 ]
             else:
                 replies = [client.config_get("maxmemory-policy")]
-        except redis.RedisError:
+        except (redis.RedisError, StoreError):  # StoreError: unreachable, or a bad URL
             return None
         policies = [reply.get("maxmemory-policy") for reply in replies]
         if not policies or None in policies:
