@@ -105,6 +105,7 @@ ENCRYPTION = "test_codecs_encryption.py::"
 CLOCK = "test_clock_skew.py::"
 REPLICAS = "test_redis_replicas.py::"
 FAILURES = "test_store_failures.py::"
+SENTINEL = "test_redis_sentinel.py::"
 
 MUTANTS = [
     Mutant(
@@ -1580,6 +1581,61 @@ MUTANTS = [
     ),
     # Every failure of a Redis client is a failure kind; only "cannot be reached" fails open.
     Mutant(
+        "sentinel-talks-to-a-replica",
+        "the Sentinel store's client is a replica's (slave_for): claims are refused, or a read "
+        "answers from a copy that lags the master",
+        "store/redis_sentinel.py",
+        "    client: redis.Redis = sentinel.master_for(",
+        "    client: redis.Redis = sentinel.slave_for(",
+        (SENTINEL + "test_the_store_talks_to_the_master_the_sentinels_name",),
+    ),
+    Mutant(
+        "sentinel-asked-without-timeouts",
+        "the Sentinels are asked without the store's timeouts: a frozen Sentinel holds every "
+        "request that needs a new connection, for ever",
+        "store/redis_sentinel.py",
+        '            "socket_timeout": socket_timeout,\n'
+        '            "socket_connect_timeout": socket_connect_timeout,\n',
+        "",
+        (SENTINEL + "test_a_frozen_sentinel_costs_a_timeout_not_a_hung_request",),
+    ),
+    Mutant(
+        "sentinel-options-ignored",
+        "SENTINELS and SERVICE_NAME are ignored: the store connects to the URL's host, "
+        "whichever node that is now",
+        "store/redis_sentinel.py",
+        '    if not options["SENTINELS"]:\n        return None\n',
+        "    return None\n",
+        (SENTINEL + "test_the_options_name_the_sentinels_and_the_url_the_masters_database",),
+    ),
+    Mutant(
+        "sentinel-outage-never-fails-open",
+        "Sentinels that name no master are a store failure of kind 'other': ON_STORE_ERROR "
+        "'open' never runs the view, though nothing of the request reached a Redis",
+        "store/redis.py",
+        '        if isinstance(error, redis.ConnectionError):\n            return "unreachable"\n',
+        '        if isinstance(error, redis.ConnectionError):\n            return "other"\n',
+        (SENTINEL + "test_sentinels_that_cannot_be_reached_are_a_store_outage",),
+    ),
+    Mutant(
+        "redis-bad-url-is-a-500",
+        "a Redis URL the store cannot use (checks silenced) raises ValueError from the view: 500",
+        "store/redis.py",
+        "        except ValueError as error:\n"
+        '            raise StoreError(f"Redis: STORE_OPTIONS: {error}", "other") from error\n',
+        "",
+        (SENTINEL + "test_a_url_the_store_cannot_use_is_a_503_where_the_checks_were_silenced",),
+    ),
+    Mutant(
+        "redis-eviction-check-crashes",
+        "manage.py check crashes on a Redis URL the store cannot use, or a cluster that is down, "
+        "instead of reporting E026/E029",
+        "store/redis.py",
+        "        except (redis.RedisError, StoreError):",
+        "        except redis.RedisError:",
+        (SENTINEL + "test_a_url_the_store_cannot_use_is_reported_by_every_check_without_crashing",),
+    ),
+    Mutant(
         "redis-cluster-errors-untranslated",
         "a cluster that cannot be reached (RedisClusterException, no RedisError) is a 500",
         "store/redis.py",
@@ -2268,7 +2324,8 @@ MUTANTS = [
         "the eviction check lets a cluster that no node answers raise: `manage.py check` (and "
         "runserver, migrate) crashes with StoreError instead of staying silent",
         "store/redis.py",
-        "        except (redis.RedisError, StoreError):  # StoreError: a cluster no node answers",
+        "        except (redis.RedisError, StoreError):  # unreachable (a cluster no node answers), "
+        "a bad URL",
         "        except redis.RedisError:",
         ("test_docs.py::test_settings_snippets_pasted_pass_the_system_checks",),
     ),

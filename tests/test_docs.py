@@ -406,6 +406,17 @@ def test_the_redis_store_snippet_selects_the_redis_store() -> None:
             assert isinstance(store, RedisStore), name
             assert store.options()["URL"] == idempotency["STORE_OPTIONS"]["URL"]
             assert bool(store.options()["CLUSTER"]) is cluster
+    from idempotency_django.store.redis_sentinel import sentinel_config
+
+    for name in ("redis_sentinel", "redis_sentinel_options"):
+        idempotency = paste(name)["IDEMPOTENCY"]
+        with override_settings(IDEMPOTENCY=idempotency):
+            store = get_store()
+            assert isinstance(store, RedisStore), name
+            config = sentinel_config(store.options())
+            assert config is not None, name
+            assert config.service == "mymaster"
+            assert len(config.sentinels) == 3
 
 
 @pytest.mark.redis

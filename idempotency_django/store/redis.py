@@ -40,8 +40,9 @@ try:
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    from idempotency_django.store import redis_cluster
+    from idempotency_django.store import redis_cluster, redis_sentinel
     from idempotency_django.store.redis_cluster import CLUSTER_URLS
+    from idempotency_django.store.redis_sentinel import SENTINEL_URLS
 except ImportError as error:  # pragma: no cover - the extra is not installed
     raise ImproperlyConfigured(
         "The Redis store needs redis-py: pip install 'idempotency-django[redis]'"
@@ -96,6 +97,12 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "CLUSTER": False,
     "WAIT_REPLICAS": 0,
     "WAIT_TIMEOUT_MS": 200,
+    # Redis Sentinel (store/redis_sentinel.py, docs/stores.md): the store talks to the
+    # master the Sentinels name (also chosen by a redis+sentinel:// URL); URL then gives
+    # the master's database and credentials, its host is not used.
+    "SENTINELS": (),
+    "SERVICE_NAME": "",
+    "SENTINEL_PASSWORD": None,
 }
 
 # -- scripts: the value's header is "state|token|lease|expires|" -------------------------------
@@ -303,25 +310,42 @@ class RedisStore:
             return client
 
     def _built(self, options: dict[str, Any], socket_timeout: float | None = None) -> Any:
-        """``_connect``, its failure translated (``_kind(building=True)``)."""
+        """``_connect``, its failure translated (``_kind(building=True)``). A URL that
+        cannot be used (``ValueError``: checks ``E026``/``E029`` name it, unless silenced)
+        fails every call as a store error of kind ``other``: 503, never a 500."""
         try:
             return self._connect(options, socket_timeout)
         except CLIENT_ERRORS as error:
             raise StoreError(f"Redis: {error}", self._kind(error, building=True)) from error
+        except ValueError as error:
+            raise StoreError(f"Redis: STORE_OPTIONS: {error}", "other") from error
 
     def _connect(self, options: dict[str, Any], socket_timeout: float | None = None) -> Any:
         """A client that never retries on its own: a command that timed out may have run,
         and the lifecycle decides (``claims.reconnecting`` retries a lost connection once).
         ``socket_timeout``: shorter than ``SOCKET_TIMEOUT`` (the heartbeat's, ``renew``)."""
         timeout = options["SOCKET_TIMEOUT"] if socket_timeout is None else socket_timeout
-        client = redis_cluster.connect(
-            options["URL"],
-            cluster=bool(options["CLUSTER"]),
-            socket_timeout=timeout,
-            socket_connect_timeout=min(options["CONNECT_TIMEOUT"], timeout),
-            retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
-        )
+        connect_timeout = min(options["CONNECT_TIMEOUT"], timeout)
+        sentinel = redis_sentinel.sentinel_config(options)
+        client: Any
+        if sentinel is not None:
+            client = redis_sentinel.connect(
+                sentinel,
+                socket_timeout=timeout,
+                socket_connect_timeout=connect_timeout,
+                sentinel_password=options["SENTINEL_PASSWORD"],
+                retry=Retry(NoBackoff(), 0),
+                retry_on_timeout=False,
+            )
+        else:
+            client = redis_cluster.connect(
+                options["URL"],
+                cluster=bool(options["CLUSTER"]),
+                socket_timeout=timeout,
+                socket_connect_timeout=connect_timeout,
+                retry=Retry(NoBackoff(), 0),
+                retry_on_timeout=False,
+            )
         if socket_timeout is not None:
             return client
         self._scripts = {
@@ -643,7 +667,7 @@ class RedisStore:
                 ]
             else:
                 replies = [client.config_get("maxmemory-policy")]
-        except (redis.RedisError, StoreError):  # StoreError: a cluster no node answers
+        except (redis.RedisError, StoreError):  # unreachable (a cluster no node answers), a bad URL
             return None
         policies = [reply.get("maxmemory-policy") for reply in replies]
         if not policies or None in policies:
@@ -654,6 +678,7 @@ class RedisStore:
     def check_options(value: Any) -> list[checks.CheckMessage]:
         """E026: ``STORE_OPTIONS`` that this store cannot use."""
         problems: list[str] = []
+        sentinel_problems: list[str] = []
         if not isinstance(value, dict):
             problems.append(f"STORE_OPTIONS is {value!r}, not a dict")
         else:
@@ -661,7 +686,11 @@ class RedisStore:
             problems += [f"unknown option {name!r}" for name in unknown]
             options = {**DEFAULT_OPTIONS, **value}
             if not isinstance(options["URL"], str) or not options["URL"].startswith(
-                ("redis://", "rediss://", "unix://", "valkey://", "valkeys://", *CLUSTER_URLS)
+                (
+                    *("redis://", "rediss://", "unix://", "valkey://", "valkeys://"),
+                    *CLUSTER_URLS,
+                    *SENTINEL_URLS,
+                )
             ):
                 problems.append(f"URL {options['URL']!r} is not a redis:// URL")
             if not isinstance(options["KEY_PREFIX"], str) or not options["KEY_PREFIX"]:
@@ -672,7 +701,8 @@ class RedisStore:
                 if not is_number(options[name]) or options[name] <= 0:
                     problems.append(f"{name} {options[name]!r} is not a number of seconds > 0")
             problems += redis_cluster.option_problems(options)
-        return [
+            sentinel_problems = redis_sentinel.option_problems(options)
+        errors: list[checks.CheckMessage] = [
             checks.Error(
                 f"IDEMPOTENCY['STORE_OPTIONS'] for RedisStore: {problem}.",
                 hint=(
@@ -682,6 +712,18 @@ class RedisStore:
                 id="idempotency_django.E026",
             )
             for problem in problems
+        ]
+        return errors + [
+            checks.Error(
+                f"IDEMPOTENCY['STORE_OPTIONS'] for RedisStore: {problem}.",
+                hint=(
+                    "Give {'URL': 'redis+sentinel://host1:26379,host2:26379/mymaster/0'}, "
+                    "or {'SENTINELS': [('host1', 26379), ('host2', 26379)], "
+                    "'SERVICE_NAME': 'mymaster'} with a redis:// URL for the database."
+                ),
+                id="idempotency_django.E029",
+            )
+            for problem in sentinel_problems
         ]
 
 
