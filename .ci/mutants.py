@@ -2324,8 +2324,8 @@ MUTANTS = [
         "the eviction check lets a cluster that no node answers raise: `manage.py check` (and "
         "runserver, migrate) crashes with StoreError instead of staying silent",
         "store/redis.py",
-        "        except (redis.RedisError, StoreError):  # unreachable (a cluster no node answers), "
-        "a bad URL",
+        "        except (redis.RedisError, StoreError):  # unreachable (a cluster no node "
+        "answers), a bad URL",
         "        except redis.RedisError:",
         ("test_docs.py::test_settings_snippets_pasted_pass_the_system_checks",),
     ),
