@@ -9,8 +9,11 @@ Per key it asserts:
    than the lease (then another worker may take the key over); or a store or network
    fault during that request, which then failed (5xx) after its side effect: the view's own
    work failed, a failure is not stored, and the retry runs the view again (the contract
-   of every 5xx). Each excused execution is listed with its fault. With a deduplicating
-   provider, also: **provider charges ≤ 1**, excused or not (downstream keys).
+   of every 5xx); or a store outage during that request as long as two thirds of the lease
+   (a restart, a failover, a long partition): the store stayed unreachable for the rest of
+   the run's lease, which lapsed. Each excused execution is listed with its fault. With a
+   deduplicating provider, also: **provider charges ≤ 1**, excused or not (downstream
+   keys).
 2. **Replays are byte-equal to the stored answer**: every definitive answer (2xx, or a
    stored 4xx) equals the answer replayed after the campaign, status and bytes; an answer
    of an excused execution that lost its completion to the take-over may differ (listed).
@@ -34,6 +37,10 @@ from typing import Any
 from tools.campaign.history import read
 
 SLACK_SECONDS = 2.0
+# Outages of the store that may outlast the rest of a run's lease (§ "the store stayed
+# unreachable for the rest of that run's lease"): only one as long as 2/3 of the lease can
+# (the heartbeat renews every third of it), and only then is a second run excused.
+STORE_OUTAGES = frozenset({"restart", "failover", "kill-primary", "partition-long"})
 # Faults of the store or of the network to it: one that fails the view's own work after
 # its side effect (a 5xx: not stored, the key released or kept until its lease lapses)
 # excuses the run that a retry then makes.
@@ -68,7 +75,7 @@ class Result:
     keys: int = 0
     executions: int = 0
     provider_charges: int = 0
-    excused: list[str] = field(default_factory=list)
+    excused: list[tuple[str, str]] = field(default_factory=list)  # (fault, what)
     violations: list[str] = field(default_factory=list)
     answers: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
@@ -78,7 +85,7 @@ class Result:
         return not self.violations
 
     def row(self) -> dict[str, Any]:
-        excused_by = Counter(line.split(" by ")[-1].split(" ")[0] for line in self.excused)
+        excused_by = Counter(fault for fault, _ in self.excused if fault != "answer")
         return {
             "store": self.run.get("store", "?"),
             "faults": ",".join(f"{name} x{n}" for name, n in sorted(self.faults.items())) or "none",
@@ -148,6 +155,18 @@ def _excuse(
             return (
                 f"by {name} (during the request, which failed with {request.status} after "
                 f"its charge: a failure is not stored, and a retry runs the view again)"
+            )
+        outage = fault["stop_t"] - fault["t"]
+        if (
+            name in STORE_OUTAGES
+            and outage >= 2 / 3 * lease
+            and fault["t"] <= ended
+            and fault["stop_t"] >= began
+        ):
+            return (
+                f"by {name} (the store unreachable {outage:.1f} s during the request, at "
+                f"least the rest of its lease: renewed every {lease / 3:.1f} s, it lapses "
+                f"{2 / 3 * lease:.1f} s into an outage at the earliest)"
             )
         if pid not in fault["targets"]:
             continue
@@ -223,7 +242,8 @@ def check(directory: Path) -> Result:
         for line in executed:
             why = _excuse(line, _request_of(requests, int(line["pid"]), line["t"]), faults, lease)
             if why is not None:
-                excused.append(f"{key}: execution in pid {line['pid']} {why}")
+                fault = why.split(" ")[1]
+                excused.append((fault, f"{key}: execution in pid {line['pid']} {why}"))
         if len(executed) > 1:
             result.excused.extend(excused[: len(executed) - 1])
         if len(executed) > 1 + len(excused):
@@ -239,6 +259,10 @@ def check(directory: Path) -> Result:
 
         attempts = entries[key]
         final = [e for e in attempts if e["process"] == "final" and e["type"] != "invoke"]
+        if len(final) == 2 and excused and not final[0].get("replayed"):
+            # The first request after the campaign ran the view again: an excused run lost
+            # its completion and its lease lapsed. The second must replay that answer.
+            final = final[1:]
         answers = [e for e in attempts if e["process"] != "final" and e["type"] == "ok"]
         late_409 = [
             e
@@ -257,10 +281,12 @@ def check(directory: Path) -> Result:
             result.violations.append(f"{key}: no final replay was sent")
             continue
         stored = final[-1]
-        if stored["type"] != "ok" or not stored.get("replayed"):
+        unreplayed = [e for e in final if e["type"] != "ok" or not e.get("replayed")]
+        if unreplayed or any(e["response"] != stored["response"] for e in final):
+            e = (unreplayed or final)[0]
             result.violations.append(
-                f"{key}: after the campaign, {stored.get('status')} replayed="
-                f"{stored.get('replayed')} ({stored.get('response_body', stored.get('error'))!r})"
+                f"{key}: after the campaign, {e.get('status')} replayed="
+                f"{e.get('replayed')} ({e.get('response_body', e.get('error'))!r})"
             )
             continue
         differing = [
@@ -270,8 +296,11 @@ def check(directory: Path) -> Result:
         ]
         if differing and len(differing) <= len(excused):
             result.excused.extend(
-                f"{key}: answer {e['status']} {e['response_body']!r} differs from the stored "
-                f"{stored['response_body']!r}, by an excused execution's lost completion"
+                (
+                    "answer",
+                    f"{key}: answer {e['status']} {e['response_body']!r} differs from the "
+                    f"stored {stored['response_body']!r}: an excused run's lost completion",
+                )
                 for e in differing
             )
         elif differing:
@@ -319,7 +348,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def report(result: Result, out: Any = sys.stdout) -> None:
     print(table([result.row()]), file=out)
-    for line in result.excused:
+    for _, line in result.excused:
         print(f"  excused: {line}", file=out)
     for line in result.violations:
         print(f"  VIOLATION: {line}", file=out)

@@ -230,9 +230,8 @@ def run(args: argparse.Namespace) -> checker.Result:
         nemesis.stopping.set()
         if injector.is_alive():
             injector.join()
-        definitive = {key.key: {} for key in clients.keys}
         log(f"{len(clients.keys)} keys; final replays")
-        clients.final_replays(definitive)
+        clients.final_replays()
         (directory / "charges.json").write_text(json.dumps(_charges(HTTP_PORTS[0])))
         run_info = {
             "store": store.name
