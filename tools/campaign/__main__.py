@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from tools.campaign import checker, runner, topology
+from tools.campaign import checker, runner, stores, topology
 
 
 def parser() -> argparse.ArgumentParser:
@@ -54,6 +54,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    stores.cluster_env()
     if args.store in ("postgres", "mariadb"):
         args.database, args.store = args.store, "database"
     try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 
-from tools.campaign import checker, runner
+from tools.campaign import checker, runner, stores
 from tools.campaign.__main__ import parser
 
 # (what, arguments, whether the checker must report violations)
@@ -35,6 +35,7 @@ RUNS: list[tuple[str, list[str], bool]] = [
 
 
 def main() -> int:
+    stores.cluster_env()
     rows = []
     failed = []
     for name, argv, must_fail in RUNS:

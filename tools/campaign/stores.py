@@ -26,6 +26,15 @@ from tools.server import Database, connect, database, drop_database, query
 RECORDS = "idempotency_django_idempotencyrecord"
 OWN_POSTGRES_PORT = 8450  # within the campaign's range; PostgreSQL listens on 127.0.0.1 only
 OWN_MARIADB_PORT = 8451
+CLUSTER_PORT = int(os.environ.get("CAMPAIGN_CLUSTER_PORT", "7440"))
+CLUSTER_DIR = os.environ.get("CAMPAIGN_CLUSTER_DIR", "/tmp/cluster-camp")
+
+
+def cluster_env() -> None:
+    """Point ``tools.redis_cluster`` at the campaign's own cluster (its ports and data
+    directory); called by the entry points before anything imports it."""
+    os.environ["REDIS_CLUSTER_PORT"] = str(CLUSTER_PORT)
+    os.environ["REDIS_CLUSTER_DIR"] = CLUSTER_DIR
 
 
 def _hold(seconds: float, statements: list[str], db: Database) -> None:
@@ -305,8 +314,17 @@ class ClusterTopology:
     faults = frozenset({"failover", "stall"})
 
     def __init__(self, wait_replicas: int = 0) -> None:
-        os.environ.setdefault("REDIS_CLUSTER_PORT", "7440")
-        os.environ.setdefault("REDIS_CLUSTER_DIR", "/tmp/cluster-camp")
+        from tools import redis_cluster
+
+        # tools.redis_cluster reads its ports when first imported: the entry points set
+        # them (``cluster_env``) before anything imports it. Never another's cluster: this
+        # one is flushed, its masters killed, and it is removed at the end.
+        if redis_cluster.PORTS[0] != CLUSTER_PORT or str(redis_cluster.DIRECTORY) != CLUSTER_DIR:
+            raise RuntimeError(
+                f"the campaign's cluster is {CLUSTER_PORT}-{CLUSTER_PORT + 5} in {CLUSTER_DIR}, "
+                f"but tools.redis_cluster was imported with {redis_cluster.PORTS[0]} in "
+                f"{redis_cluster.DIRECTORY}: set REDIS_CLUSTER_PORT and REDIS_CLUSTER_DIR first"
+            )
         self.wait_replicas = wait_replicas
         self.name = "cluster" + (f"+wait{wait_replicas}" if wait_replicas else "")
         self.env: dict[str, str] = {}
