@@ -156,6 +156,7 @@ class OwnServer:
         subprocess.run(
             [
                 "mariadb-install-db",
+                "--no-defaults",
                 f"--datadir={data}",
                 "--auth-root-authentication-method=normal",
                 "--skip-test-db",
@@ -169,7 +170,6 @@ class OwnServer:
         return f"mysql://root@127.0.0.1:{OWN_MARIADB_PORT}/camp_own"
 
     def _start(self) -> None:
-        log = (self.directory / "server.log").open("ab")
         if self.vendor == "postgres":
             subprocess.run(
                 self._as_postgres(
@@ -186,6 +186,7 @@ class OwnServer:
                 timeout=60,
             )  # fmt: skip
         else:
+            log = (self.directory / "server.log").open("ab")
             self.process = subprocess.Popen(
                 [
                     "mariadbd",
