@@ -46,6 +46,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--deduplicate", action="store_true", help="the provider dedupes by key")
     p.add_argument("--wait-replicas", type=int, default=0, help="cluster: WAIT_REPLICAS")
     p.add_argument("--sync", action="store_true", help="patroni: synchronous replication")
+    p.add_argument(
+        "--network",
+        action="store_true",
+        help="the app servers in a network namespace (partition, partition-long, delay)",
+    )
     p.add_argument("--defect", choices=["no-claim", "lost-completion"], default=None)
     p.add_argument("--out", default=None, help="the run's directory (default: a new temp one)")
     p.add_argument("--results", default=None, help="append the table's row (JSON) here")

@@ -10,6 +10,7 @@ a violation. The full campaign (longer, every fault) is in docs/reliability.md.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 
@@ -34,7 +35,11 @@ RUNS: list[tuple[str, list[str], bool]] = [
 ]  # fmt: skip
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    options = argparse.ArgumentParser(prog="python -m tools.campaign.ci")
+    options.add_argument("--database-url", default=None, help="the PostgreSQL run's database")
+    options.add_argument("--mariadb-url", default=None, help="the MariaDB run's database")
+    given = options.parse_args(argv)
     stores.cluster_env()
     rows = []
     failed = []
@@ -43,6 +48,10 @@ def main() -> int:
         args = parser().parse_args([*argv, "--seed", "7"])
         if args.store in ("postgres", "mariadb"):
             args.database, args.store = args.store, "database"
+            args.database_url = given.database_url if args.database == "postgres" else None
+            args.database_url = (
+                given.mariadb_url if args.database == "mariadb" else args.database_url
+            )
         result = runner.run(args)
         checker.report(result)
         rows.append(result.row())

@@ -55,7 +55,7 @@ class Key:
 class Clients:
     def __init__(
         self,
-        ports: list[int],
+        endpoints: list[tuple[str, int]],
         history: History,
         *,
         run_id: str,
@@ -66,7 +66,7 @@ class Clients:
         timeout: float = HTTP_TIMEOUT,
     ) -> None:
         self.timeout = timeout
-        self.ports = ports
+        self.endpoints = endpoints
         self.history = history
         self.run_id = run_id
         self.seed = seed
@@ -82,7 +82,7 @@ class Clients:
     # -- one attempt
 
     def send(self, key: Key, process: str, rng: random.Random, timeout: float) -> dict[str, Any]:
-        port = rng.choice(self.ports)
+        host, port = rng.choice(self.endpoints)
         body = key.body
         common = {
             "process": process,
@@ -94,7 +94,7 @@ class Clients:
         }
         self.history.add(type="invoke", **common)
         credentials = base64.b64encode(f"{key.user}:{USERS[key.user]}".encode()).decode()
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        connection = http.client.HTTPConnection(host, port, timeout=timeout)
         try:
             connection.request(
                 "POST",

@@ -28,7 +28,7 @@ from typing import Any
 
 import requests
 
-from tools.campaign import checker, faults, topology
+from tools.campaign import checker, faults, network, stores, topology
 from tools.campaign.clients import USERS, Clients
 from tools.campaign.history import History
 from tools.server import (
@@ -63,8 +63,6 @@ def log(text: str) -> None:
 
 
 def make_topology(args: argparse.Namespace) -> topology.Topology:
-    from tools.campaign import stores
-
     store = args.store
     if store == "database":
         store = args.database
@@ -81,14 +79,32 @@ def make_topology(args: argparse.Namespace) -> topology.Topology:
     raise SystemExit(f"unknown --store {args.store}")
 
 
-def spawn(env: dict[str, str], port: int, workers: int, log_path: Path) -> Server:
+class AppServer(Server):
+    """A gunicorn master on ``host`` (the app's namespace under ``--network``)."""
+
+    host: str = "127.0.0.1"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def spawn(
+    env: dict[str, str],
+    port: int,
+    workers: int,
+    log_path: Path,
+    net: network.Network | None = None,
+) -> AppServer:
     log_file = log_path.open("wb")
+    host = network.APP_IP if net is not None else "127.0.0.1"
+    argv = [
+        sys.executable, "-m", "gunicorn", "example_project.wsgi:application",
+        "-w", str(workers), "-k", "sync", "-b", f"{host}:{port}",
+        "--no-control-socket", "--timeout", "120",
+    ]  # fmt: skip
     process = subprocess.Popen(
-        [
-            sys.executable, "-m", "gunicorn", "example_project.wsgi:application",
-            "-w", str(workers), "-k", "sync", "-b", f"127.0.0.1:{port}",
-            "--no-control-socket", "--timeout", "120",
-        ],
+        net.command(argv) if net is not None else argv,
         cwd=REPO_ROOT,
         env=env,
         stdin=subprocess.DEVNULL,
@@ -96,7 +112,9 @@ def spawn(env: dict[str, str], port: int, workers: int, log_path: Path) -> Serve
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )  # fmt: skip
-    return Server(process=process, port=port, log_path=log_path, _log_file=log_file)
+    server = AppServer(process=process, port=port, log_path=log_path, _log_file=log_file)
+    server.host = host
+    return server
 
 
 def _migrations_digest() -> str:
@@ -130,11 +148,11 @@ def prepare_database(db: Database, env: dict[str, str]) -> None:
     query(template.renamed("postgres"), f'CREATE DATABASE "{db.name}" TEMPLATE "{template.name}"')
 
 
-def _charges(port: int) -> dict[str, list[dict[str, Any]]]:
+def _charges(server: AppServer) -> dict[str, list[dict[str, Any]]]:
     return {
-        user: requests.get(
-            f"http://127.0.0.1:{port}/charges/", auth=(user, password), timeout=60
-        ).json()["results"]
+        user: requests.get(f"{server.base_url}/charges/", auth=(user, password), timeout=60).json()[
+            "results"
+        ]
         for user, password in USERS.items()
     }
 
@@ -154,13 +172,16 @@ def run(args: argparse.Namespace) -> checker.Result:
     (directory / "ledger").mkdir(parents=True)
     history = History(directory / "history.jsonl")
     store = make_topology(args)
-    servers: list[Server] = []
+    servers: list[AppServer] = []
+    net = network.Network(directory) if args.network else None
+    net_env: dict[str, str] = {}
     app_db = None
     started = time.time()
     try:
         log(f"{store.name}: starting the store")
         store.start()
-        missing = [f for f in fault_list if f not in store.faults and f not in faults.APP_FAULTS]
+        offered = store.faults | faults.APP_FAULTS | (network.FAULTS if net else frozenset())
+        missing = [f for f in fault_list if f not in offered]
         if missing:
             raise SystemExit(f"--store {store.name} cannot inject {', '.join(missing)}")
         env_store = dict(store.env)
@@ -182,6 +203,14 @@ def run(args: argparse.Namespace) -> checker.Result:
         env = project_env(SETTINGS, env_store["DATABASE_URL"], pythonpath=[REPO_ROOT], **overrides)
         log("migrating")
         prepare_database(database(env_store["DATABASE_URL"]), env)
+        if net is not None:
+            if isinstance(store, stores.ClusterTopology):
+                raise SystemExit("--network: a cluster's nodes announce 127.0.0.1 addresses")
+            net.start()
+            net_env = {"DATABASE_URL": net.route(env["DATABASE_URL"], store=app_db is None)}
+            if "EXAMPLE_REDIS_URL" in env:
+                net_env["EXAMPLE_REDIS_URL"] = net.route(env["EXAMPLE_REDIS_URL"], store=True)
+            net.start_relay()
         skewed = "skew" in fault_list
         for index, port in enumerate(HTTP_PORTS):
             server_env = dict(env)
@@ -210,11 +239,12 @@ def run(args: argparse.Namespace) -> checker.Result:
             lease=args.lease,
             seed=seed,
             inject_store=store.inject,
+            inject_network=net.inject if net is not None else None,
             skewed=skewed,
             skew_workers=lambda: servers[1].worker_pids(),
         )
         clients = Clients(
-            list(HTTP_PORTS),
+            [(server.host, server.port) for server in servers],
             history,
             run_id=f"{seed:x}-{int(traffic_start) % 100000}",
             seed=seed,
@@ -232,7 +262,7 @@ def run(args: argparse.Namespace) -> checker.Result:
             injector.join()
         log(f"{len(clients.keys)} keys; final replays")
         clients.final_replays()
-        (directory / "charges.json").write_text(json.dumps(_charges(HTTP_PORTS[0])))
+        (directory / "charges.json").write_text(json.dumps(_charges(servers[0])))
         run_info = {
             "store": store.name
             + (f" ({args.defect})" if args.defect else "")
@@ -242,6 +272,7 @@ def run(args: argparse.Namespace) -> checker.Result:
             "lease": args.lease,
             "max_run": args.max_run,
             "deduplicate": args.deduplicate,
+            "network": bool(args.network),
             # Wall-clock offsets of the app servers (libfaketime), by port: the times their
             # processes wrote in the ledger and the request log are corrected by them.
             "skew": {str(HTTP_PORTS[1]): faults.SKEW_SECONDS} if skewed else {},
@@ -257,6 +288,9 @@ def run(args: argparse.Namespace) -> checker.Result:
         for server in servers:
             with contextlib.suppress(Exception):
                 server.stop()
+        if net is not None:
+            with contextlib.suppress(Exception):
+                net.stop()
         with contextlib.suppress(Exception):
             store.stop()
         if app_db is not None:
