@@ -40,6 +40,7 @@ SLACK_SECONDS = 2.0
 # Outages of the store that may outlast the rest of a run's lease (§ "the store stayed
 # unreachable for the rest of that run's lease"): only one as long as 2/3 of the lease can
 # (the heartbeat renews every third of it), and only then is a second run excused.
+NETWORK_FAULTS = frozenset({"partition", "partition-long", "delay"})
 STORE_OUTAGES = frozenset({"restart", "failover", "kill-primary", "partition-long"})
 # Faults of the store or of the network to it: one that fails the view's own work after
 # its side effect (a 5xx: not stored, the key released or kept until its lease lapses)
@@ -145,6 +146,8 @@ def _excuse(
     began = request.begin if request is not None else charge["t"]
     for fault in faults:
         name = fault["fault"]
+        if name in NETWORK_FAULTS and pid not in fault["targets"]:
+            continue  # a partition or delay of the other app server's network
         if (
             name in STORE_FAULTS
             and request is not None

@@ -119,8 +119,9 @@ class Nemesis:
         targets: list[int] = []
         if fault in ("kill", "pause", "pause-short"):
             targets = [self._target()]
-        elif fault == "skew" and self.skew_workers is not None:
-            targets = self.skew_workers()
+        elif fault in ("skew", "partition", "partition-long", "delay"):
+            # the second app server: the skewed one, the one behind the faulty network
+            targets = self.skew_workers() if self.skew_workers is not None else []
         start = self.history.add(
             process="nemesis", type="start", fault=fault, targets=targets, seconds=seconds
         )

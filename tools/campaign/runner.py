@@ -216,9 +216,14 @@ def run(args: argparse.Namespace) -> checker.Result:
             server_env = dict(env)
             if index == 1 and skewed:
                 server_env.update(faults.faketime_env())
-            servers.append(
-                spawn(server_env, port, args.workers, directory / f"gunicorn-{port}.log")
-            )
+            log_path = directory / f"gunicorn-{port}.log"
+            if index == 1 and net is not None:
+                # Only the second server is behind the faulty network: the first still
+                # reaches the store, and takes over what the second cannot finish.
+                server_env.update(net_env)
+                servers.append(spawn(server_env, port, args.workers, log_path, net))
+            else:
+                servers.append(spawn(server_env, port, args.workers, log_path))
         for server in servers:
             server.wait_ready(within=60)
         log(

@@ -1,6 +1,6 @@
 """The example project's settings, as the campaign runs it (``tools.campaign.runner``).
 
-Unchanged but for: the request log (``serverlog``), outermost; the Redis store's options
+Unchanged but for: the host of the namespaced app server (``network``); the request log (``serverlog``), outermost; the Redis store's options
 the campaign varies (``CAMPAIGN_REDIS_WAIT_REPLICAS``, ``CAMPAIGN_REDIS_SOCKET_TIMEOUT``);
 and a planted defect (``CAMPAIGN_DEFECT``, see ``defects``) for proving the checker.
 """
@@ -11,9 +11,11 @@ import os
 from typing import cast
 
 from example_project.settings import *  # noqa: F403
-from example_project.settings import IDEMPOTENCY, MIDDLEWARE
+from example_project.settings import ALLOWED_HOSTS, IDEMPOTENCY, MIDDLEWARE
 
 MIDDLEWARE = ["tools.campaign.serverlog.RequestLog", *MIDDLEWARE]
+# The app server in the campaign's network namespace (``network``) is reached there.
+ALLOWED_HOSTS = [*ALLOWED_HOSTS, "169.254.40.2"]
 
 IDEMPOTENCY = dict(IDEMPOTENCY)
 if isinstance(IDEMPOTENCY.get("STORE_OPTIONS"), dict):
