@@ -1,8 +1,9 @@
 """The example project's settings, as the campaign runs it (``tools.campaign.runner``).
 
-Unchanged but for: the host of the namespaced app server (``network``); the request log (``serverlog``), outermost; the Redis store's options
-the campaign varies (``CAMPAIGN_REDIS_WAIT_REPLICAS``, ``CAMPAIGN_REDIS_SOCKET_TIMEOUT``);
-and a planted defect (``CAMPAIGN_DEFECT``, see ``defects``) for proving the checker.
+Unchanged but for: the host of the namespaced app server (``network``); the request log
+(``serverlog``), outermost; the Redis store's options the campaign varies
+(``CAMPAIGN_REDIS_WAIT_REPLICAS``, ``CAMPAIGN_REDIS_SOCKET_TIMEOUT``); and a planted defect
+(``CAMPAIGN_DEFECT``, see ``defects``) for proving the checker.
 """
 
 from __future__ import annotations
