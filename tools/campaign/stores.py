@@ -86,7 +86,8 @@ class DatabaseTopology:
             if self.db.vendor == "postgresql":
                 statements = [f"LOCK TABLE {RECORDS} IN ACCESS EXCLUSIVE MODE"]
             else:
-                statements = [f"SELECT * FROM {RECORDS} FOR UPDATE"]
+                # Held until the connection closes (``_hold``'s ``with``), rollback or not.
+                statements = [f"LOCK TABLES {RECORDS} WRITE"]
             _hold(seconds, statements, self.db)
             return f"records table locked {seconds:.1f} s"
         if fault == "terminate":
