@@ -130,7 +130,8 @@ def _migrations_digest() -> str:
 def prepare_database(db: Database, env: dict[str, str]) -> None:
     """The example's schema and demo users in ``db`` (created anew). PostgreSQL: copied
     from a migrated template database named after the migrations' digest, made once
-    (``CREATE DATABASE … TEMPLATE``: a second instead of a dozen for ``migrate``)."""
+    (``CREATE DATABASE … TEMPLATE``: a second instead of a dozen for ``migrate``). The
+    template stays, as a cache: drop the ``camp_tpl_*`` databases to remove it."""
     if db.vendor != "postgresql":
         create_database(db)
         manage(env, "migrate", "--noinput", "-v", "0")
