@@ -203,7 +203,10 @@ def run(args: argparse.Namespace) -> checker.Result:
         }
         env = project_env(SETTINGS, env_store["DATABASE_URL"], pythonpath=[REPO_ROOT], **overrides)
         log("migrating")
-        prepare_database(database(env_store["DATABASE_URL"]), env)
+        if isinstance(store, stores.DatabaseTopology) or app_db is not None:
+            prepare_database(database(env_store["DATABASE_URL"]), env)
+        else:  # a topology's own database (Patroni's): created by it, on its servers
+            manage(env, "migrate", "--noinput", "-v", "0")
         if net is not None:
             if isinstance(store, stores.ClusterTopology):
                 raise SystemExit("--network: a cluster's nodes announce 127.0.0.1 addresses")
