@@ -216,3 +216,29 @@ def test_a_deduplicated_second_run_keeps_one_provider_charge(tmp_path: Path) -> 
     result = run.check()
     assert result.violations == []
     assert (result.executions, result.provider_charges) == (2, 1)
+
+
+def _declined_then_run_again(run: Run) -> None:
+    """A declined card's 402, then the first request after the campaign runs the view again
+    (not a replay): the 402 was never stored."""
+    declined = '{"type": "urn:example-payments:card-declined", "status": 402}'
+    run.request("k1", 1, begin=0.0, end=4.0, answer=declined, status=402)
+    run.request("k1", 1, begin=60.0, end=60.3, answer=declined, status=402, process="final")
+    run.request("k1", 1, begin=60.4, end=60.41, answer=declined, status=402,
+                process="final", replayed=True)  # fmt: skip
+
+
+def test_an_answer_lost_in_a_store_outage_longer_than_the_lease_may_run_again(
+    tmp_path: Path,
+) -> None:
+    run = Run(tmp_path)
+    run.fault("restart", None, 0.5, 0.5 + LEASE)
+    _declined_then_run_again(run)
+    assert run.check().violations == []
+
+
+def test_an_answer_lost_without_a_fault_is_a_violation(tmp_path: Path) -> None:
+    run = Run(tmp_path)
+    run.fault("restart", None, 0.5, 0.5 + LEASE / 3)  # too short for the lease to lapse
+    _declined_then_run_again(run)
+    assert any("after the campaign, 402 replayed=False" in v for v in run.check().violations)

@@ -198,6 +198,10 @@ def check(directory: Path) -> Result:
     ledger = read(directory / "ledger" / "ledger.jsonl")
     charges = json.loads((directory / "charges.json").read_text())
     requests, offsets = _server_requests(directory, run.get("skew", {}))
+    by_key: dict[str, list[Request]] = defaultdict(list)
+    for listed in requests.values():
+        for request in listed:
+            by_key[request.key].append(request)
     for line in ledger:
         line["t"] -= offsets.get(int(line["pid"]), 0.0)
     result = Result(run=run)
@@ -262,7 +266,13 @@ def check(directory: Path) -> Result:
 
         attempts = entries[key]
         final = [e for e in attempts if e["process"] == "final" and e["type"] != "invoke"]
-        if len(final) == 2 and excused and not final[0].get("replayed"):
+        # A run of the key that a fault cut before its outcome was stored, with or without a
+        # charge (a declined card charges nothing, and its 402 is lost the same way).
+        cut = bool(excused) or any(
+            _excuse({"pid": r.pid, "t": r.begin}, r, faults, lease) is not None
+            for r in by_key.get(key, [])
+        )
+        if len(final) == 2 and cut and not final[0].get("replayed"):
             # The first request after the campaign ran the view again: an excused run lost
             # its completion and its lease lapsed. The second must replay that answer.
             final = final[1:]
@@ -297,7 +307,7 @@ def check(directory: Path) -> Result:
             for e in answers
             if (e["status"], e["response"]) != (stored["status"], stored["response"])
         ]
-        if differing and len(differing) <= len(excused):
+        if differing and cut and len(differing) <= max(len(excused), 1):
             result.excused.extend(
                 (
                     "answer",
