@@ -143,24 +143,26 @@ def _created(charge: Charge) -> Outcome:
     return Outcome(201, charge.as_json(), headers={"Location": f"/charges/{charge.public_id}"})
 
 
-def charge(account: User, body: Any) -> Outcome:
-    """Charge the card in ``body`` (the parsed request body) once."""
+def charge(account: User, body: Any, idempotency_key: str | None = None) -> Outcome:
+    """Charge the card in ``body`` (the parsed request body) once; ``idempotency_key`` is
+    the provider's (``downstream_key_for``): a run of the view after a lapsed lease sends
+    the same one, and a provider that deduplicates charges once."""
     data, invalid = validate(body)
     if invalid is not None:
         return invalid
     try:
-        provider.charge(data["card"], data["amount"], data["currency"])
+        provider.charge(data["card"], data["amount"], data["currency"], idempotency_key)
     except (provider.CardDeclined, provider.ProviderTimeout) as error:
         return _declined_or_timeout(error)
     return _created(Charge.objects.create(account=account, **data))
 
 
-async def acharge(account: User, body: Any) -> Outcome:
+async def acharge(account: User, body: Any, idempotency_key: str | None = None) -> Outcome:
     data, invalid = validate(body)
     if invalid is not None:
         return invalid
     try:
-        await provider.acharge(data["card"], data["amount"], data["currency"])
+        await provider.acharge(data["card"], data["amount"], data["currency"], idempotency_key)
     except (provider.CardDeclined, provider.ProviderTimeout) as error:
         return _declined_or_timeout(error)
     return _created(await Charge.objects.acreate(account=account, **data))

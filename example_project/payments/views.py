@@ -22,6 +22,7 @@ from django.views.decorators.csrf import csrf_exempt
 from example_project.payments import jsonbody, service
 from example_project.payments.auth import abasic_auth_required, basic_auth_required
 from idempotency_django.decorators import idempotent
+from idempotency_django.downstream import downstream_key_for
 
 View = TypeVar("View", bound=Callable[..., Any])
 
@@ -88,6 +89,14 @@ def _charge_body(request: HttpRequest) -> tuple[Any, service.Outcome | None]:
         return None, service.invalid_json(str(error))
 
 
+def _provider_key(request: HttpRequest) -> str:
+    """The card provider's idempotency key for this request's charge: derived from its
+    Idempotency-Key and scope, the same on every run of the view for that key (a retry
+    after a 5xx, a run after a lapsed lease), so a provider that deduplicates charges once
+    (docs/client.md, docs/reliability.md)."""
+    return downstream_key_for(request, "card-charge")
+
+
 @csrf_exempt
 @allow_methods("GET", "POST")
 @basic_auth_required
@@ -99,7 +108,7 @@ def charges(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
         return JsonResponse(service.charges_of(account))
     body, invalid = _charge_body(request)
-    return _response(invalid or service.charge(account, body))
+    return _response(invalid or service.charge(account, body, _provider_key(request)))
 
 
 @csrf_exempt
@@ -113,7 +122,7 @@ async def async_charges(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
         return JsonResponse(await _acharges_of(account))
     body, invalid = _charge_body(request)
-    return _response(invalid or await service.acharge(account, body))
+    return _response(invalid or await service.acharge(account, body, _provider_key(request)))
 
 
 @csrf_exempt

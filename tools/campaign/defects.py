@@ -1,0 +1,46 @@
+"""Defects planted on purpose, to prove that the checker catches what it must
+(``CAMPAIGN_DEFECT``; never in a real run):
+
+- ``no-claim``: a store whose claim always wins (the record of the key, whatever its state,
+  is dropped first): every request runs the view.
+- ``lost-completion``: the completion is sent once; a store that fails it (a stall) loses
+  it, and the key stays in progress until its lease lapses, when a retry runs the view
+  again. The library sends it again until the lease may lapse (``_store_outcome``); this
+  defect is that code before it did.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from idempotency_django.store.base import ClaimOrRead
+from idempotency_django.store.database import DatabaseStore
+from idempotency_django.store.redis import RedisStore
+
+
+class NoClaimRedisStore(RedisStore):
+    def claim_or_read(self, alias: str, values: dict[str, Any], fingerprint: str) -> ClaimOrRead:
+        self._call(lambda client: client.delete(self.key(values)))
+        return super().claim_or_read(alias, values, fingerprint)
+
+
+class NoClaimDatabaseStore(DatabaseStore):
+    def claim_or_read(self, alias: str, values: dict[str, Any], fingerprint: str) -> ClaimOrRead:
+        lookup = {name: values[name] for name in ("account", "endpoint", "key")}
+        self._records(alias).filter(**lookup).delete()
+        return super().claim_or_read(alias, values, fingerprint)
+
+
+def _complete_once(self: Any, claim: Any, response: Any, body_stored: bool) -> bool:
+    from idempotency_django import claims
+
+    return bool(claims.complete(claim, response, body_stored=body_stored))
+
+
+def plant(defect: str) -> None:
+    if defect == "lost-completion":
+        from idempotency_django.lifecycle import Protected
+
+        Protected._store_outcome = _complete_once  # type: ignore[method-assign]
+    elif defect not in ("", "no-claim"):
+        raise ValueError(f"unknown CAMPAIGN_DEFECT {defect!r}")
