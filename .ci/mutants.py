@@ -448,6 +448,42 @@ MUTANTS = [
         ),
     ),
     Mutant(
+        "health-ok-when-store-down",
+        "the health check answers 200 while the store refuses connections",
+        "health.py",
+        '        return False, _failure(store, alias, error, timeout, detail, "the store"), None',
+        '        return True, _failure(store, alias, error, timeout, detail, "the store"), None',
+        (
+            "test_health.py::"
+            "test_a_store_that_refuses_connections_answers_503_without_its_error_text",
+            "test_health.py::test_the_command_prints_the_json_and_exits_0_or_1",
+        ),
+    ),
+    Mutant(
+        "health-store-unbounded",
+        "the health check's round trip has no time bound: a stalled store hangs the probe",
+        "store/database.py",
+        '        return _statement_timeout(alias, timeout, verb="SELECT")',
+        "        return suppress()",
+        ("test_health.py::test_a_store_that_stalls_fails_within_the_timeout",),
+    ),
+    Mutant(
+        "health-purge-lag-ignored",
+        "the health check passes however long ago the oldest expired record expired",
+        "health.py",
+        "    if lag > max_lag:",
+        "    if lag > max_lag * 1000:",
+        ("test_health.py::test_a_purge_lag_over_the_threshold_answers_503_until_the_purge_runs",),
+    ),
+    Mutant(
+        "health-late-heartbeat-alive",
+        "a heartbeat whose renewals fail counts as alive while its thread runs",
+        "heartbeat.py",
+        "        return self.renewing == 0 or (self.thread_alive and self.late == 0)",
+        "        return self.renewing == 0 or self.thread_alive",
+        ("test_health.py::test_a_heartbeat_whose_renewals_fail_is_late_and_fails",),
+    ),
+    Mutant(
         "purge-stale-live",
         "the purge counts live leases as stale in-progress records",
         "purge.py",

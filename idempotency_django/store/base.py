@@ -229,6 +229,16 @@ def lock_wait(store: Store, alias: str, seconds: float | None) -> AbstractContex
 
 
 @runtime_checkable
+class ChecksHealth(Protocol):
+    """A store the health check can probe within a time bound (``health.py``): ``ping``
+    makes one round trip and raises the store's errors; ``bounded_reads`` bounds the reads
+    run inside (``oldest_expired``). A store without them is probed with ``usable``."""
+
+    def ping(self, alias: str, timeout: float) -> None: ...
+    def bounded_reads(self, alias: str, timeout: float) -> AbstractContextManager[None]: ...
+
+
+@runtime_checkable
 class CountsInUse(Protocol):
     """A store that can count an account's records in use (``MAX_IN_FLIGHT_PER_ACCOUNT``)."""
 

@@ -336,6 +336,19 @@ class DatabaseStore:
         )
         return first
 
+    def ping(self, alias: str, timeout: float) -> None:
+        """One round trip to the records table, bounded by ``timeout`` (``bounded_reads``):
+        the health check's. Reads no row (a primary key no record has), but needs the
+        connection, the server and the table: a database that is down, a table that was
+        never migrated, a server that stalls are each a ``DatabaseError``."""
+        with self.bounded_reads(alias, timeout):
+            self._records(alias).filter(pk=0).exists()
+
+    def bounded_reads(self, alias: str, timeout: float) -> AbstractContextManager[None]:
+        """Bound the ``SELECT`` statements run inside to ``timeout`` seconds on the
+        server, as the heartbeat bounds its renewals (``_statement_timeout``)."""
+        return _statement_timeout(alias, timeout, verb="SELECT")
+
     def in_transaction(self, alias: str) -> bool:
         return connections[alias].in_atomic_block
 
@@ -925,9 +938,10 @@ _MARIADB_MAX_STATEMENT_TIME = 31_536_000
 
 
 @contextmanager
-def _statement_timeout(alias: str, seconds: float) -> Iterator[None]:
+def _statement_timeout(alias: str, seconds: float, verb: str = "UPDATE") -> Iterator[None]:
     """Bound the statements run inside to ``seconds``, lock waits included (the heartbeat's
-    renewal: one locked row must not hold every other lease past its expiry).
+    renewal: one locked row must not hold every other lease past its expiry; the health
+    check's reads, ``verb="SELECT"``).
 
     PostgreSQL: ``statement_timeout`` set for one short transaction (``set_config(…, true)``
     is ``SET LOCAL`` with a parameter). MariaDB: ``SET STATEMENT max_statement_time=… FOR``
@@ -949,8 +963,9 @@ def _statement_timeout(alias: str, seconds: float) -> Iterator[None]:
         prefix = f"SET STATEMENT max_statement_time={bound:.3f} FOR "
 
         def bounded(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-            # Only the renewal: not what Django runs to set up a new connection.
-            if sql.lstrip()[:6].upper() == "UPDATE":
+            # Only the renewal (or the health check's reads): not what Django runs to set
+            # up a new connection.
+            if sql.lstrip()[: len(verb)].upper() == verb:
                 sql = prefix + sql
             return execute(sql, params, many, context)
 
