@@ -182,6 +182,7 @@ def pages(client: Any) -> list[tuple[str, Callable[[], Any]]]:
         return client.post(changelist, data)
 
     change = reverse("admin:idempotency_django_idempotencyrecord_change", args=[old.pk])
+    overview_url = reverse("admin:idempotency_django_idempotencyrecord_overview")
     return [
         ("changelist", get()),
         ("changelist, page 50", get(p="50")),
@@ -204,6 +205,7 @@ def pages(client: Any) -> list[tuple[str, Callable[[], Any]]]:
         ("search + state filter", get(q=old.account, state__exact="completed")),
         ("change page (old record)", lambda: client.get(change)),
         ("force-release confirmation", confirmation),
+        ("overview", lambda: client.get(overview_url)),
     ]
 
 
@@ -253,6 +255,60 @@ def time_pages(rounds: int) -> list[Timing]:
                    statistics.median(sqls), cost, rows, statements)
         )  # fmt: skip
     return results
+
+
+def report_overview(rounds: int) -> int:
+    """Each panel of the admin overview and each check of the health check, timed on their
+    own (the median and the worst of ``rounds`` runs after a warm-up), then every statement
+    they send, EXPLAINed: a full scan (PostgreSQL's ``Seq Scan``, MariaDB's ``ALL``) fails.
+    Returns the number of panels over target or plans that scan."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from idempotency_django import health, overview
+    from idempotency_django.models import IdempotencyRecord
+    from idempotency_django.store.base import get_store
+
+    store = get_store()
+    records = IdempotencyRecord.objects.using("default")
+    times: dict[str, list[float]] = {}
+    for round_ in range(rounds + 1):
+        panels = overview.database_overview(records, store, "default")
+        report = health.run_checks()
+        if round_ == 0:
+            continue  # the warm-up
+        for panel in panels:
+            times.setdefault(f"overview: {panel.title}", []).append(panel.milliseconds)
+        for check in report.checks:
+            times.setdefault(f"health: {check.name}", []).append(check.duration * 1000)
+    load = common.load_average()
+    print(f"\nOverview panels and health checks, median / worst of {rounds} (load {load}):")
+    print("| panel or check | median ms | worst ms | ≤ 150 ms |")
+    print("|---|---|---|---|")
+    failed = 0
+    for name, values in times.items():
+        median = statistics.median(values)
+        failed += median > TARGET_MS
+        verdict = "PASS" if median <= TARGET_MS else "FAIL"
+        print(f"| {name} | {median:.1f} | {max(values):.1f} | {verdict} |")
+    with CaptureQueriesContext(connection) as captured:
+        overview.database_overview(records, store, "default")
+        with store.bounded_reads("default", 5):  # type: ignore[attr-defined]
+            store.oldest_expired("default")
+    print("\nTheir plans:")
+    for statement in captured.captured_queries:
+        sql = statement["sql"]
+        if not sql.lstrip().upper().startswith("SELECT") or TABLE not in sql:
+            continue
+        with connection.cursor() as cursor:
+            cursor.execute(f"EXPLAIN {sql}")
+            plan = [" ".join(str(cell) for cell in row) for row in cursor.fetchall()]
+        scans = [line for line in plan if "Seq Scan" in line or " ALL " in f" {line} "]
+        failed += bool(scans)
+        print(f"  {'SCAN ' if scans else ''}{sql[:160]}")
+        for line in plan:
+            print(f"      {line[:200]}")
+    return failed
 
 
 def claim_cost(count: int, step: Callable[[str], None]) -> dict[str, float]:
@@ -333,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe-rate", type=float, default=10.0, help="claims/s (10)")
     parser.add_argument("--window", type=float, default=15.0, help="s of probe each side")
     parser.add_argument("--no-pages", action="store_true", help="skip the admin pages")
+    parser.add_argument("--overview", action="store_true",
+                        help="time each overview panel and health check; EXPLAIN them")  # fmt: skip
     args = parser.parse_args(argv)
     db = database(args.database_url or DEFAULT_URLS[args.database])
     started = time.monotonic()
@@ -355,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     if not args.no_pages:
         failed = report_pages(db, args, step)
+    if args.overview:
+        failed += report_overview(args.rounds)
     if args.claim_cost:
         step(f"claim cost: {args.claim_cost} claims x 2, with and without the admin's indexes")
         cost = claim_cost(args.claim_cost, step)

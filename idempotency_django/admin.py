@@ -362,8 +362,8 @@ class IdempotencyRecordAdmin(RecordAdminBase):
                 )
             },
             "outcomes": overview.OUTCOMES,
-            "count_limit": overview.COUNT_LIMIT,
-            "recent_limit": overview.RECENT_LIMIT,
+            "count_limit": f"{overview.COUNT_LIMIT:,}",
+            "recent_limit": f"{overview.RECENT_LIMIT:,}",
             "heartbeat": overview.heartbeat_overview(),
             "changelist_url": reverse(
                 f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist",

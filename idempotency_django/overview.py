@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import connections
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -175,8 +176,14 @@ def purge_lag(records: QuerySet[IdempotencyRecord], store: Store, alias: str) ->
 
 
 def table_size(alias: str) -> dict[str, Any]:
-    """The database's estimate from its statistics (None where it keeps none: SQLite)."""
-    return {"estimate": database_store.estimated_rows(alias)}
+    """The database's estimate from its statistics: None where it keeps none (SQLite), or
+    before it first analyzed the table (PostgreSQL's autovacuum does after enough writes)."""
+    estimate = database_store.estimated_rows(alias)
+    return {
+        "estimate": estimate,
+        "estimate_text": None if estimate is None else f"{estimate:,}",
+        "keeps_statistics": connections[alias].vendor in ("postgresql", "mysql"),
+    }
 
 
 def busiest_endpoints(alias: str, top: int = 10) -> Busiest:
