@@ -352,7 +352,9 @@ def claim_cost(count: int, step: Callable[[str], None]) -> dict[str, float]:
     return {kind: statistics.mean(values) for kind, values in samples.items()}
 
 
-def purge(db: Database, limit: int, window: float, rate: float, timeout: float) -> None:
+def purge(
+    db: Database, limit: int, window: float, rate: float, timeout: float, extra: str = ""
+) -> None:
     """``benchmarks/run.py``'s purge scenario on this table: the benchmark's server on
     this database, an open-loop claim probe before, during and after
     ``purge_idempotency_keys --limit``, paced as by default. Its report, as run.py prints
@@ -368,7 +370,7 @@ def purge(db: Database, limit: int, window: float, rate: float, timeout: float) 
     server = spawn_gunicorn(env, log, workers=os.cpu_count() or 1)
     try:
         server.wait_ready("/bench/ping/", {"X-Bench-User": run.USER}, within=90)
-        options = argparse.Namespace(purge_args=f"--limit {limit}", purge_timeout=timeout)
+        options = argparse.Namespace(purge_args=f"--limit {limit} {extra}", purge_timeout=timeout)
         purged = run.purge_scenario(server, env, window, rate, options)
     finally:
         server.stop()
@@ -392,6 +394,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="then purge N expired records (of the half that are) while "
                         "claims are probed, as benchmarks/run.py does")  # fmt: skip
     parser.add_argument("--probe-rate", type=float, default=10.0, help="claims/s (10)")
+    parser.add_argument("--purge-options", default="", metavar="OPTIONS",
+                        help="more purge command options ('--batch-size 999')")  # fmt: skip
+    parser.add_argument("--reuse", action="store_true",
+                        help="reuse the records present, however many (after a purge)")  # fmt: skip
     parser.add_argument("--window", type=float, default=15.0, help="s of probe each side")
     parser.add_argument("--no-pages", action="store_true", help="skip the admin pages")
     parser.add_argument("--overview", action="store_true",
@@ -409,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         create_database(db)
         present = -1
     django_setup(db)
-    if present != args.records or args.reseed:
+    if (present != args.records and not (args.reuse and present > 0)) or args.reseed:
         step(f"seeding {args.records:,} records into {db.name}")
         seed(db, args.records, step)
         step("seeded")
@@ -428,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{cost['with'] / cost['without']:.2f}x")  # fmt: skip
     if args.purge:
         step(f"purging {args.purge:,} expired records, claims probed at {args.probe_rate}/s")
-        purge(db, args.purge, args.window, args.probe_rate, timeout=3600)
+        purge(db, args.purge, args.window, args.probe_rate, 3600, args.purge_options)
     return 0 if not failed else 1
 
 

@@ -615,7 +615,7 @@ def test_bad_settings_raise_improperly_configured(settings: Any, setting: str, v
 
 def test_settings_defaults(settings: Any) -> None:
     settings.IDEMPOTENCY = {}
-    assert purge.batch_size_setting() == 500
+    assert purge.batch_size_setting() == 1000
     assert purge.stale_after_setting() == timedelta(hours=1)
     settings.IDEMPOTENCY = {"PURGE_BATCH_SIZE": 250, "STALE_IN_PROGRESS_SECONDS": 90.5}
     assert purge.batch_size_setting() == 250
