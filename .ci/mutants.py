@@ -508,6 +508,14 @@ MUTANTS = [
         ("test_admin_overview.py::test_the_overview_shows_every_panel",),
     ),
     Mutant(
+        "purge-stops-after-one-batch",
+        "the purge stops after its first full batch: the rest of the expired records stay",
+        "purge.py",
+        "            if len(pks) < room:\n                break",
+        "            if len(pks) <= room:\n                break",
+        ("test_purge.py::test_deletes_in_batches_by_primary_key_each_re_checking_the_expiry",),
+    ),
+    Mutant(
         "purge-stale-live",
         "the purge counts live leases as stale in-progress records",
         "purge.py",
