@@ -623,8 +623,8 @@ class RedisStore:
         """One round trip (``PING``), bounded by ``timeout`` where it is shorter than
         ``SOCKET_TIMEOUT`` (the renewal's client of that timeout): the health check's. On a
         cluster, the node the client asks first; a ``StoreError`` when it does not answer."""
-        client = self._renewal(timeout)
-        if not self._call(lambda client: client.ping(), client):
+        bounded = self._renewal(timeout)
+        if not self._call(lambda client: client.ping(), bounded):
             raise StoreError("Redis: PING was not answered PONG", "other")
 
     def bounded_reads(self, alias: str, timeout: float) -> AbstractContextManager[None]:
