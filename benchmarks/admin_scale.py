@@ -182,6 +182,7 @@ def pages(client: Any) -> list[tuple[str, Callable[[], Any]]]:
         return client.post(changelist, data)
 
     change = reverse("admin:idempotency_django_idempotencyrecord_change", args=[old.pk])
+    overview_url = reverse("admin:idempotency_django_idempotencyrecord_overview")
     return [
         ("changelist", get()),
         ("changelist, page 50", get(p="50")),
@@ -204,6 +205,7 @@ def pages(client: Any) -> list[tuple[str, Callable[[], Any]]]:
         ("search + state filter", get(q=old.account, state__exact="completed")),
         ("change page (old record)", lambda: client.get(change)),
         ("force-release confirmation", confirmation),
+        ("overview", lambda: client.get(overview_url)),
     ]
 
 
@@ -255,6 +257,65 @@ def time_pages(rounds: int) -> list[Timing]:
     return results
 
 
+def report_overview(rounds: int) -> int:
+    """Each panel of the admin overview and each check of the health check, timed on their
+    own (the median and the worst of ``rounds`` runs after a warm-up), then every statement
+    they send, EXPLAINed: a full scan (PostgreSQL's ``Seq Scan``, MariaDB's ``ALL``) fails.
+    Returns the number of panels over target or plans that scan."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from idempotency_django import health, overview
+    from idempotency_django.models import IdempotencyRecord
+    from idempotency_django.store.base import get_store
+
+    store = get_store()
+    records = IdempotencyRecord.objects.using("default")
+    times: dict[str, list[float]] = {}
+    for round_ in range(rounds + 1):
+        panels = overview.database_overview(records, store, "default")
+        report = health.run_checks()
+        if round_ == 0:
+            continue  # the warm-up
+        for panel in panels:
+            times.setdefault(f"overview: {panel.title}", []).append(panel.milliseconds)
+        for check in report.checks:
+            times.setdefault(f"health: {check.name}", []).append(check.duration * 1000)
+    load = common.load_average()
+    print(f"\nOverview panels and health checks, median / worst of {rounds} (load {load}):")
+    print("| panel or check | median ms | worst ms | ≤ 150 ms |")
+    print("|---|---|---|---|")
+    failed = 0
+    for name, values in times.items():
+        median = statistics.median(values)
+        failed += median > TARGET_MS
+        verdict = "PASS" if median <= TARGET_MS else "FAIL"
+        print(f"| {name} | {median:.1f} | {max(values):.1f} | {verdict} |")
+    with CaptureQueriesContext(connection) as captured:
+        overview.database_overview(records, store, "default")
+        with store.bounded_reads("default", 5):  # type: ignore[attr-defined]
+            store.oldest_expired("default")
+    print("\nTheir plans:")
+    for statement in captured.captured_queries:
+        sql = statement["sql"]
+        if not sql.lstrip().upper().startswith("SELECT") or TABLE not in sql:
+            continue
+        with connection.cursor() as cursor:
+            cursor.execute(f"EXPLAIN {sql}")
+            plan = [" ".join(str(cell) for cell in row) for row in cursor.fetchall()]
+        # A full read of the records table (not of a derived table of at most 10,001 rows).
+        scans = [
+            line
+            for line in plan
+            if f"Seq Scan on {TABLE}" in line or f" {TABLE} ALL " in f" {line} "
+        ]
+        failed += bool(scans)
+        print(f"  {'SCAN ' if scans else ''}{sql[:160]}")
+        for line in plan:
+            print(f"      {line[:200]}")
+    return failed
+
+
 def claim_cost(count: int, step: Callable[[str], None]) -> dict[str, float]:
     """µs per claim + completion through the engine, with the admin's indexes, without
     them (dropped), and with them again (rebuilt: minutes at 10M rows)."""
@@ -291,7 +352,9 @@ def claim_cost(count: int, step: Callable[[str], None]) -> dict[str, float]:
     return {kind: statistics.mean(values) for kind, values in samples.items()}
 
 
-def purge(db: Database, limit: int, window: float, rate: float, timeout: float) -> None:
+def purge(
+    db: Database, limit: int, window: float, rate: float, timeout: float, extra: str = ""
+) -> None:
     """``benchmarks/run.py``'s purge scenario on this table: the benchmark's server on
     this database, an open-loop claim probe before, during and after
     ``purge_idempotency_keys --limit``, paced as by default. Its report, as run.py prints
@@ -307,7 +370,7 @@ def purge(db: Database, limit: int, window: float, rate: float, timeout: float) 
     server = spawn_gunicorn(env, log, workers=os.cpu_count() or 1)
     try:
         server.wait_ready("/bench/ping/", {"X-Bench-User": run.USER}, within=90)
-        options = argparse.Namespace(purge_args=f"--limit {limit}", purge_timeout=timeout)
+        options = argparse.Namespace(purge_args=f"--limit {limit} {extra}", purge_timeout=timeout)
         purged = run.purge_scenario(server, env, window, rate, options)
     finally:
         server.stop()
@@ -331,8 +394,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="then purge N expired records (of the half that are) while "
                         "claims are probed, as benchmarks/run.py does")  # fmt: skip
     parser.add_argument("--probe-rate", type=float, default=10.0, help="claims/s (10)")
+    parser.add_argument("--purge-options", default="", metavar="OPTIONS",
+                        help="more purge command options ('--batch-size 999')")  # fmt: skip
+    parser.add_argument("--reuse", action="store_true",
+                        help="reuse the records present, however many (after a purge)")  # fmt: skip
     parser.add_argument("--window", type=float, default=15.0, help="s of probe each side")
     parser.add_argument("--no-pages", action="store_true", help="skip the admin pages")
+    parser.add_argument("--overview", action="store_true",
+                        help="time each overview panel and health check; EXPLAIN them")  # fmt: skip
     args = parser.parse_args(argv)
     db = database(args.database_url or DEFAULT_URLS[args.database])
     started = time.monotonic()
@@ -346,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         create_database(db)
         present = -1
     django_setup(db)
-    if present != args.records or args.reseed:
+    if (present != args.records and not (args.reuse and present > 0)) or args.reseed:
         step(f"seeding {args.records:,} records into {db.name}")
         seed(db, args.records, step)
         step("seeded")
@@ -355,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     if not args.no_pages:
         failed = report_pages(db, args, step)
+    if args.overview:
+        failed += report_overview(args.rounds)
     if args.claim_cost:
         step(f"claim cost: {args.claim_cost} claims x 2, with and without the admin's indexes")
         cost = claim_cost(args.claim_cost, step)
@@ -363,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{cost['with'] / cost['without']:.2f}x")  # fmt: skip
     if args.purge:
         step(f"purging {args.purge:,} expired records, claims probed at {args.probe_rate}/s")
-        purge(db, args.purge, args.window, args.probe_rate, timeout=3600)
+        purge(db, args.purge, args.window, args.probe_rate, 3600, args.purge_options)
     return 0 if not failed else 1
 
 

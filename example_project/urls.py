@@ -6,12 +6,17 @@ from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import SimpleRouter
 
 from example_project.payments import api, ninja_api, views
+from idempotency_django.health import idempotency_health_view
 
 router = SimpleRouter()
 router.register("api/charges", api.ChargeViewSet, basename="api-charges")
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # The idempotency health check, for readiness probes (docs/health.md).
+    # docs:health
+    path("health/idempotency/", idempotency_health_view),
+    # docs:health-end
     path("charges/", views.charges, name="charges"),
     # Where a new charge's Location points: /charges/ch_<n>, no trailing slash.
     path("charges/<str:charge_id>", views.charge_detail, name="charge-detail"),

@@ -21,24 +21,25 @@ from django.contrib.admin import helpers
 from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.auth import get_permission_codename, get_user_model
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
-from idempotency_django import claims, codecs, signals
+from idempotency_django import claims, codecs, overview, signals
 from idempotency_django.conf import DEFAULTS, conf
 from idempotency_django.fingerprint import fingerprint_display
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.purge import purge_records
 from idempotency_django.responses import StoredResponse
 from idempotency_django.store import database as database_store
-from idempotency_django.store.base import in_use_q, lapsed_q
+from idempotency_django.store.base import get_store, in_use_q, lapsed_q
 from idempotency_django.store.database import DatabaseNow
 from idempotency_django.store.database import delete_returning as _delete_returning
 from idempotency_django.tasks import ENDPOINT_PREFIX as TASK_ENDPOINT_PREFIX
@@ -307,6 +308,7 @@ class IdempotencyRecordAdmin(RecordAdminBase):
     force_release_confirmation_template = (
         "admin/idempotency_django/idempotencyrecord/force_release_confirmation.html"
     )
+    overview_template = "admin/idempotency_django/idempotencyrecord/overview.html"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[IdempotencyRecord]:
         # The store may live in a database of its own (IDEMPOTENCY["DATABASE"]).
@@ -325,6 +327,51 @@ class IdempotencyRecordAdmin(RecordAdminBase):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> Any:
         return super().changelist_view(request, {**(extra_context or {}), **_notices()})
+
+    # -- the overview ------------------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        overview = path(
+            "overview/",
+            self.admin_site.admin_view(self.overview_view),
+            name=f"{self.opts.app_label}_{self.opts.model_name}_overview",
+        )
+        return [overview, *super().get_urls()]
+
+    def overview_view(self, request: HttpRequest) -> TemplateResponse:
+        """The overview (``overview.py``): who may see the records' list may see it; every
+        panel is one bounded index read, timed on the page."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        store = get_store()
+        alias = claims.store_alias()
+        in_database = isinstance(store, database_store.DatabaseStore)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Idempotency overview",
+            "subtitle": None,
+            "store_name": type(store).__name__,
+            "in_database": in_database,
+            "panels": {
+                panel.name: panel
+                for panel in (
+                    overview.database_overview(self.get_queryset(request), store, alias)
+                    if in_database
+                    else []
+                )
+            },
+            "outcomes": overview.OUTCOMES,
+            "count_limit": f"{overview.COUNT_LIMIT:,}",
+            "recent_limit": f"{overview.RECENT_LIMIT:,}",
+            "heartbeat": overview.heartbeat_overview(),
+            "changelist_url": reverse(
+                f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist",
+                current_app=self.admin_site.name,
+            ),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, self.overview_template, context)
 
     def change_view(
         self,

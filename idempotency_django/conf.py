@@ -81,9 +81,16 @@ DEFAULTS: dict[str, Any] = {
     "ON_DISCONNECT": "finish",
     "REPLAY_HEADER": "Idempotent-Replayed",
     "LOG_KEYS": "plain",
-    "PURGE_BATCH_SIZE": 500,
+    # Measured at 10M records (benchmarks/RESULTS.md): 1,000 rows a batch doubled the paced
+    # rate of 500 on PostgreSQL, where a batch's fixed cost (two round trips, the index
+    # descent) was half its time; MariaDB/MySQL take at most 999 (purge.py).
+    "PURGE_BATCH_SIZE": 1000,
     "PURGE_RATE": 25_000,
     "STALE_IN_PROGRESS_SECONDS": 60 * 60,
+    # The health check (health.py): the bound on each of its round trips to the store, and
+    # the purge lag (age of the oldest expired record still present) past which it fails.
+    "HEALTH_TIMEOUT_SECONDS": 1.0,
+    "HEALTH_MAX_PURGE_LAG_SECONDS": 24 * 60 * 60,
     "PROBLEM_TYPE_BASE": "urn:idempotency-django:problem:",
     # IdempotencyMiddleware leaves these URL names alone ("ns:*" is a whole namespace).
     "EXEMPT_URL_NAMES": ("admin:*",),
@@ -104,6 +111,8 @@ MINIMUMS: dict[str, float] = {
     "PURGE_BATCH_SIZE": 1,
     "PURGE_RATE": 0,
     "STALE_IN_PROGRESS_SECONDS": 0,
+    "HEALTH_TIMEOUT_SECONDS": 0,
+    "HEALTH_MAX_PURGE_LAG_SECONDS": 0,
 }
 # The most a request may wait for a duplicate (``WAIT_SECONDS``, ``wait_seconds=``): a waiting
 # request holds a worker thread and its connections, and clients and proxies give up after
@@ -126,6 +135,8 @@ DURATIONS = (
     "MAX_RUN_SECONDS",
     "TTL_SECONDS",
     "STALE_IN_PROGRESS_SECONDS",
+    "HEALTH_TIMEOUT_SECONDS",
+    "HEALTH_MAX_PURGE_LAG_SECONDS",
 )
 # The True/False settings: anything else is E014, and counts as True until fixed (the safe
 # side of each: protection on, a key required, unbound responses refused).

@@ -44,6 +44,31 @@ class _Entry:
 
 
 @dataclass(frozen=True)
+class HeartbeatStatus:
+    """What one process's heartbeat can say of itself (``Heartbeat.status``): the health
+    check's "heartbeat alive", and the admin overview's view of a Redis store."""
+
+    #: This process's claims whose work has not ended, and those of them still renewed
+    #: (the others ran past ``MAX_RUN_SECONDS``).
+    claims: int
+    renewing: int
+    #: Whether the renewing thread runs (it starts with the first claim, ends when stopped).
+    thread_alive: bool
+    #: Seconds since the oldest of these claims was made (None: no claim).
+    oldest_claim_age: float | None
+    #: Seconds since the renewing claim renewed longest ago was last renewed (None: none).
+    renewal_age: float | None
+    #: Renewing claims whose last renewal that succeeded is more than two beats old (two
+    #: thirds of their lease): one more missed beat and the lease lapses under a live view.
+    late: int
+
+    @property
+    def alive(self) -> bool:
+        """Nothing to renew, or a running thread that keeps every lease ahead of its lapse."""
+        return self.renewing == 0 or (self.thread_alive and self.late == 0)
+
+
+@dataclass(frozen=True)
 class _Worker:
     """One heartbeat thread and the events that only it waits on."""
 
@@ -109,6 +134,24 @@ class Heartbeat:
         with self._lock:
             entry = self._entries.get(claim.token)
         return None if entry is None else entry.renewed_at + entry.lease
+
+    def status(self) -> HeartbeatStatus:
+        """This process's claims and how recently each was renewed (``HeartbeatStatus``).
+        Another process's heartbeat is its own: a health probe sees the process it hits."""
+        now = time.monotonic()
+        with self._lock:
+            entries = list(self._entries.values())
+            worker = self._worker
+        renewing = [entry for entry in entries if entry.renewing]
+        alive = worker is not None and worker.thread.is_alive() and not worker.stop.is_set()
+        return HeartbeatStatus(
+            claims=len(entries),
+            renewing=len(renewing),
+            thread_alive=alive,
+            oldest_claim_age=now - min(e.claim.since for e in entries) if entries else None,
+            renewal_age=now - min(e.renewed_at for e in renewing) if renewing else None,
+            late=sum(now - e.renewed_at > e.lease * 2 / 3 for e in renewing),
+        )
 
     def _renewed(self, claims: Sequence[Claim], sent: float) -> None:
         with self._lock:

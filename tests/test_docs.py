@@ -145,7 +145,11 @@ BASE_OPTIONS = {action.dest for action in BaseCommand().create_parser("manage.py
 def test_every_management_command_option_is_documented() -> None:
     text = page("operations.md")
     commands = [name for name, app in get_commands().items() if app == "idempotency_django"]
-    assert sorted(commands) == ["purge_idempotency_keys", "reseal_idempotency_responses"]
+    assert sorted(commands) == [
+        "idempotency_health",
+        "purge_idempotency_keys",
+        "reseal_idempotency_responses",
+    ]
     for command in commands:
         assert f"`{command}`" in text
         parser = load_command_class("idempotency_django", command).create_parser(

@@ -203,6 +203,13 @@ class Store(Protocol):
     def in_transaction(self, alias: str) -> bool: ...
     def reset(self, alias: str) -> None: ...
     def usable(self, alias: str) -> bool: ...
+    def oldest_expired(self, alias: str) -> datetime | None:
+        """The expiry of the oldest expired record still present (``expired_q``: past its
+        TTL and not in use), on the store's clock; ``None`` when there is none, or when the
+        store expires its records itself (``needs_purge`` false: nothing lags). Read
+        through the expiry index, so that it costs a few index pages at any table size:
+        the purge lag (now less this) is what health checks and metrics report."""
+        ...
 
 
 @runtime_checkable
@@ -219,6 +226,16 @@ def lock_wait(store: Store, alias: str, seconds: float | None) -> AbstractContex
     if seconds is None or not isinstance(store, BoundsLockWaits):
         return nullcontext()
     return store.lock_wait(alias, seconds)
+
+
+@runtime_checkable
+class ChecksHealth(Protocol):
+    """A store the health check can probe within a time bound (``health.py``): ``ping``
+    makes one round trip and raises the store's errors; ``bounded_reads`` bounds the reads
+    run inside (``oldest_expired``). A store without them is probed with ``usable``."""
+
+    def ping(self, alias: str, timeout: float) -> None: ...
+    def bounded_reads(self, alias: str, timeout: float) -> AbstractContextManager[None]: ...
 
 
 @runtime_checkable

@@ -16,6 +16,7 @@ import hashlib
 import json
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
@@ -641,6 +642,23 @@ class RedisStore:
                 f"within {self.options()['WAIT_TIMEOUT_MS']} ms (WAIT_REPLICAS)",
                 "other",
             )
+
+    def ping(self, alias: str, timeout: float) -> None:
+        """One round trip (``PING``), bounded by ``timeout`` where it is shorter than
+        ``SOCKET_TIMEOUT`` (the renewal's client of that timeout): the health check's. On a
+        cluster, the node the client asks first; a ``StoreError`` when it does not answer."""
+        bounded = self._renewal(timeout)
+        if not self._call(lambda client: client.ping(), bounded):
+            raise StoreError("Redis: PING was not answered PONG", "other")
+
+    def bounded_reads(self, alias: str, timeout: float) -> AbstractContextManager[None]:
+        """Nothing to bound: the health check reads nothing else from Redis."""
+        return contextlib.nullcontext()
+
+    def oldest_expired(self, alias: str) -> datetime | None:
+        """Always ``None``: Redis deletes a key when its TTL runs out, so no expired record
+        is ever left to purge (a purge lag does not apply to this store)."""
+        return None
 
     def usable(self, alias: str) -> bool:
         try:

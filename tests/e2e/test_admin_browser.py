@@ -22,6 +22,7 @@ from tools.server import (
     Server,
     example_env,
     new_amount,
+    new_key,
     retry_until,
 )
 
@@ -222,3 +223,52 @@ def test_operator_releases_a_stuck_key_and_the_retry_runs(
     replay = server.post_charge(body, key=key)
     assert replay.headers.get(REPLAYED) == "true"
     assert replay.json()["id"] == retry.json()["id"]
+
+
+OVERVIEW = f"{RECORDS}overview/"
+
+
+def test_operator_opens_the_overview_and_follows_the_oldest_claim_in_flight(
+    server: Server,
+    start_example: Any,
+    admin_user: tuple[str, str],
+    browser: Any,
+    key: str,
+    tmp_path: Path,
+) -> None:
+    # Traffic: a few charges, and one whose worker is still in the provider's call.
+    for _ in range(3):
+        answered = server.post_charge(
+            {"amount": new_amount(), "currency": "EUR", "card": "tok_visa"}, key=new_key()
+        )
+        assert answered.status_code == 201, answered.text
+    slow = start_example(EXAMPLE_PROVIDER_DELAY_MS="60000")
+    body = {"amount": new_amount(), "currency": "EUR", "card": "tok_visa"}
+    request = InFlightRequest(slow, body, key=key).start()
+    request.wait_sent()
+
+    admin = AdminPage(browser, server)
+    admin.log_in(*admin_user)
+    # From the records' list, the operator opens the overview.
+    admin.submit_and_wait(admin.find("a.idempotency-overview-link"))
+    assert browser.current_url.endswith(OVERVIEW), browser.current_url
+
+    def in_flight() -> str:
+        browser.get(f"{server.base_url}{OVERVIEW}")
+        return str(admin.find("#panel-in-flight").text)
+
+    shown, _ = retry_until(in_flight, lambda text: key in text, within=WAIT_SECONDS, every=0.2)
+    assert "Oldest: " in shown, shown
+    busiest = admin.find("#busiest-endpoints").text
+    assert "POST /charges/" in busiest, busiest
+    assert admin.find("#panel-purge-lag").text
+    assert admin.find("#panel-table-size").text.startswith("Table size (estimated)")
+    browser.save_screenshot(str(tmp_path / "admin-overview.png"))  # for a failure's report
+
+    # The oldest claim's link opens its record: in progress, under this key.
+    admin.submit_and_wait(admin.find("#panel-in-flight .oldest a"))
+    assert key in admin.find("#content").text
+    assert "in progress" in admin.find("#content").text
+
+    slow.kill_workers()
+    request.wait_done()

@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.urls import include, path, re_path
 from rest_framework.routers import SimpleRouter
 
+from idempotency_django.health import idempotency_health_view
 from tests.project import atomicity_views, drf_views, views
 
 # A router whose routes take a path with or without its trailing slash (the usual recipe:
@@ -12,6 +13,7 @@ slash_optional.trailing_slash = "/?"
 slash_optional.register("api/slash-optional", drf_views.ChargeViewSet, basename="slash-optional")
 
 urlpatterns = [
+    path("health/idempotency/", idempotency_health_view),
     path("effect/", views.effect),
     path("effect/<int:number>/", views.effect),
     path("keyed-effect/", views.keyed_effect),

@@ -59,7 +59,7 @@ class Command(arguments.Command):
             type=arguments.positive_int,
             default=None,
             metavar="N",
-            help="Rows per DELETE (default: IDEMPOTENCY['PURGE_BATCH_SIZE'], 500).",
+            help="Rows per DELETE (default: IDEMPOTENCY['PURGE_BATCH_SIZE'], 1000).",
         )
         parser.add_argument(
             "--limit",
