@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from typing import Any
+import re
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.dispatch import Signal
 from django.utils.crypto import salted_hmac
@@ -44,6 +47,68 @@ outcome_not_stored = Signal()
 #: The store failed while claiming a key; ``policy`` is ``"closed"`` (503) or ``"open"``
 #: (the view ran unprotected).
 store_unavailable = Signal()
+#: A request's ``Idempotency-Key`` was missing where one is required, or malformed (400).
+#: Sent with ``reason`` (``"missing"`` or ``"malformed"``) and ``endpoint``; no account and no
+#: key: neither is known yet.
+key_refused = Signal()
+#: A request with a key came from nobody (no account) under ``ANONYMOUS = "reject"`` (403).
+#: Sent with ``endpoint``; no account and no key.
+anonymous_refused = Signal()
+#: A completed key's stored response could not be read back (its codec cannot open it, or
+#: it was sealed for another record): the retry is answered 409 and the view does not run.
+response_unreadable = Signal()
+#: A claim's outcome was stored; ``status`` and ``size`` (the stored body's bytes, 0 when
+#: only the status was kept).
+completed = Signal()
+
+# Signals that name no key (sent with plain ``Signal.send``; see each for its arguments).
+
+#: One store operation ran: ``operation`` (``"claim"``, ``"complete"``, ``"release"``,
+#: ``"renew"``, ``"read"``), ``store`` (``store_name``) and ``seconds`` (its duration,
+#: failures included). Sent only while a receiver is connected: timing costs nothing
+#: otherwise.
+store_operation = Signal()
+#: The heartbeat beat (or went idle): ``in_flight`` (the claims of this process it keeps),
+#: ``oldest_age`` (seconds since the oldest of them was claimed, 0 when none), ``lag``
+#: (seconds since the least recently renewed of them was last renewed, 0 when none) and
+#: ``failures`` (the claims whose renewal failed at this beat).
+heartbeat_beat = Signal()
+
+
+T = TypeVar("T")
+
+
+def timed(operation: str, store: object, call: Callable[[], T]) -> T:
+    """``call()``, a store operation, timed for ``store_operation`` when a receiver is
+    connected (failures included: a store that times out is a slow store). With none, this
+    is the call alone."""
+    if not store_operation.receivers:
+        return call()
+    started = time.perf_counter()
+    try:
+        return call()
+    finally:
+        seconds = time.perf_counter() - started
+        from idempotency_django.models import IdempotencyRecord
+
+        store_operation.send(
+            IdempotencyRecord, operation=operation, store=store_name(store), seconds=seconds
+        )
+
+
+_store_names: dict[type, str] = {}
+
+
+def store_name(store: object) -> str:
+    """A store's name for metrics and logs, from its class: ``DatabaseStore`` is
+    ``"database"``, ``RedisClusterStore`` ``"redis_cluster"``. One per class: bounded."""
+    kind = type(store)
+    name = _store_names.get(kind)
+    if name is None:
+        base = kind.__name__.removesuffix("Store") or kind.__name__
+        name = re.sub(r"(?<!^)(?=[A-Z])", "_", base).lower()
+        _store_names[kind] = name
+    return name
 
 
 def emit(
