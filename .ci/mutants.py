@@ -436,6 +436,18 @@ MUTANTS = [
         ("test_purge.py::test_a_record_whose_view_still_runs_is_kept_even_past_its_ttl",),
     ),
     Mutant(
+        "oldest-expired-counts-in-use",
+        "the purge lag counts a record whose view still runs past its TTL: a lag the purge "
+        "cannot clear, so the health check fails for good",
+        "store/database.py",
+        '            .filter(expired_q(DatabaseNow()))\n            .order_by("expires_at")',
+        '            .filter(expires_at__lte=DatabaseNow())\n            .order_by("expires_at")',
+        (
+            "test_purge.py::"
+            "test_oldest_expired_is_the_expiry_of_the_oldest_record_the_purge_would_delete",
+        ),
+    ),
+    Mutant(
         "purge-stale-live",
         "the purge counts live leases as stale in-progress records",
         "purge.py",

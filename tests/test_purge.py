@@ -403,6 +403,27 @@ def test_purged_signal_reports_the_counts(purged_reports: list[dict[str, Any]]) 
 
 
 @pytest.mark.django_db
+def test_oldest_expired_is_the_expiry_of_the_oldest_record_the_purge_would_delete() -> None:
+    store = claims.get_store()
+    assert store.oldest_expired("default") is None  # an empty table
+    live(key="live")
+    assert store.oldest_expired("default") is None  # nothing expired
+
+    now = timezone.now()
+    # Past its TTL but its view still runs: in use, not expired, and the purge keeps it.
+    in_progress(key="running", expires_at=now - timedelta(days=3))
+    newer = expired(HOUR, key="newer")
+    older = expired(timedelta(days=2), key="older")
+
+    oldest = store.oldest_expired("default")
+    assert oldest == IdempotencyRecord.objects.get(pk=older.pk).expires_at
+
+    purge_records(include_stale=False, pacing=Pacing.flat_out())
+    assert not IdempotencyRecord.objects.filter(pk__in=[older.pk, newer.pk]).exists()
+    assert store.oldest_expired("default") is None  # what is left is in use or live
+
+
+@pytest.mark.django_db
 def test_result_as_dict() -> None:
     expired()
     # The start; the batch's start and end; the empty page of stale records; the end.

@@ -297,6 +297,19 @@ def test_completion_release_and_renewal_are_fenced_by_the_token() -> None:
     assert completed.stored.body == b"done"
 
 
+def test_the_redis_store_has_no_purge_lag_as_redis_deletes_expired_keys_itself() -> None:
+    redis_store = store()
+    assert redis_store.claim_or_read("default", claim_values("a" * 32), "2:" + "a" * 64) == (
+        "claimed"
+    )
+    assert redis_store.complete("default", lookup(), "a" * 32, complete_values())
+    # The record carries a Redis TTL: Redis deletes it when that runs out, so no expired
+    # record is ever left behind for a purge to lag on.
+    (key,) = record_keys()
+    assert redis_client().pttl(key) > 0
+    assert redis_store.oldest_expired("default") is None
+
+
 def test_a_completed_record_keeps_the_claims_fingerprint_and_its_response() -> None:
     redis_store = store()
     fingerprint = "custom:has|pipes\nand a newline"

@@ -203,6 +203,13 @@ class Store(Protocol):
     def in_transaction(self, alias: str) -> bool: ...
     def reset(self, alias: str) -> None: ...
     def usable(self, alias: str) -> bool: ...
+    def oldest_expired(self, alias: str) -> datetime | None:
+        """The expiry of the oldest expired record still present (``expired_q``: past its
+        TTL and not in use), on the store's clock; ``None`` when there is none, or when the
+        store expires its records itself (``needs_purge`` false: nothing lags). Read
+        through the expiry index, so that it costs a few index pages at any table size:
+        the purge lag (now less this) is what health checks and metrics report."""
+        ...
 
 
 @runtime_checkable

@@ -322,6 +322,20 @@ class DatabaseStore:
         row = _execute(connection, sql, [account, *now_params, limit], _fetchone)
         return int(row[0])
 
+    def oldest_expired(self, alias: str) -> datetime | None:
+        """The expiry of the oldest expired record still present, or ``None``: the first
+        entry of the ``expires_at`` index past which a record is expired by the database's
+        clock (an in-progress record under a live lease is in use, not expired, whatever
+        its TTL says, and the purge keeps it). One short index walk, at any table size."""
+        first: datetime | None = (
+            self._records(alias)
+            .filter(expired_q(DatabaseNow()))
+            .order_by("expires_at")
+            .values_list("expires_at", flat=True)
+            .first()
+        )
+        return first
+
     def in_transaction(self, alias: str) -> bool:
         return connections[alias].in_atomic_block
 

@@ -618,6 +618,11 @@ class RedisStore:
                 "other",
             )
 
+    def oldest_expired(self, alias: str) -> datetime | None:
+        """Always ``None``: Redis deletes a key when its TTL runs out, so no expired record
+        is ever left to purge (a purge lag does not apply to this store)."""
+        return None
+
     def usable(self, alias: str) -> bool:
         try:
             return bool(self._call(lambda client: client.ping()))
