@@ -301,25 +301,19 @@ def disconnect() -> None:
 
 
 def purge_lag_seconds() -> float | None:
-    """How long ago the oldest expired record still present expired (0 when none), read
-    through the ``expires_at`` index; ``None`` for a store that expires its records itself
-    (Redis). What ``idempotency.purge.lag`` reports, at collection time."""
+    """How long ago the oldest expired record still present expired (0 when none): the
+    store's ``oldest_expired``, read through the expiry index, against this process's clock.
+    ``None`` for a store that expires its records itself (Redis): nothing can lag. What
+    ``idempotency.purge.lag`` reports, when it is collected."""
     from django.utils import timezone
 
-    from idempotency_django.models import IdempotencyRecord
     from idempotency_django.store.base import get_store, store_alias
 
-    if not get_store().needs_purge:
+    store = get_store()
+    if not store.needs_purge:
         return None
-    now = timezone.now()
-    oldest = (
-        IdempotencyRecord.objects.using(store_alias())
-        .filter(expires_at__lte=now)
-        .order_by("expires_at")
-        .values_list("expires_at", flat=True)
-        .first()
-    )
-    return 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())
+    oldest = store.oldest_expired(store_alias())
+    return 0.0 if oldest is None else max(0.0, (timezone.now() - oldest).total_seconds())
 
 
 def setting_changed(setting: str, **kwargs: Any) -> None:
