@@ -124,12 +124,10 @@ async def aobserved(request: HttpRequest, call: Callable[[], Awaitable[R]]) -> R
 
 
 def _begin(request: HttpRequest) -> Frame:
-    from idempotency_django.store.base import get_store
-
     frame = Frame(
         route=route(request),
         method=request.method or "",
-        store=signals.store_name(get_store()),
+        store=_default_store,  # the store of its first operation, once it has one
         started=time.perf_counter(),
     )
     for recorder in recorders:
@@ -142,7 +140,7 @@ def _end(frame: Frame) -> None:
     outcome = frame.outcome or "other"
     for recorder in recorders:
         recorder.end(frame, outcome, seconds)
-    if conf.LOG_REQUESTS:
+    if _log_requests:
         log_request(frame, outcome, seconds)
 
 
@@ -210,15 +208,16 @@ def _with_event(outcome: str, event: str) -> Callable[..., None]:
 
 
 def _completed(size: int, **kwargs: Any) -> None:
-    from idempotency_django.store.base import get_store
-
     frame = _frame.get()
-    store = frame.store if frame is not None else signals.store_name(get_store())
+    store = frame.store if frame is not None else _default_store
     for recorder in recorders:
         recorder.response_size(store, size)
 
 
 def _store_operation(operation: str, store: str, seconds: float, **kwargs: Any) -> None:
+    frame = _frame.get()
+    if frame is not None:
+        frame.store = store
     for recorder in recorders:
         recorder.store_operation(operation, store, seconds)
 
@@ -229,11 +228,8 @@ def _heartbeat(in_flight: int, oldest_age: float, lag: float, failures: int, **k
 
 
 def _purged(expired: int, stale: int, **kwargs: Any) -> None:
-    from idempotency_django.store.base import get_store
-
-    store = signals.store_name(get_store())
     for recorder in recorders:
-        recorder.purged(store, expired, stale)
+        recorder.purged(_default_store, expired, stale)
 
 
 def _receivers() -> list[tuple[Signal, Callable[..., None]]]:
@@ -264,16 +260,24 @@ def _receivers() -> list[tuple[Signal, Callable[..., None]]]:
 
 
 _connected: list[tuple[Signal, Callable[..., None]]] = []
+# The name of the STORE setting's store, read when the receivers are connected: a request
+# that reaches no store (a 400) is counted under it.
+_default_store = ""
+_log_requests = False  # LOG_REQUESTS, read when the receivers are connected
 
 
 def connect() -> None:
     """Connect the receivers and the recorders that the settings ask for, and nothing
     otherwise (disconnecting what an earlier call connected)."""
-    global watching
+    global watching, _default_store, _log_requests
     disconnect()
     exporters = conf.METRICS
-    if not exporters and not conf.LOG_REQUESTS:
+    _log_requests = conf.LOG_REQUESTS
+    if not exporters and not _log_requests:
         return
+    from idempotency_django.store.base import get_store
+
+    _default_store = signals.store_name(get_store())
     for exporter in exporters:
         if exporter == "prometheus":
             from idempotency_django.metrics import prometheus

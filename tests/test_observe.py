@@ -33,6 +33,7 @@ from idempotency_django.models import IdempotencyRecord
 from idempotency_django.purge import purge_records
 from tests import records
 from tests.conftest import Post
+from tests.docs_snippets import observability
 from tests.test_lifecycle import is_completion
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -486,20 +487,10 @@ def test_structlogs_stdlib_bridge_picks_up_the_fields(
 ) -> None:
     import io
 
-    import structlog
-
     settings.IDEMPOTENCY = {"LOG_REQUESTS": True}
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(
-        structlog.stdlib.ProcessorFormatter(
-            foreign_pre_chain=[structlog.stdlib.add_log_level, structlog.stdlib.ExtraAdder()],
-            processors=[
-                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                structlog.processors.JSONRenderer(),
-            ],
-        )
-    )
+    handler.setFormatter(observability.formatter())  # as the docs show it
     logger = logging.getLogger("idempotency_django.requests")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
@@ -535,3 +526,18 @@ def test_check_e060_a_missing_extra(settings: Any, monkeypatch: pytest.MonkeyPat
     (error,) = checks.check_metrics()
     assert error.id == "idempotency_django.E060"
     assert "idempotency-django[opentelemetry]" in (error.hint or "")
+
+
+@pytest.mark.urls("tests.docs_snippets.observability")
+def test_the_documented_settings_and_url_serve_the_metrics(
+    alice: User, post: Post, settings: Any, client: Client
+) -> None:
+    settings.IDEMPOTENCY = observability.IDEMPOTENCY
+    assert checks.check_metrics() == []
+    assert checks.check_settings() == []
+    assert observe.watching
+
+    response = client.get("/metrics")
+
+    assert response.status_code == 200
+    assert b"# TYPE idempotency_requests_total counter" in response.content
