@@ -323,7 +323,8 @@ def test_django_prometheus_exports_the_same_metrics_once(
 ) -> None:
     """django-prometheus's view reads the same default registry: our metrics appear in it,
     once, next to its own."""
-    from django_prometheus.exports import ExportToDjangoView
+    exports = pytest.importorskip("django_prometheus.exports")
+    ExportToDjangoView = exports.ExportToDjangoView
 
     post("/effect/", {"amount": 1}, key="dp")
     text = ExportToDjangoView(RequestFactory().get("/metrics")).content.decode()

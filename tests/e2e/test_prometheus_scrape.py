@@ -39,7 +39,7 @@ PREFIX = f"scrape-{os.getpid()}"
 def redis() -> Iterator[redis_cluster.StandaloneRedis]:
     try:
         server = redis_cluster.StandaloneRedis().start()
-    except (RuntimeError, OSError) as error:
+    except (RuntimeError, OSError, TimeoutError) as error:
         pytest.skip(f"no redis-server: {error}")
     try:
         yield server
