@@ -16,8 +16,9 @@ their own, deleted afterwards. CPU is ``time.process_time`` (best of 3 runs of
 Then the cost of the metrics (``IDEMPOTENCY["METRICS"]``) on a replay: ``--rounds``
 interleaved rounds of ``--calls`` replays with the metrics off, on Prometheus (its
 multiprocess mode, as under gunicorn) and on OpenTelemetry (the SDK configured: a meter
-provider with a reader, a tracer provider with a span processor that drops the spans), the
-best round of each, and its ratio to off.
+provider with a reader, a tracer provider with a batch span processor whose exporter drops
+the spans; each request's span sampled, or sampled out as most are in production), the best
+round of each, and its ratio to off.
 """
 
 from __future__ import annotations
@@ -86,27 +87,47 @@ def measure_metrics(replay: Callable[[], Any], calls: int, rounds: int) -> None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Sampler, SamplingResult
 
     class Dropped(SpanExporter):
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             return SpanExportResult.SUCCESS
 
-    tracing = TracerProvider()
-    tracing.add_span_processor(SimpleSpanProcessor(Dropped()))
+    class Switch(Sampler):
+        """Every span recorded, or none (as a sampled-out request's)."""
+
+        on = True
+
+        def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+            return (ALWAYS_ON if self.on else ALWAYS_OFF).should_sample(*args, **kwargs)
+
+        def get_description(self) -> str:
+            return "switch"
+
+    sampler = Switch()
+    tracing = TracerProvider(sampler=sampler)
+    tracing.add_span_processor(BatchSpanProcessor(Dropped()))
     trace.set_tracer_provider(tracing)
     metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
     base = dict(settings.IDEMPOTENCY)
-    modes = {"off": None, "prometheus": "prometheus", "opentelemetry": "opentelemetry"}
+    modes = {
+        "off": (None, False),
+        "prometheus": ("prometheus", False),
+        "opentelemetry, span sampled": ("opentelemetry", True),
+        "opentelemetry, span not": ("opentelemetry", False),
+    }
     best = dict.fromkeys(modes, float("inf"))
     for _ in range(rounds):
-        for mode, exporter in modes.items():
+        for mode, (exporter, sampled) in modes.items():
+            sampler.on = sampled
             with override_settings(IDEMPOTENCY={**base, "METRICS": exporter}):
                 replay()  # the recorder's first labels, outside the timing
                 started = time.process_time()
                 for _ in range(calls):
                     replay()
                 best[mode] = min(best[mode], (time.process_time() - started) / calls)
+    tracing.shutdown()
     print(f"  replay CPU, metrics off and on (best of {rounds} interleaved rounds x {calls}):")
     for mode, seconds in best.items():
         ratio = seconds / best["off"]
