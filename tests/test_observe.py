@@ -549,3 +549,18 @@ def test_the_documented_settings_and_url_serve_the_metrics(
 
     assert response.status_code == 200
     assert b"# TYPE idempotency_requests_total counter" in response.content
+
+
+def test_async_views_are_counted_and_spanned_as_sync_ones(
+    alice: User, post: Post, prom: Scrape, settings: Any
+) -> None:
+    before = requests_by_outcome(prom(), route="async/")
+    assert post("/async/", {"amount": 1}, key="as").status_code == 201
+    assert post("/async/", {"amount": 1}, key="as").status_code == 201
+    assert post("/async/", {"amount": 2}, key="as").status_code == 422
+
+    assert delta(before, requests_by_outcome(prom(), route="async/")) == {
+        "claimed": 1,
+        "replayed": 1,
+        "mismatch": 1,
+    }
