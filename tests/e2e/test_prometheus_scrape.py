@@ -5,6 +5,7 @@ runs, replays, a 409, 422s, 400s and 503s while the store (a Redis of our own) i
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -30,6 +31,7 @@ from tools.server import (
     spawn_gunicorn,
 )
 
+PACKAGE = Path(__file__).resolve().parents[2] / "idempotency_django"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 DEADLINE_SECONDS = 40
 PREFIX = f"scrape-{os.getpid()}"
@@ -198,5 +200,15 @@ def test_prometheus_counts_what_was_sent_across_four_workers(
         lambda found: sum(found.values()) >= sum(expected.values()),
     )
     assert got == {name: float(count) for name, count in expected.items()}
+    # The shipped dashboard's queries all run on this Prometheus, and those of the traffic
+    # sent here have an answer.
+    dashboard = json.loads((PACKAGE / "metrics" / "grafana-dashboard.json").read_text())
+    answered = {
+        panel["title"]: _query(prometheus, target["expr"])
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+    }
+    for title in ("Protected requests by outcome", "Store latency, p95 by operation"):
+        assert answered[title], title
     # Several workers counted them (one file each), and the scrape summed them.
     assert len(list((tmp_path / "multiproc").glob("counter_*.db"))) >= 2
