@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from django.conf import settings
 from django.dispatch import Signal
 
 logger = logging.getLogger("idempotency_django")
@@ -181,8 +182,6 @@ def key_digest(key: str) -> str:
 
     Django's ``salted_hmac``, with its derived key kept per ``SECRET_KEY`` (it would hash
     the salt and the secret again on every call: most of the cost of a digest)."""
-    from django.conf import settings
-
     secret = settings.SECRET_KEY
     keyed = _keyed.get(secret)
     if keyed is None:
