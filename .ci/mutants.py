@@ -2391,6 +2391,80 @@ MUTANTS = [
         ("test_heartbeat.py::test_a_claim_with_a_shorter_lease_wakes_the_sleeping_heartbeat",),
     ),
     Mutant(
+        "metrics-waited-counted-as-replayed",
+        "a duplicate that waited for the first request, then replayed it, is counted as a plain "
+        "replay: the waits an IN_FLIGHT 'wait' policy causes disappear from the metrics",
+        "observe.py",
+        '        frame.outcome = "waited_then_replayed" if waited else "replayed"',
+        '        frame.outcome = "replayed"',
+        ("test_observe.py::test_a_duplicate_that_waited_and_replayed_is_waited_then_replayed",),
+    ),
+    Mutant(
+        "metrics-mismatch-under-another-label",
+        "a 422 (a key reused for another request) is counted as a 409 in flight",
+        "observe.py",
+        '        (signals.mismatch, _outcome_of("mismatch")),',
+        '        (signals.mismatch, _outcome_of("in_flight")),',
+        ("test_observe.py::test_each_outcome_is_counted_once_under_its_label",),
+    ),
+    Mutant(
+        "metrics-failed-open-counted-as-unavailable",
+        "a request run unprotected after a store failure (ON_STORE_ERROR 'open') is counted as "
+        "a 503",
+        "observe.py",
+        '        frame.outcome = "failed_open" if policy == "open" else "store_unavailable"',
+        '        frame.outcome = "store_unavailable"',
+        ("test_observe.py::test_store_unavailable_and_failed_open_are_counted",),
+    ),
+    Mutant(
+        "metrics-key-in-the-log-line",
+        "the request log line carries the client's key instead of its HMAC",
+        "observe.py",
+        '            "idempotency_key_hmac": frame.key,',
+        '            "idempotency_key_hmac": frame.key and signals.raw_key(),',
+        ("test_observe.py::test_one_log_line_per_request_with_the_keys_hmac_only",),
+    ),
+    Mutant(
+        "metrics-path-as-route",
+        "http.route is the request's path, not its route template: one series per order id",
+        "observe.py",
+        '    return str(match.route) if match is not None else ""',
+        "    return request.path",
+        ("test_observe.py::test_routes_are_templates_and_no_key_or_account_is_a_label",),
+    ),
+    Mutant(
+        "metrics-multiprocess-not-summed",
+        "the metrics view exports the answering worker's values only: under gunicorn -w 4 a "
+        "scrape sees about a quarter of the requests",
+        "metrics/prometheus.py",
+        "        multiprocess.MultiProcessCollector(scraped)  # type: ignore[no-untyped-call]",
+        "        scraped.register(_Default())",
+        (
+            "test_observe_multiprocess.py::"
+            "test_a_scrape_sums_every_workers_counts_and_drops_an_exited_workers_gauges",
+        ),
+    ),
+    Mutant(
+        "metrics-in-flight-gauge-of-dead-workers",
+        "the in-flight gauge keeps the claims of workers that exited: it sums every process "
+        "that ever ran",
+        "metrics/prometheus.py",
+        '            multiprocess_mode="livesum",',
+        '            multiprocess_mode="sum",',
+        (
+            "test_observe_multiprocess.py::"
+            "test_a_scrape_sums_every_workers_counts_and_drops_an_exited_workers_gauges",
+        ),
+    ),
+    Mutant(
+        "metrics-span-event-on-take-over-missing",
+        "a take-over leaves no event on the request's span",
+        "observe.py",
+        '        (signals.lease_taken_over, _with_event("taken_over", "idempotency.taken_over")),',
+        '        (signals.lease_taken_over, _outcome_of("taken_over")),',
+        ("test_observe.py::test_span_events_on_take_over_and_outcome_not_stored",),
+    ),
+    Mutant(
         "heartbeat-timeout-in-seconds",
         "the renewal's statement_timeout is sent in seconds, read as milliseconds: a row lock "
         "of a few milliseconds fails every renewal",

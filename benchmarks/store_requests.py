@@ -12,16 +12,26 @@ one with ``REDIS_CLUSTER_PORT=7200 python -m tools.redis_cluster start``). Each 
 in a process of its own (the store is a setting); its records go under a key prefix of
 their own, deleted afterwards. CPU is ``time.process_time`` (best of 3 runs of
 ``--calls``), the app's process only: not Redis's, nor the database's. No assertion.
+
+Then the cost of the metrics (``IDEMPOTENCY["METRICS"]``) on a replay: ``--rounds``
+interleaved rounds of ``--calls`` replays with the metrics off, on Prometheus (its
+multiprocess mode, as under gunicorn) and on OpenTelemetry (the SDK configured: a meter
+provider with a reader, a tracer provider with a batch span processor whose exporter drops
+the spans; each request's span sampled, or sampled out as most are in production), the best
+round of each, and its ratio to off.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
@@ -62,6 +72,66 @@ def measure(calls: int) -> None:
             best = min(best, (time.process_time() - started) / calls)
             best_wall = min(best_wall, (time.perf_counter() - started_wall) / calls)
         print(f"  {name:<28} {best * 1000:6.3f} ms CPU {best_wall * 1000:6.3f} ms wall", flush=True)
+    measure_metrics(lambda: serve(environ("/bench/commit/", replay_key)), calls, ROUNDS)
+
+
+ROUNDS = 7
+
+
+def measure_metrics(replay: Callable[[], Any], calls: int, rounds: int) -> None:
+    """CPU per replay with the metrics off and on, in interleaved rounds (so that a
+    machine's drift hits every mode alike): the best round of each, and its ratio to off."""
+    from django.conf import settings
+    from django.test import override_settings
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Sampler, SamplingResult
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    class Switch(Sampler):
+        """Every span recorded, or none (as a sampled-out request's)."""
+
+        on = True
+
+        def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+            return (ALWAYS_ON if self.on else ALWAYS_OFF).should_sample(*args, **kwargs)
+
+        def get_description(self) -> str:
+            return "switch"
+
+    sampler = Switch()
+    tracing = TracerProvider(sampler=sampler)
+    tracing.add_span_processor(BatchSpanProcessor(Dropped()))
+    trace.set_tracer_provider(tracing)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+    base = dict(settings.IDEMPOTENCY)
+    modes = {
+        "off": (None, False),
+        "prometheus": ("prometheus", False),
+        "opentelemetry, span sampled": ("opentelemetry", True),
+        "opentelemetry, span not": ("opentelemetry", False),
+    }
+    best = dict.fromkeys(modes, float("inf"))
+    for _ in range(rounds):
+        for mode, (exporter, sampled) in modes.items():
+            sampler.on = sampled
+            with override_settings(IDEMPOTENCY={**base, "METRICS": exporter}):
+                replay()  # the recorder's first labels, outside the timing
+                started = time.process_time()
+                for _ in range(calls):
+                    replay()
+                best[mode] = min(best[mode], (time.process_time() - started) / calls)
+    tracing.shutdown()
+    print(f"  replay CPU, metrics off and on (best of {rounds} interleaved rounds x {calls}):")
+    for mode, seconds in best.items():
+        ratio = seconds / best["off"]
+        print(f"    {mode:<26} {seconds * 1000:6.3f} ms CPU  {ratio:5.3f}x off", flush=True)
 
 
 def clean(url: str, prefix: str) -> None:
@@ -109,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_child(label: str, url: str, redis_url: str, prefix: str, calls: int) -> None:
     """``measure`` in a process of its own, on the database at ``url`` and the store of
     ``redis_url`` (the database store if empty)."""
+    multiprocess = tempfile.mkdtemp(prefix="bench-prometheus-")
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": SETTINGS,
@@ -116,12 +187,15 @@ def run_child(label: str, url: str, redis_url: str, prefix: str, calls: int) -> 
         "EXAMPLE_PROVIDER_DELAY_MS": "0",
         "EXAMPLE_REDIS_URL": redis_url,
         "EXAMPLE_REDIS_KEY_PREFIX": prefix,
+        # The Prometheus exporter as under gunicorn: values in files (measure_metrics).
+        "PROMETHEUS_MULTIPROC_DIR": multiprocess,
     }
     print(f"{label} (CPU per request, best of 3 x {calls}):", flush=True)
     try:
         command = [sys.executable, "-m", "benchmarks.store_requests", "--store", "child"]
         subprocess.run([*command, "--calls", str(calls)], env=env, check=True)
     finally:
+        shutil.rmtree(multiprocess, ignore_errors=True)
         if redis_url:
             clean(redis_url, prefix)
 

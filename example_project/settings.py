@@ -109,6 +109,11 @@ IDEMPOTENCY = {
     "LEASE_SECONDS": float(os.environ.get("EXAMPLE_LEASE_SECONDS", "10")),
     "MAX_RUN_SECONDS": float(os.environ.get("EXAMPLE_MAX_RUN_SECONDS", "300")),
     "ON_DISCONNECT": os.environ.get("EXAMPLE_ON_DISCONNECT", "finish"),
+    # EXAMPLE_METRICS=prometheus (or opentelemetry, or both, comma-separated): metrics, and
+    # /metrics for Prometheus (docs/observability.md). EXAMPLE_LOG_REQUESTS=1: a log line per
+    # protected request.
+    "METRICS": [name for name in os.environ.get("EXAMPLE_METRICS", "").split(",") if name] or None,
+    "LOG_REQUESTS": os.environ.get("EXAMPLE_LOG_REQUESTS", "") == "1",
 }
 # EXAMPLE_REDIS_URL (e.g. redis://127.0.0.1:6379/0): the Redis store keeps the keys, and the
 # database holds no IdempotencyRecord rows.

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import admin
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView
@@ -28,6 +29,12 @@ urlpatterns = [
     # /ninja/charges/ and /ninja/openapi.json
     path("ninja/", ninja_api.api.urls),
 ]
+
+if "prometheus" in (settings.IDEMPOTENCY.get("METRICS") or ()):
+    from idempotency_django.metrics.prometheus import metrics_view
+
+    # Scraped by Prometheus; in a real project keep it off the public internet.
+    urlpatterns.append(path("metrics", metrics_view, name="metrics"))
 
 # Problem responses (application/problem+json) for what Django answers itself: a body it
 # cannot parse (400) and a view that raised (500).

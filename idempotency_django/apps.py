@@ -1,5 +1,6 @@
-"""The app: registers the system checks, forgets a deleted user's records (``accounts``)
-and, with drf-spectacular, registers the schema extension."""
+"""The app: registers the system checks, forgets a deleted user's records (``accounts``),
+connects the metrics and the request log when the settings ask for them (``observe``) and,
+with drf-spectacular, registers the schema extension."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ class IdempotencyConfig(AppConfig):
 
     def ready(self) -> None:
         from django.conf import settings
+        from django.core.signals import setting_changed
         from django.db.models.signals import post_delete
 
-        from idempotency_django import accounts, checks
+        from idempotency_django import accounts, checks, observe
 
         checks.register()
         post_delete.connect(
@@ -23,6 +25,10 @@ class IdempotencyConfig(AppConfig):
             sender=settings.AUTH_USER_MODEL,
             dispatch_uid="idempotency_django.accounts.user_deleted",
         )
+        # Nothing, unless METRICS or LOG_REQUESTS is set (a missing extra, a bad setting:
+        # checks E060, E061, E001).
+        observe.setting_changed("IDEMPOTENCY")
+        setting_changed.connect(observe.setting_changed, dispatch_uid="idempotency_django.observe")
         try:
             import drf_spectacular  # noqa: F401
         except ImportError:

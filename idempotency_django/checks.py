@@ -5,6 +5,7 @@ meaning and its fix: docs/checks.md.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -56,6 +57,7 @@ def register() -> None:
     checks.register(check_codec_settings, "idempotency_django")
     checks.register(check_fail_open, "idempotency_django", checks.Tags.urls)
     checks.register(check_store_eviction, "idempotency_django")
+    checks.register(check_metrics, "idempotency_django")
 
 
 def check_settings(
@@ -834,3 +836,44 @@ def _check_codec() -> list[checks.CheckMessage]:
             )
         ]
     return []
+
+
+def check_metrics(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """``METRICS`` names known exporters (E061), each with its extra installed (E060), and
+    ``LOG_REQUESTS`` is a bool (E061)."""
+    from idempotency_django.conf import METRICS_EXPORTERS, metrics_exporters, problem
+
+    user = getattr(settings, "IDEMPOTENCY", {})
+    if not isinstance(user, dict):
+        return []  # E001
+    errors: list[checks.CheckMessage] = []
+    for name in ("METRICS", "LOG_REQUESTS"):
+        if name in user and problem(name, user[name]) is not None:
+            errors.append(
+                checks.Error(
+                    f"IDEMPOTENCY[{name!r}] is {user[name]!r}: {problem(name, user[name])}.",
+                    hint="METRICS: None, "
+                    + ", ".join(repr(name) for name in METRICS_EXPORTERS)
+                    + ", or a list of them; LOG_REQUESTS: True or False.",
+                    id="idempotency_django.E061",
+                )
+            )
+    for exporter in metrics_exporters(user.get("METRICS")) or ():
+        module = EXPORTER_MODULES[exporter]
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            errors.append(
+                checks.Error(
+                    f"IDEMPOTENCY['METRICS'] asks for {exporter}, but {module} cannot be imported.",
+                    hint=f"pip install 'idempotency-django[{exporter}]'.",
+                    id="idempotency_django.E060",
+                )
+            )
+    return errors
+
+
+# The module each exporter needs (its extra installs it).
+EXPORTER_MODULES = {"prometheus": "prometheus_client", "opentelemetry": "opentelemetry.metrics"}

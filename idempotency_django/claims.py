@@ -12,6 +12,7 @@ replay, conflict or mismatch costs two.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -26,6 +27,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from idempotency_django import codecs, signals
+from idempotency_django.codecs import ResponseUnreadable
 from idempotency_django.conf import conf
 from idempotency_django.decisions import (
     IN_FLIGHT,
@@ -288,11 +290,13 @@ def _claim_or_replay(
             )
             raise KeyMismatch("This Idempotency-Key was already used with a different request.")
         if decision == REPLAY:
-            stored = record.stored or options.store.read_stored(options.alias, record.pk)
+            stored = record.stored or signals.timed(
+                "read", store, functools.partial(store.read_stored, options.alias, record.pk)
+            )
             if stored is None:
                 races = _count_race(races, options)
                 continue
-            return _replay(stored, scope)
+            return _replay(stored, scope, waited=reported_in_flight)
         assert decision == IN_FLIGHT
         if not reported_in_flight:
             emit(
@@ -384,11 +388,14 @@ def _claim_or_read(
         "created_at": now,
         "expires_at": expiry(now, options.ttl),
     }
+    store = options.store
     if not read:
-        inserted = options.store.claim(options.alias, values)
+        inserted = signals.timed("claim", store, lambda: store.claim(options.alias, values))
         return _claim(scope, token, options, sent) if inserted else None
-    with lock_wait(options.store, options.alias, bound):
-        claimed = options.store.claim_or_read(options.alias, values, fingerprint)
+    with lock_wait(store, options.alias, bound):
+        claimed = signals.timed(
+            "claim", store, lambda: store.claim_or_read(options.alias, values, fingerprint)
+        )
     if claimed == CLAIMED:
         emit(signals.claimed, logging.DEBUG, "Idempotency key claimed.", **scope.lookup())
         return _claim(scope, token, options, sent)
@@ -411,22 +418,20 @@ def _count_race(races: int, options: ClaimPolicy) -> int:
 def _take_over(
     record: Snapshot, scope: Scope, fingerprint: str, token: str, now: Any, options: ClaimPolicy
 ) -> bool:
-    return options.store.take_over(
-        options.alias,
-        record,
-        {
-            "fingerprint": fingerprint,
-            "state": State.IN_PROGRESS,
-            "token": token,
-            "lease_expires_at": now + timedelta(seconds=options.lease),
-            "response_status": None,
-            "response_headers": [],
-            "response_body": None,
-            "created_at": now,
-            "completed_at": None,
-            "expires_at": expiry(now, options.ttl),
-        },
-    )
+    values = {
+        "fingerprint": fingerprint,
+        "state": State.IN_PROGRESS,
+        "token": token,
+        "lease_expires_at": now + timedelta(seconds=options.lease),
+        "response_status": None,
+        "response_headers": [],
+        "response_body": None,
+        "created_at": now,
+        "completed_at": None,
+        "expires_at": expiry(now, options.ttl),
+    }
+    store = options.store
+    return signals.timed("claim", store, lambda: store.take_over(options.alias, record, values))
 
 
 def complete(claim: Claim, outcome: StoredResponse, *, body_stored: bool = True) -> bool:
@@ -447,10 +452,24 @@ def complete(claim: Claim, outcome: StoredResponse, *, body_stored: bool = True)
         "completed_at": now,
         "expires_at": expiry(now, claim.ttl),
     }
-    if claim.store.complete(claim.alias, lookup, claim.token, values):
+    store = claim.store
+    if signals.timed(
+        "complete", store, lambda: store.complete(claim.alias, lookup, claim.token, values)
+    ) or signals.timed(
+        # a retried completion whose first attempt committed unacknowledged
+        "complete",
+        store,
+        lambda: store.is_completed(claim.alias, lookup, claim.token),
+    ):
+        emit(
+            signals.completed,
+            logging.DEBUG,
+            "Idempotency outcome stored.",
+            status=outcome.status,
+            size=len(outcome.body) if body_stored else 0,
+            **lookup,
+        )
         return True
-    if claim.store.is_completed(claim.alias, lookup, claim.token):
-        return True  # a retried completion whose first attempt committed unacknowledged
     emit(
         signals.completion_lost,
         logging.ERROR,
@@ -464,11 +483,14 @@ def complete(claim: Claim, outcome: StoredResponse, *, body_stored: bool = True)
 
 def release(claim: Claim) -> None:
     """Delete the claim's record so that the next retry runs the view."""
-    claim.store.release(claim.alias, claim.scope.lookup(), claim.token)
+    store = claim.store
+    signals.timed(
+        "release", store, lambda: store.release(claim.alias, claim.scope.lookup(), claim.token)
+    )
     emit(signals.released, logging.INFO, "Idempotency key released.", **claim.scope.lookup())
 
 
-def _replay(stored: Stored, scope: Scope) -> StoredResponse:
+def _replay(stored: Stored, scope: Scope, *, waited: bool = False) -> StoredResponse:
     if stored.body is None:
         raise ResponseNotStored(
             f"The first request with this Idempotency-Key completed with status "
@@ -476,15 +498,23 @@ def _replay(stored: Stored, scope: Scope) -> StoredResponse:
             "(it was streamed or larger than MAX_RESPONSE_BYTES)."
         )
     # Opened first: a record the codec cannot open is refused, never reported as replayed.
-    response = codecs.unseal(
-        StoredResponse(status=stored.status, body=stored.body, headers=stored.headers),
-        **scope.lookup(),
-    )
+    try:
+        response = codecs.unseal(
+            StoredResponse(status=stored.status, body=stored.body, headers=stored.headers),
+            **scope.lookup(),
+        )
+    except ResponseUnreadable:
+        if signals.response_unreadable.receivers:
+            signals.send(signals.response_unreadable, status=stored.status, **scope.lookup())
+        raise  # codecs.unseal logged it
+    # ``waited``: the key was in flight when this request came, and it waited (IN_FLIGHT
+    # "wait") for the outcome it now replays.
     emit(
         signals.replayed,
         logging.DEBUG,
         "Idempotency key replayed.",
         status=stored.status,
+        waited=waited,
         **scope.lookup(),
     )
     return response

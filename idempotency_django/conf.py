@@ -94,7 +94,14 @@ DEFAULTS: dict[str, Any] = {
     "PROBLEM_TYPE_BASE": "urn:idempotency-django:problem:",
     # IdempotencyMiddleware leaves these URL names alone ("ns:*" is a whole namespace).
     "EXEMPT_URL_NAMES": ("admin:*",),
+    # Metrics (and spans) from the signals: None, "prometheus", "opentelemetry", or a list
+    # of both (docs/observability.md). Each needs its extra installed (E060).
+    "METRICS": None,
+    # One log line per protected request on the idempotency_django.requests logger.
+    "LOG_REQUESTS": False,
 }
+
+METRICS_EXPORTERS = ("prometheus", "opentelemetry")
 
 
 # The least value of each numeric setting (and of the per-view / per-task argument of the
@@ -141,6 +148,19 @@ DURATIONS = (
 # The True/False settings: anything else is E014, and counts as True until fixed (the safe
 # side of each: protection on, a key required, unbound responses refused).
 SWITCHES = ("ENABLED", "REQUIRED", "REQUIRE_BOUND_RESPONSES")
+
+
+def metrics_exporters(value: Any) -> tuple[str, ...] | None:
+    """``METRICS`` as a tuple of exporters (empty: off), or ``None`` when it is not a
+    valid value."""
+    if value is None:
+        return ()
+    names = (value,) if isinstance(value, str) else value
+    if not is_list_of_names(names) or not set(names) <= set(METRICS_EXPORTERS):
+        return None
+    return tuple(dict.fromkeys(names))
+
+
 CHOICES: dict[str, tuple[str, ...]] = {
     "MODE": MODES,
     "IN_FLIGHT": IN_FLIGHT_POLICIES,
@@ -213,7 +233,9 @@ def problem(name: str, value: Any) -> str | None:
         unknown = [method for method in value if method.upper() not in HTTP_METHODS]
         if unknown:
             return f"{unknown[0]!r} is not an HTTP method (one of {', '.join(HTTP_METHODS)})"
-    if name in (*SWITCHES, "NAMESPACE_PRINCIPALS") and not isinstance(value, bool):
+    if name == "METRICS" and metrics_exporters(value) is None:
+        return f"expected None, one of {', '.join(METRICS_EXPORTERS)}, or a list of them"
+    if name in (*SWITCHES, "NAMESPACE_PRINCIPALS", "LOG_REQUESTS") and not isinstance(value, bool):
         return "expected True or False"
     if name in ("HEADER", "REPLAY_HEADER") and not (
         isinstance(value, str) and HEADER_NAME.fullmatch(value)
@@ -449,6 +471,15 @@ class Settings:
     @property
     def REPLAY_HEADER(self) -> str:
         return str(self.get("REPLAY_HEADER"))
+
+    @property
+    def METRICS(self) -> tuple[str, ...]:
+        """The exporters to feed: ``()`` when off, or when the value is invalid (E061)."""
+        return metrics_exporters(self.get("METRICS")) or ()
+
+    @property
+    def LOG_REQUESTS(self) -> bool:
+        return self.get("LOG_REQUESTS") is True
 
     @property
     def PROBLEM_TYPE_BASE(self) -> str:

@@ -201,6 +201,7 @@ class Heartbeat:
                 extra=signals.log_fields(**entry.claim.scope.lookup()),
             )
         if not entries:
+            self._report()
             return 0
         # No statement may take longer than a beat: the next beat is due by then.
         timeout = min(entry.lease for entry in entries) / 3
@@ -209,18 +210,48 @@ class Heartbeat:
             claim = entry.claim
             groups.setdefault((id(claim.store), claim.alias, entry.lease), []).append(claim)
         renewed = 0
+        failures = [0]
         for (_, alias, lease), claims in groups.items():
-            renewed += self._renew_group(alias, lease, claims, timeout)
+            renewed += self._renew_group(alias, lease, claims, timeout, failures)
+        self._report(failures[0])
         return renewed
 
-    def _renew_group(self, alias: str, lease: float, claims: list[Claim], timeout: float) -> int:
+    def _report(self, failures: int = 0) -> None:
+        """Send ``heartbeat_beat``: what the metrics sample of this process's claims (how
+        many, the oldest's age, the stalest lease) and its renewals that failed."""
+        if not signals.heartbeat_beat.receivers:
+            return
+        now = time.monotonic()
+        with self._lock:
+            entries = list(self._entries.values())
+        renewing = [entry.renewed_at for entry in entries if entry.renewing]
+        from idempotency_django.models import IdempotencyRecord
+
+        signals.heartbeat_beat.send(
+            IdempotencyRecord,
+            in_flight=len(entries),
+            oldest_age=now - min(entry.claim.since for entry in entries) if entries else 0.0,
+            lag=now - min(renewing) if renewing else 0.0,
+            failures=failures,
+        )
+
+    def _renew_group(
+        self,
+        alias: str,
+        lease: float,
+        claims: list[Claim],
+        timeout: float,
+        failures: list[int] | None = None,
+    ) -> int:
         """Renew ``claims`` in one statement, or one by one if that statement fails.
 
         The one statement waits for every row it touches: one row locked by another
         transaction (an operator's, a long purge batch) would fail all of them at the
         statement timeout, beat after beat, until every lease had lapsed. One by one, only
         the locked row waits. A connection that is gone is not tried once per claim.
+        ``failures[0]`` counts the claims whose renewal failed.
         """
+        failed = failures if failures is not None else [0]
         try:
             sent = time.monotonic()
             renewed = _renew(alias, lease, claims, timeout)
@@ -232,6 +263,7 @@ class Heartbeat:
                     "Idempotency heartbeat could not renew %d lease(s); will retry.",
                     len(claims),
                 )
+                failed[0] += len(claims)
                 return 0
         renewed = 0
         for claim in claims:
@@ -240,6 +272,7 @@ class Heartbeat:
                 renewed += _renew(alias, lease, [claim], timeout)
                 self._renewed([claim], sent)
             except Exception:
+                failed[0] += 1
                 logger.warning(
                     "Idempotency heartbeat could not renew a lease; will retry.",
                     exc_info=True,
@@ -278,6 +311,7 @@ class Heartbeat:
                 interval = self._interval()
                 if interval is None:
                     # Idle: hold no database connection, so tests and restarts can drop it.
+                    self._report()  # nothing in flight any more
                     connections.close_all()
                     wake.wait()
                     wake.clear()
@@ -315,7 +349,8 @@ class Heartbeat:
 def _renew(alias: str, lease: float, claims: list[Claim], timeout: float) -> int:
     """Renew ``claims`` (all of one store) for ``lease`` seconds, bounded by ``timeout``."""
     store: Store = claims[0].store
-    return store.renew(alias, [(c.scope.lookup(), c.token) for c in claims], lease, timeout)
+    named = [(c.scope.lookup(), c.token) for c in claims]
+    return signals.timed("renew", store, lambda: store.renew(alias, named, lease, timeout))
 
 
 # Every Heartbeat of the process, reset in a forked child (weakly held: tests make many).

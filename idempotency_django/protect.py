@@ -15,18 +15,20 @@ from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.db import connections
+from django.dispatch import Signal
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 
-from idempotency_django import claims, keys, lifecycle
+from idempotency_django import claims, keys, lifecycle, observe, signals
 from idempotency_django.exceptions import (
     AnonymousNotAllowed,
     BodyTooLarge,
     IdempotencyError,
     InFlight,
+    KeyMalformed,
     KeyMissing,
 )
-from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH
+from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH, IdempotencyRecord
 from idempotency_django.options import Options
 from idempotency_django.responses import problem_response, replay, stored_headers
 
@@ -97,14 +99,20 @@ class Guard:
         raw = options.raw_key(request)
         if raw is None:
             if resolved.required:
+                _refused(signals.key_refused, request, reason="missing")
                 raise KeyMissing(f"This endpoint requires an {resolved.header} header.")
             return None
-        key = keys.parse_key(raw)
+        try:
+            key = keys.parse_key(raw)
+        except KeyMalformed:
+            _refused(signals.key_refused, request, reason="malformed")
+            raise
         # "" and "None" name nobody, as None does: never one account shared by all of them.
         account = keys.account_or_none(resolved.account(request))
         if account is None:
             if resolved.anonymous == "bypass":
                 return None
+            _refused(signals.anonymous_refused, request)
             raise AnonymousNotAllowed(options.anonymous_detail)
         endpoint = resolved.endpoint(request)
         if resolved.tenant is not None:
@@ -157,6 +165,12 @@ class Guard:
 _UNKNOWN = "_idempotency_unknown_outcome"
 
 
+def _refused(signal: Signal, request: HttpRequest, **extra: Any) -> None:
+    """Send a refusal that names no key (there is none to name, or no account)."""
+    if signal.receivers:
+        signal.send(IdempotencyRecord, request=request, **extra)
+
+
 def answered(error: Exception, response: HttpResponseBase) -> HttpResponseBase:
     """``response``, a framework's answer (DRF's or ninja's exception handler) to ``error``
     raised by the view, marked when the error leaves the work's outcome unknown (a lost
@@ -181,6 +195,21 @@ def protect(
     """
     if not options.protects(request.method):
         return lifecycle.unprotected(request_transactions, call_view)
+    if observe.watching:
+        return observe.observed(
+            request,
+            lambda: _protect(request, call_view, options, error_response, request_transactions),
+        )
+    return _protect(request, call_view, options, error_response, request_transactions)
+
+
+def _protect(
+    request: HttpRequest,
+    call_view: ViewCall,
+    options: Options,
+    error_response: ErrorResponse,
+    request_transactions: Sequence[str],
+) -> HttpResponseBase:
     try:
         guard = Guard.for_request(request, options)
     except IdempotencyError as error:
@@ -212,10 +241,23 @@ async def aprotect(
     error_response: ErrorResponse = problem_response,
 ) -> HttpResponseBase:
     """``protect`` for async views: every database call runs off the event loop."""
-    from asgiref.sync import sync_to_async
-
     if not options.protects(request.method):
         return await call_view()
+    if observe.watching:
+        return await observe.aobserved(
+            request, lambda: _aprotect(request, call_view, options, error_response)
+        )
+    return await _aprotect(request, call_view, options, error_response)
+
+
+async def _aprotect(
+    request: HttpRequest,
+    call_view: AsyncViewCall,
+    options: Options,
+    error_response: ErrorResponse,
+) -> HttpResponseBase:
+    from asgiref.sync import sync_to_async
+
     try:
         guard = await sync_to_async(Guard.for_request)(request, options)
     except IdempotencyError as error:

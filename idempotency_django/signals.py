@@ -11,39 +11,120 @@ escaped, so no call site can leak a key or forge a line. Each signal: docs/signa
 from __future__ import annotations
 
 import contextvars
+import hashlib
+import hmac
 import logging
-from typing import Any
+import re
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+from django.conf import settings
 from django.dispatch import Signal
-from django.utils.crypto import salted_hmac
 
 logger = logging.getLogger("idempotency_django")
 
+# Every signal below is sent by one sender (``IdempotencyRecord``): ``use_caching`` keeps its
+# receivers' list between sends instead of rebuilding it under a lock on each (a send per
+# request with the metrics on, docs/observability.md "Cost").
+
 #: A request claimed a key that was absent (or expired) and its view is about to run.
-claimed = Signal()
+claimed = Signal(use_caching=True)
 #: A completed key was replayed; ``status`` is the stored status code.
-replayed = Signal()
+replayed = Signal(use_caching=True)
 #: A duplicate arrived while the key's first request was still running.
-in_flight = Signal()
+in_flight = Signal(use_caching=True)
 #: An account had ``MAX_IN_FLIGHT_PER_ACCOUNT`` requests in progress: a new one was refused
 #: (429) before its claim.
-quota_exceeded = Signal()
+quota_exceeded = Signal(use_caching=True)
 #: A key was reused with a different request (answered 422).
-mismatch = Signal()
+mismatch = Signal(use_caching=True)
 #: A claim was released because its view failed (exception or unstored status).
-released = Signal()
+released = Signal(use_caching=True)
 #: A claim whose lease had lapsed (its worker died or overran) was taken over.
-lease_taken_over = Signal()
+lease_taken_over = Signal(use_caching=True)
 #: A finished view could not store its outcome: its claim had been taken over.
-completion_lost = Signal()
+completion_lost = Signal(use_caching=True)
 #: Work that ran, and may have committed, could not have its outcome stored (the store failed
 #: after it, retries included): the key stays in progress until its lease lapses, and a
 #: retry after that runs the work again. ``status`` is the response's (``None`` when the
 #: client was answered 503). Alert on it.
-outcome_not_stored = Signal()
+outcome_not_stored = Signal(use_caching=True)
 #: The store failed while claiming a key; ``policy`` is ``"closed"`` (503) or ``"open"``
 #: (the view ran unprotected).
-store_unavailable = Signal()
+store_unavailable = Signal(use_caching=True)
+#: A request's ``Idempotency-Key`` was missing where one is required, or malformed (400).
+#: Sent with ``reason`` (``"missing"`` or ``"malformed"``) and ``endpoint``; no account and no
+#: key: neither is known yet.
+key_refused = Signal(use_caching=True)
+#: A request with a key came from nobody (no account) under ``ANONYMOUS = "reject"`` (403).
+#: Sent with ``endpoint``; no account and no key.
+anonymous_refused = Signal(use_caching=True)
+#: A completed key's stored response could not be read back (its codec cannot open it, or
+#: it was sealed for another record): the retry is answered 409 and the view does not run.
+response_unreadable = Signal(use_caching=True)
+#: A claim's outcome was stored; ``status`` and ``size`` (the stored body's bytes, 0 when
+#: only the status was kept).
+completed = Signal(use_caching=True)
+
+# Signals that name no key (sent with plain ``Signal.send``; see each for its arguments).
+
+#: One store operation ran: ``operation`` (``"claim"``, ``"complete"``, ``"release"``,
+#: ``"renew"``, ``"read"``), ``store`` (``store_name``) and ``seconds`` (its duration,
+#: failures included). Sent only while a receiver is connected: timing costs nothing
+#: otherwise.
+store_operation = Signal(use_caching=True)
+#: The heartbeat beat (or went idle): ``in_flight`` (the claims of this process it keeps),
+#: ``oldest_age`` (seconds since the oldest of them was claimed, 0 when none), ``lag``
+#: (seconds since the least recently renewed of them was last renewed, 0 when none) and
+#: ``failures`` (the claims whose renewal failed at this beat).
+heartbeat_beat = Signal(use_caching=True)
+
+
+T = TypeVar("T")
+
+
+def timed(operation: str, store: object, call: Callable[[], T]) -> T:
+    """``call()``, a store operation, timed for ``store_operation`` when a receiver is
+    connected (failures included: a store that times out is a slow store). With none, this
+    is the call alone."""
+    if not store_operation.receivers:
+        return call()
+    started = time.perf_counter()
+    try:
+        return call()
+    finally:
+        seconds = time.perf_counter() - started
+        store_operation.send(
+            _sender(), operation=operation, store=store_name(store), seconds=seconds
+        )
+
+
+def _sender() -> type:
+    """``IdempotencyRecord``, the sender of every signal (imported on first use: the models
+    are not ready when this module is imported)."""
+    global _record_model
+    if _record_model is None:
+        from idempotency_django.models import IdempotencyRecord
+
+        _record_model = IdempotencyRecord
+    return _record_model
+
+
+_record_model: type | None = None
+_store_names: dict[type, str] = {}
+
+
+def store_name(store: object) -> str:
+    """A store's name for metrics and logs, from its class: ``DatabaseStore`` is
+    ``"database"``, ``RedisClusterStore`` ``"redis_cluster"``. One per class: bounded."""
+    kind = type(store)
+    name = _store_names.get(kind)
+    if name is None:
+        base = kind.__name__.removesuffix("Store") or kind.__name__
+        name = re.sub(r"(?<!^)(?=[A-Z])", "_", base).lower()
+        _store_names[kind] = name
+    return name
 
 
 def emit(
@@ -75,13 +156,9 @@ def send(signal: Signal, account: str, endpoint: str, key: str, **extra: Any) ->
     """Send ``signal`` for one key: receivers get ``key`` as its digest (``key_digest``), and
     the key itself from ``raw_key()`` while they run. A receiver that logs or forwards its
     arguments (an error tracker, a metrics label) then never carries the client's key."""
-    from idempotency_django.models import IdempotencyRecord
-
     sending = _sending.set(key)
     try:
-        signal.send(
-            IdempotencyRecord, account=account, endpoint=endpoint, key=key_digest(key), **extra
-        )
+        signal.send(_sender(), account=account, endpoint=endpoint, key=key_digest(key), **extra)
     finally:
         _sending.reset(sending)
 
@@ -101,8 +178,23 @@ def raw_key() -> str:
 
 def key_digest(key: str) -> str:
     """``hmac-sha256:`` and an HMAC-SHA256 of ``key`` keyed with ``SECRET_KEY``: what signals
-    and the admin's history name a key by, and logs under ``LOG_KEYS = "hash"``."""
-    return LOG_KEY_DIGEST_PREFIX + salted_hmac(_LOG_KEY_SALT, key, algorithm="sha256").hexdigest()
+    and the admin's history name a key by, and logs under ``LOG_KEYS = "hash"``.
+
+    Django's ``salted_hmac``, with its derived key kept per ``SECRET_KEY`` (it would hash
+    the salt and the secret again on every call: most of the cost of a digest)."""
+    secret = settings.SECRET_KEY
+    keyed = _keyed.get(secret)
+    if keyed is None:
+        keyed = _keyed[secret] = hmac.new(
+            hashlib.sha256((_LOG_KEY_SALT + secret).encode()).digest(), digestmod=hashlib.sha256
+        )
+    digest = keyed.copy()
+    digest.update(key.encode())
+    return LOG_KEY_DIGEST_PREFIX + digest.hexdigest()
+
+
+# SECRET_KEY → an HMAC keyed as ``salted_hmac`` keys it, before any message.
+_keyed: dict[str, hmac.HMAC] = {}
 
 
 def log_key(key: str) -> str:

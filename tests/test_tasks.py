@@ -884,7 +884,7 @@ def test_signals_name_the_scope_the_task_and_the_key(sent: list[Any]) -> None:
     charge("msg-1", 5)
 
     scope = {"account": "orders", "endpoint": "task:tests.test_tasks.charge", "key": "msg-1"}
-    assert sent == [("claimed", scope), ("replayed", {**scope, "status": 200})]
+    assert sent == [("claimed", scope), ("replayed", {**scope, "status": 200, "waited": False})]
 
 
 # --- claim_once, the context manager ----------------------------------------------------------
