@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("psycopg", reason="PostgreSQL's driver (the postgres extra)")
+
 from tools.ha import failover_loss
 from tools.ha.patroni import PatroniTopology
 
