@@ -460,7 +460,7 @@ MUTANTS = [
         (
             "test_health.py::"
             "test_a_store_that_refuses_connections_answers_503_without_its_error_text",
-            "test_health.py::test_the_command_prints_the_json_and_exits_0_or_1",
+            "test_health.py::test_the_command_exits_1_with_the_json_when_the_store_is_down",
         ),
     ),
     Mutant(

@@ -260,6 +260,7 @@ def test_a_master_killed_mid_flight_with_a_replicated_claim(alice: User, prefix:
     assert effects() == 1
 
 
+@pytest.mark.concurrency  # threads writing the database at once: not on SQLite
 def test_a_master_killed_mid_load_loses_no_outcome_that_was_answered(
     alice: User, prefix: str
 ) -> None:
