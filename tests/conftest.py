@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -15,7 +16,7 @@ from django.test import Client
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
-from idempotency_django import fingerprint, keys, lifecycle
+from idempotency_django import fingerprint, keys, lifecycle, signals
 from idempotency_django.conf import DEFAULTS
 from idempotency_django.heartbeat import heartbeat
 from tests.models import SideEffect
@@ -245,3 +246,18 @@ def skew(monkeypatch: pytest.MonkeyPatch) -> Skew:
     clock = Skew(timezone.now)
     monkeypatch.setattr(timezone, "now", clock.now)
     return clock
+
+
+@contextlib.contextmanager
+def store_unavailable() -> Iterator[list[tuple[str, str]]]:
+    """The ``(policy, kind)`` of each ``store_unavailable`` signal sent in the block."""
+    sent: list[tuple[str, str]] = []
+
+    def receiver(signal: Any, **kwargs: Any) -> None:
+        sent.append((kwargs["policy"], kwargs["kind"]))
+
+    signals.store_unavailable.connect(receiver, weak=False)
+    try:
+        yield sent
+    finally:
+        signals.store_unavailable.disconnect(receiver)

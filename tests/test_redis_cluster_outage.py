@@ -11,10 +11,9 @@ whole again) and run in that ``.ci/run`` step.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -22,9 +21,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from idempotency_django import signals
 from idempotency_django.store.base import StoreError, get_store
-from tests.conftest import Post, effects
+from tests.conftest import Post, effects, store_unavailable
 from tools import redis_cluster
 
 pytestmark = [pytest.mark.redis_cluster, pytest.mark.django_db(transaction=True)]
@@ -60,20 +58,6 @@ def on_cluster(cluster: str, settings: Any) -> Callable[..., None]:
         settings.IDEMPOTENCY = {"STORE": REDIS_STORE, "STORE_OPTIONS": options, **more}
 
     return use
-
-
-@contextlib.contextmanager
-def store_unavailable() -> Iterator[list[tuple[str, str]]]:
-    sent: list[tuple[str, str]] = []
-
-    def receiver(signal: Any, **kwargs: Any) -> None:
-        sent.append((kwargs["policy"], kwargs["kind"]))
-
-    signals.store_unavailable.connect(receiver, weak=False)
-    try:
-        yield sent
-    finally:
-        signals.store_unavailable.disconnect(receiver)
 
 
 def assert_503(response: Any) -> None:

@@ -11,7 +11,6 @@ servers on ``IDEMPOTENCY_TEST_SCRATCH_PORT`` (default 6390) and on free ports.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -27,9 +26,8 @@ from django.contrib.auth.models import User
 from django.db import connections
 from django.utils import timezone
 
-from idempotency_django import signals
 from idempotency_django.store.base import StoreError, get_store
-from tests.conftest import REDIS_URL, Post, effects
+from tests.conftest import REDIS_URL, Post, effects, store_unavailable
 from tools import redis_cluster
 
 if TYPE_CHECKING:
@@ -69,21 +67,6 @@ def store() -> RedisStore:
     found = get_store(REDIS_STORE)
     assert isinstance(found, RedisStore)
     return found
-
-
-@contextlib.contextmanager
-def store_unavailable() -> Iterator[list[tuple[str, str]]]:
-    """The ``(policy, kind)`` of each ``store_unavailable`` signal sent in the block."""
-    sent: list[tuple[str, str]] = []
-
-    def receiver(signal: Any, **kwargs: Any) -> None:
-        sent.append((kwargs["policy"], kwargs["kind"]))
-
-    signals.store_unavailable.connect(receiver, weak=False)
-    try:
-        yield sent
-    finally:
-        signals.store_unavailable.disconnect(receiver)
 
 
 def assert_503(response: Any) -> None:
