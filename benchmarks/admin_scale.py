@@ -321,7 +321,7 @@ def claim_cost(count: int, step: Callable[[str], None]) -> dict[str, float]:
     them (dropped), and with them again (rebuilt: minutes at 10M rows)."""
     from django.db import connection
 
-    from idempotency_django import claims
+    from idempotency_django import claims, shell
     from idempotency_django.models import IdempotencyRecord
     from idempotency_django.responses import StoredResponse
 
@@ -334,9 +334,9 @@ def claim_cost(count: int, step: Callable[[str], None]) -> dict[str, float]:
         started = time.perf_counter()
         for n in range(count):
             scope = claims.Scope(str(1 + n % 100000), ENDPOINTS[n % 20], str(uuid.uuid4()))
-            claim = claims.claim_or_replay(scope, "v1:" + "0" * 64, options)
+            claim = shell.claim_or_replay(scope, "v1:" + "0" * 64, options)
             assert isinstance(claim, claims.Claim)
-            claims.complete(claim, outcome)
+            shell.complete(claim, outcome)
         return (time.perf_counter() - started) / count * 1e6
 
     samples: dict[str, list[float]] = {"with": [run()]}

@@ -94,7 +94,7 @@ def measure(calls: int, profile: bool) -> list[Row]:
     from django.http import HttpRequest
     from django.test import RequestFactory
 
-    from idempotency_django import claims
+    from idempotency_django import claims, shell
     from idempotency_django.options import Options
     from idempotency_django.protect import Guard
     from idempotency_django.store import store
@@ -184,13 +184,13 @@ def measure(calls: int, profile: bool) -> list[Row]:
 
     def claim() -> claims.Claim:
         g = guard()
-        began = claims.claim_or_replay(g.scope, g.fingerprint, g.policy.claiming)
+        began = shell.claim_or_replay(g.scope, g.fingerprint, g.policy.claiming)
         assert isinstance(began, claims.Claim)
         return began
 
     replayed = Guard.for_request(request(REPLAY_KEY), options)
     assert replayed is not None
-    outcome_of = claims.claim_or_replay(
+    outcome_of = shell.claim_or_replay(
         replayed.scope, replayed.fingerprint, replayed.policy.claiming
     )
     assert not isinstance(outcome_of, claims.Claim)
@@ -202,15 +202,15 @@ def measure(calls: int, profile: bool) -> list[Row]:
         lambda: request(new_key()),
     )
     cpu(
-        "  claims.claim_or_replay, new key: the claim",
-        lambda g: claims.claim_or_replay(g.scope, g.fingerprint, g.policy.claiming),
+        "  shell.claim_or_replay, new key: the claim",
+        lambda g: shell.claim_or_replay(g.scope, g.fingerprint, g.policy.claiming),
         guard,
     )
-    cpu("  claims.complete: the completion", lambda c: claims.complete(c, outcome_of), claim)
-    cpu("  claims.release: the release", claims.release, claim)
+    cpu("  shell.complete: the completion", lambda c: shell.complete(c, outcome_of), claim)
+    cpu("  shell.release: the release", shell.release, claim)
     cpu(
-        "  claims.claim_or_replay, replay: claim attempt + read",
-        lambda _: claims.claim_or_replay(
+        "  shell.claim_or_replay, replay: claim attempt + read",
+        lambda _: shell.claim_or_replay(
             replayed.scope, replayed.fingerprint, replayed.policy.claiming
         ),
         nothing,

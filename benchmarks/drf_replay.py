@@ -94,7 +94,7 @@ def pieces(cpu: Callable[..., float], alice: Any, token: str) -> None:
 
     from benchmarks.benchproject.drf_protected import IdempotentCharge
     from example_project.payments import service
-    from idempotency_django import claims
+    from idempotency_django import claims, shell
     from idempotency_django.protect import Guard
     from idempotency_django.responses import replay
 
@@ -112,7 +112,7 @@ def pieces(cpu: Callable[..., float], alice: Any, token: str) -> None:
 
     guard = Guard.for_request(request(), options)
     assert guard is not None
-    replayed = claims.claim_or_replay(guard.scope, guard.fingerprint, guard.policy.claiming)
+    replayed = shell.claim_or_replay(guard.scope, guard.fingerprint, guard.policy.claiming)
     assert not isinstance(replayed, claims.Claim)
     print("pieces:")
     auth = TokenAuthentication()
@@ -121,8 +121,8 @@ def pieces(cpu: Callable[..., float], alice: Any, token: str) -> None:
         lambda b: service.charge(alice, b))  # fmt: skip
     cpu("  replay: Guard.for_request (key, scope, fingerprint)", request,
         lambda r: Guard.for_request(r, options))  # fmt: skip
-    cpu("  replay: claims.claim_or_replay (the statement)", lambda: guard,
-        lambda g: claims.claim_or_replay(g.scope, g.fingerprint, g.policy.claiming))  # fmt: skip
+    cpu("  replay: shell.claim_or_replay (the statement)", lambda: guard,
+        lambda g: shell.claim_or_replay(g.scope, g.fingerprint, g.policy.claiming))  # fmt: skip
     cpu("  replay: responses.replay (the response)", lambda: replayed, replay)
 
     # The whole DRF view (dispatch, TokenAuthentication, no middleware): a constant answer,

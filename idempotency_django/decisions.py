@@ -1,21 +1,36 @@
 """The decision table of docs/guarantees.md, as pure functions: no I/O, no signals, no sleep.
 
-``claims.py`` is the shell around them: it reads the record through the store, asks
+``shell.py`` is the shell around them: it reads the record through the store, asks
 ``decide`` what to do, does it (claims, takes over, replays, waits, refuses) and reports
-each outcome once. Keeping the rules here, apart from the round trips, lets every branch
-of the table be tested without a database (``tests/test_decisions.py``), and lets a
-reader see the whole table in one screen.
+each outcome once. The rules around the table live here too: what a store failure means
+(``store_failure``), when a duplicate's ``Retry-After`` is more than the setting
+(``in_flight_retry_after``), which outcomes are too big to store (``fits``), which failed
+work may have committed (``outcome_unknown``) and which failed completion is worth sending
+again (``may_pass_on_retry``). Keeping the rules here, apart from the round trips, lets
+every branch be tested without a database (``tests/test_decisions.py``), and lets a reader
+see the whole table in one screen.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final, Literal, TypeAlias
 
+from django.db import (
+    DataError,
+    IntegrityError,
+    InterfaceError,
+    NotSupportedError,
+    OperationalError,
+    ProgrammingError,
+)
+
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store.base import Snapshot, is_expired, is_in_use, is_lapsed, lease_left
+from idempotency_django.store.database import rolled_back
 
 State = IdempotencyRecord.State
 
@@ -86,3 +101,77 @@ def keep_waiting(
     transaction itself waits on the lock), and only if it gets a waiter's place in this
     process (``place()``, asked last: it takes the place)."""
     return not in_transaction and seconds_left > 0 and place()
+
+
+#: How often one request retries when the row it lost to changes under it (released, or
+#: taken over by another request, between its read and its write). Past this, the caller
+#: is told to retry later rather than spin.
+MAX_RACES = 5
+
+
+def races_left(races: int) -> bool:
+    """Whether a request that has lost ``races`` races for its record may try once more."""
+    return races < MAX_RACES
+
+
+def in_flight_retry_after(
+    record: Snapshot, now: datetime, *, lease: float, retry_after: int
+) -> int:
+    """``Retry-After`` for a duplicate of a request in flight, from what is left of its lease.
+
+    A worker renews its lease every third of it, so a live one keeps more than half of it:
+    its request may end any moment, and the answer is ``retry_after``
+    (``RETRY_AFTER_SECONDS``). With half or less left, the lease has missed its renewals
+    (its worker died, lost the store or ran past ``MAX_RUN_SECONDS``), and nothing changes
+    for the key until it lapses: the seconds left, rounded up, never fewer than
+    ``retry_after``. ``docs/http-contract.md``.
+    """
+    left = lease_left(record, now)
+    if left > lease / 2:
+        return retry_after
+    return max(retry_after, math.ceil(left))
+
+
+StoreFailure: TypeAlias = Literal["contended", "open", "closed"]
+
+
+def store_failure(kind: str, on_store_error: str) -> StoreFailure:
+    """What a store failure of ``kind`` (``Store.failure_kind``) means for a claim.
+
+    Contention (a lock timeout, a deadlock: a concurrent duplicate's transaction holds the
+    key) is a request in flight, never a reason to run unprotected. Only a store that
+    cannot be reached fails ``open``, and only under ``ON_STORE_ERROR = "open"``
+    (``on_store_error``); anything else is ``closed``: 503."""
+    if kind == "contention":
+        return "contended"
+    policy = on_store_error if kind == "unreachable" else "closed"
+    return "open" if policy == "open" else "closed"
+
+
+def fits(body: bytes | None, max_response_bytes: int) -> bool:
+    """Whether a definitive answer's ``body`` is stored (``None``: it was streamed). A body
+    larger than ``max_response_bytes`` (or streamed) is not: only that the work ran is,
+    so that a repeat of the key is told so (``ResponseNotStored``) and never runs it
+    again."""
+    return body is not None and len(body) <= max_response_bytes
+
+
+def outcome_unknown(error: BaseException) -> bool:
+    """Whether work that failed with ``error`` may have committed all the same: a database
+    connection lost while it ran may have lost the acknowledgement of a write that
+    committed. Its key is kept until its lease lapses, as a crashed worker's.
+
+    Not every ``OperationalError`` is that: a deadlock, a serialization failure or a lock
+    timeout is the database saying it rolled the work back (``rolled_back``, by SQLSTATE
+    or MySQL error code). That is a known failure, and the key is released for the retry,
+    as after any other exception. An error without such a code stays unknown."""
+    if isinstance(error, InterfaceError):
+        return True
+    return isinstance(error, OperationalError) and not rolled_back(error)
+
+
+def may_pass_on_retry(error: BaseException) -> bool:
+    """Whether sending a failed completion again may succeed: not when the database
+    refused the statement itself (its data, its SQL), which it would refuse again. A lost
+    connection, a timeout, a lock, a Redis failure may all be gone on the next attempt."""
+    return not isinstance(error, (DataError, IntegrityError, ProgrammingError, NotSupportedError))

@@ -12,8 +12,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponseBase
 
 from idempotency_django.options import _UNSET, VIEW, Options
-from idempotency_django.protect import RequestTransactions, aprotect, protect
+from idempotency_django.protect import aprotect, protect
 from idempotency_django.store.base import Store
+from idempotency_django.transactions import RequestTransactions
 
 View = TypeVar("View", bound=Callable[..., Any])
 

@@ -22,16 +22,15 @@ from rest_framework.viewsets import ModelViewSet, ViewSetMixin
 
 from idempotency_django.conf import conf, resolve_callable
 from idempotency_django.exceptions import IdempotencyError
-from idempotency_django.lifecycle import unprotected
 from idempotency_django.options import _UNSET, DRF, OPTIONS, Options
-from idempotency_django.protect import (
-    RequestTransactions,
-    answered,
-    protect,
-    request_transactions,
-)
+from idempotency_django.protect import answered, protect
 from idempotency_django.responses import problem_response
 from idempotency_django.store.base import Store
+from idempotency_django.transactions import (
+    RequestTransactions,
+    request_transactions,
+    unprotected,
+)
 
 
 class IdempotencyAPIException(exceptions.APIException):
@@ -180,7 +179,7 @@ class IdempotentMixin:
 
     @classmethod
     def as_view(cls, *args: Any, **kwargs: Any) -> Any:
-        """DRF's ``as_view``, opted out of ``ATOMIC_REQUESTS``: the lifecycle opens those
+        """DRF's ``as_view``, opted out of ``ATOMIC_REQUESTS``: the shell opens those
         transactions again around the handler, after the claim has committed."""
         # Opt-outs already made on dispatch (copied onto the view by as_view), and those made
         # later on the view itself (non_atomic_requests(View.as_view())), reach the instances.
@@ -333,7 +332,7 @@ def _rendered(
     DRF exceptions become responses here (a ``ValidationError`` is a stored 400, an
     ``APIException`` with a 5xx status releases the key); anything else propagates, and
     releases the key. DRF's handler marks the request transactions for rollback when it
-    answers an exception: the work rolls back, and the lifecycle stores the answer.
+    answers an exception: the work rolls back, and the shell stores the answer.
     """
     try:
         response = handler(request, *args, **kwargs)

@@ -4,7 +4,7 @@ It claims in ``process_view``, around the view alone (so ``request.user`` is set
 ``@idempotent``), and always runs the callback Django resolved (decorators a URLconf wrapped
 around the view included) through the same adapters as the decorator, the DRF mixin (after
 DRF's own authentication) and django-ninja (after ninja's); none of the policy is decided
-here. It hands the lifecycle the ``ATOMIC_REQUESTS`` aliases Django would have wrapped. What
+here. It hands the shell the ``ATOMIC_REQUESTS`` aliases Django would have wrapped. What
 it protects and leaves alone, nested layers, ordering and async: ``docs/middleware.md``.
 """
 
@@ -24,7 +24,8 @@ from django.utils.module_loading import import_string
 
 from idempotency_django.conf import conf
 from idempotency_django.options import Options
-from idempotency_django.protect import aprotect, protect, request_transactions
+from idempotency_django.protect import aprotect, protect
+from idempotency_django.transactions import request_transactions
 
 GetResponse = Callable[[HttpRequest], Any]
 View = Callable[..., Any]

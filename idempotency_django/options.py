@@ -18,7 +18,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
-from idempotency_django import claims, lifecycle
+from idempotency_django import claims, shell
 from idempotency_django.conf import (
     check_argument,
     check_durations,
@@ -189,7 +189,7 @@ class Options:
             return self.key(request)
         return request.headers.get(self.resolved().header)  # type: ignore[no-any-return]
 
-    def policy(self) -> lifecycle.Policy:
+    def policy(self) -> shell.Policy:
         return self.resolved().policy(claims.store_alias())
 
     def refuse_async_atomic(self) -> None:
@@ -235,7 +235,7 @@ class Resolved:
     def __init__(self, options: Options, generation: int) -> None:
         self.options = options
         self.generation = generation
-        self._policies: dict[str, lifecycle.Policy] = {}
+        self._policies: dict[str, shell.Policy] = {}
 
     @cached_property
     def enabled(self) -> bool:
@@ -287,13 +287,13 @@ class Resolved:
     def store_statuses(self) -> Callable[[int], bool]:
         return status_predicate(self.options.pick("store_statuses"))
 
-    def policy(self, alias: str) -> lifecycle.Policy:
+    def policy(self, alias: str) -> shell.Policy:
         policy = self._policies.get(alias)
         if policy is None:
             policy = self._policies[alias] = self._policy(alias)
         return policy
 
-    def _policy(self, alias: str) -> lifecycle.Policy:
+    def _policy(self, alias: str) -> shell.Policy:
         """The per-run policy, each value the view's (or task's) own, or its setting refused
         as its system check refuses it: before the claim, not after the work. An own
         ``ttl_seconds=None`` keeps keys forever, as ``TTL_SECONDS = None`` does."""
@@ -306,7 +306,7 @@ class Resolved:
                 f"{label}: mode 'atomic' needs a store in the database (no transaction spans "
                 f"{type(store).__name__} and the database): use MODE 'commit' with this store."
             )
-        return lifecycle.Policy(
+        return shell.Policy(
             claiming=claims.ClaimPolicy(
                 alias=alias,
                 lease=float(checked("lease_seconds")),

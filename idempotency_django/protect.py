@@ -1,25 +1,25 @@
 """Protect one HTTP request: what the decorator and the DRF mixin share.
 
-Parse the key, scope it, fingerprint the request, and hand the view to the one lifecycle
-(``lifecycle.py``), which decides everything else. This module only translates: a request
+Parse the key, scope it, fingerprint the request, and hand the view to the one shell
+(``shell.py``), which decides everything else. This module only translates: a request
 into a scope, a fingerprint and a policy; a response into an outcome to store; and the
-lifecycle's result back into a response.
+shell's result back into a response.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
-from django.db import connections
 from django.dispatch import Signal
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 
-from idempotency_django import claims, keys, lifecycle, observe, signals
+from idempotency_django import claims, keys, observe, shell, signals
+from idempotency_django.decisions import outcome_unknown
 from idempotency_django.exceptions import (
     AnonymousNotAllowed,
     BodyTooLarge,
@@ -31,55 +31,17 @@ from idempotency_django.exceptions import (
 from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH, IdempotencyRecord
 from idempotency_django.options import Options
 from idempotency_django.responses import problem_response, replay, stored_headers
+from idempotency_django.transactions import (  # re-exported: they lived here
+    RequestTransactions as RequestTransactions,
+)
+from idempotency_django.transactions import (
+    request_transactions as request_transactions,
+)
+from idempotency_django.transactions import unprotected
 
 ViewCall = Callable[[], HttpResponseBase]
 AsyncViewCall = Callable[[], Awaitable[HttpResponseBase]]
 ErrorResponse = Callable[[IdempotencyError], HttpResponseBase]
-
-
-class RequestTransactions:
-    """A protected view's ``_non_atomic_requests``: every database, resolved per request.
-
-    Django would open the ``ATOMIC_REQUESTS`` transactions around the whole view, claim
-    included, so that the claim could not commit first and the completion would commit
-    before (or without) the work. The view opts out of all of them, and the lifecycle opens
-    them again around the work, in the order that keeps a stored outcome truthful.
-    Aliases that the view's author opted out (``@transaction.non_atomic_requests``) stay out.
-    """
-
-    def __init__(self, by_author: Iterable[str] = ()) -> None:
-        self._by_author: set[str] = set(by_author)
-
-    def add(self, alias: str) -> None:  # what @transaction.non_atomic_requests calls
-        self._by_author.add(alias)
-
-    def __contains__(self, alias: object) -> bool:
-        return True
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(list(connections))
-
-    def to_reopen(self) -> list[str]:
-        return _atomic_requests(excluding=self._by_author)
-
-
-def request_transactions(view: Any) -> list[str]:
-    """The aliases whose ``ATOMIC_REQUESTS`` transaction Django would open around ``view``
-    (``BaseHandler.make_view_atomic``), less those its author opted out of with
-    ``@transaction.non_atomic_requests``: the ones the lifecycle opens again around the
-    work. The one answer for every adapter (decorator, DRF mixin, middleware)."""
-    opted_out = getattr(view, "_non_atomic_requests", ())
-    if isinstance(opted_out, RequestTransactions):
-        return opted_out.to_reopen()
-    return _atomic_requests(excluding=opted_out)
-
-
-def _atomic_requests(excluding: Collection[str]) -> list[str]:
-    return [
-        alias
-        for alias in connections
-        if alias not in excluding and connections[alias].settings_dict.get("ATOMIC_REQUESTS")
-    ]
 
 
 @dataclass(frozen=True)
@@ -88,7 +50,7 @@ class Guard:
 
     scope: claims.Scope
     fingerprint: str
-    policy: lifecycle.Policy
+    policy: shell.Policy
     store_statuses: Callable[[int], bool]
 
     @classmethod
@@ -142,18 +104,18 @@ class Guard:
             store_statuses=resolved.store_statuses,
         )
 
-    def outcome(self, response: HttpResponseBase) -> lifecycle.Outcome:
+    def outcome(self, response: HttpResponseBase) -> shell.Outcome:
         """What to keep of the view's response: a definitive one is stored (its body only
-        when it fits and is not streamed: ``lifecycle.definitive``); anything else releases
+        when it fits and is not streamed: ``shell.definitive``); anything else releases
         the key, unless it is the framework's answer to an error that leaves the outcome
         unknown (``answered``)."""
         unknown = getattr(response, _UNKNOWN, None)
         if unknown is not None:
-            return lifecycle.Outcome(None, unknown=unknown)
+            return shell.Outcome(None, unknown=unknown)
         if not self.store_statuses(response.status_code):
-            return lifecycle.Outcome(None)
+            return shell.Outcome(None)
         body = response.content if isinstance(response, HttpResponse) else None
-        return lifecycle.definitive(
+        return shell.definitive(
             response.status_code,
             body,
             lambda: stored_headers(response),
@@ -175,7 +137,7 @@ def answered(error: Exception, response: HttpResponseBase) -> HttpResponseBase:
     """``response``, a framework's answer (DRF's or ninja's exception handler) to ``error``
     raised by the view, marked when the error leaves the work's outcome unknown (a lost
     database connection): whatever its status, the key is then kept, not released."""
-    if lifecycle.outcome_unknown(error):
+    if outcome_unknown(error):
         setattr(response, _UNKNOWN, error)
     return response
 
@@ -194,7 +156,7 @@ def protect(
     adapters pass their framework's error handling here.
     """
     if not options.protects(request.method):
-        return lifecycle.unprotected(request_transactions, call_view)
+        return unprotected(request_transactions, call_view)
     if observe.watching:
         return observe.observed(
             request,
@@ -215,7 +177,7 @@ def _protect(
     except IdempotencyError as error:
         return error_response(error)
     if guard is None:
-        return lifecycle.unprotected(request_transactions, call_view)
+        return unprotected(request_transactions, call_view)
     held = _claims_held(request)
     if guard.scope in held:
         if held[guard.scope]:
@@ -228,7 +190,7 @@ def _protect(
         with _holding(held, guard.scope):
             return _rendered(call_view())
 
-    result = lifecycle.run(
+    result = shell.run(
         guard.scope, guard.fingerprint, guard.policy, work, guard.outcome, request_transactions
     )
     return respond(result, error_response)
@@ -276,7 +238,7 @@ async def _aprotect(
         with _holding(held, guard.scope):
             return await call_view()
 
-    result = await lifecycle.arun(
+    result = await shell.arun(
         guard.scope, guard.fingerprint, guard.policy, work, _rendered_outcome(guard)
     )
     return respond(result, error_response)
@@ -331,17 +293,17 @@ def _ran_once(error_response: ErrorResponse) -> HttpResponseBase:
 
 
 def respond(
-    result: lifecycle.Result[HttpResponseBase], error_response: ErrorResponse
+    result: shell.Result[HttpResponseBase], error_response: ErrorResponse
 ) -> HttpResponseBase:
-    if isinstance(result, lifecycle.Replayed):
+    if isinstance(result, shell.Replayed):
         return replay(result.stored)
-    if isinstance(result, lifecycle.Refused):
+    if isinstance(result, shell.Refused):
         return error_response(result.error)
     return result.value
 
 
-def _rendered_outcome(guard: Guard) -> Callable[[HttpResponseBase], lifecycle.Outcome]:
-    def outcome(response: HttpResponseBase) -> lifecycle.Outcome:
+def _rendered_outcome(guard: Guard) -> Callable[[HttpResponseBase], shell.Outcome]:
+    def outcome(response: HttpResponseBase) -> shell.Outcome:
         return guard.outcome(_rendered(response))
 
     return outcome

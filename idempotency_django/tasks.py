@@ -3,8 +3,8 @@
 ``@idempotent_task`` protects one function (a Celery task, a queue consumer's handler);
 ``claim_once`` protects a block of code that is not one function. Both use the store the
 HTTP decorator uses, with its leases, heartbeat, TTL and purge (a key is scoped by
-``account = scope`` and ``endpoint = "task:<name>"``), and the one lifecycle the HTTP
-adapters use (``lifecycle.py``), with the same rules. The result is stored as JSON, so the
+``account = scope`` and ``endpoint = "task:<name>"``), and the one shell the HTTP
+adapters use (``shell.py``), with the same rules. The result is stored as JSON, so the
 admin shows it. The long story: ``docs/tasks.md``.
 """
 
@@ -21,7 +21,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from django.core.exceptions import ImproperlyConfigured
 
-from idempotency_django import claims, keys, lifecycle, signals
+from idempotency_django import claims, keys, shell, signals
 from idempotency_django.conf import conf
 from idempotency_django.exceptions import (
     InFlight,
@@ -116,7 +116,7 @@ class ClaimOnce:
         self._label = label
         self._entered = False
         self._run: TaskRun | None = None
-        self._protected: lifecycle.Protected | None = None
+        self._protected: shell.Run | None = None
 
     def __enter__(self) -> TaskRun:
         if self._entered:
@@ -125,12 +125,12 @@ class ClaimOnce:
         if not conf.ENABLED:
             self._run = TaskRun(done=False)
             return self._run
-        protected = lifecycle.Protected(self.scope, self.fingerprint, self._options.policy())
+        protected = shell.Run(self.scope, self.fingerprint, self._options.policy())
         started = protected.start()
-        if isinstance(started, lifecycle.Replayed):
+        if isinstance(started, shell.Replayed):
             self._run = TaskRun(done=True, result=json.loads(started.stored.body))
             return self._run
-        if isinstance(started, lifecycle.Refused):
+        if isinstance(started, shell.Refused):
             raise self._task_error(started.error)
         if protected.claimed:
             self._protected = protected
@@ -154,7 +154,7 @@ class ClaimOnce:
         except TypeError as error:
             protected.fail(error)
             raise
-        outcome = lifecycle.definitive(
+        outcome = shell.definitive(
             RESULT_STATUS, body, lambda: list(RESULT_HEADERS), protected.policy, self.scope
         )
         refused = protected.finish(outcome)
@@ -190,7 +190,7 @@ class ClaimOnce:
             return TaskStoreUnavailable(
                 f"{self._label}: {error.detail}", retry_after=error.retry_after
             )
-        return error  # pragma: no cover - the lifecycle refuses with the errors above
+        return error  # pragma: no cover - the shell refuses with the errors above
 
     def _encode(self, result: Any) -> bytes:
         try:

@@ -16,7 +16,7 @@ from django.test import Client
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
-from idempotency_django import fingerprint, keys, lifecycle, signals
+from idempotency_django import fingerprint, keys, signals, transactions
 from idempotency_django.conf import DEFAULTS
 from idempotency_django.heartbeat import heartbeat
 from tests.models import SideEffect
@@ -113,7 +113,7 @@ def _empty_redis_store() -> None:
 def _forget_warnings() -> None:
     """Warnings logged once per view, task, principal class or unknown key: each test sees
     its own."""
-    lifecycle._warned.clear()
+    transactions._warned.clear()
     keys._warned_principals.clear()
     fingerprint._unknown_keys.clear()
 

@@ -22,7 +22,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 
 from idempotency_django import admin as idempotency_admin
-from idempotency_django import claims, codecs, keys, purge, signals
+from idempotency_django import claims, codecs, keys, purge, shell, signals
 from idempotency_django.exceptions import InFlight
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse
@@ -459,7 +459,7 @@ def test_release_deletes_an_abandoned_key_so_the_next_retry_runs(
         f"{signals.key_digest('order-42')} (7, POST /charges/)",  # kept forever: no key
     )
     # The next retry with the key claims it and runs.
-    assert isinstance(claims.claim_or_replay(scope, record.fingerprint, options), claims.Claim)
+    assert isinstance(shell.claim_or_replay(scope, record.fingerprint, options), claims.Claim)
 
 
 def test_release_skips_a_key_whose_lease_is_live(
@@ -485,7 +485,7 @@ def test_release_skips_a_key_whose_lease_is_live(
     assert released_reports == []
     assert not LogEntry.objects.exists()
     with pytest.raises(InFlight):  # the key is still the running attempt's
-        claims.claim_or_replay(scope, running.fingerprint, options)
+        shell.claim_or_replay(scope, running.fingerprint, options)
 
 
 @on_the_databases_clock

@@ -20,12 +20,13 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from idempotency_django import claims
+from idempotency_django import claims, shell
 from idempotency_django.exceptions import InFlight
 from idempotency_django.heartbeat import heartbeat
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.purge import purge_records
 from idempotency_django.responses import StoredResponse
+from idempotency_django.store.base import Snapshot
 from tests import records
 from tests.conftest import Post, Skew, effects, post_from_thread
 from tests.project.views import gate
@@ -145,30 +146,30 @@ def policy(ttl: float = 3600) -> claims.ClaimPolicy:
 def test_a_take_over_by_a_server_whose_clock_runs_behind_is_live_for_the_others(
     skew: Skew,
 ) -> None:
-    first = claims.claim_or_replay(SCOPE, FINGERPRINT, policy())
+    first = shell.claim_or_replay(SCOPE, FINGERPRINT, policy())
     assert isinstance(first, claims.Claim)
     records.update(lease_expires_at=timezone.now() - timedelta(seconds=1))  # its worker died
     skew.seconds = -AHEAD
 
-    taken = claims.claim_or_replay(SCOPE, FINGERPRINT, policy())
+    taken = shell.claim_or_replay(SCOPE, FINGERPRINT, policy())
 
     assert isinstance(taken, claims.Claim)
     assert records.get().token == taken.token != first.token
     skew.seconds = 0
     with pytest.raises(InFlight):  # its lease: 10 s from the store's now
-        claims.claim_or_replay(SCOPE, FINGERPRINT, policy())
+        shell.claim_or_replay(SCOPE, FINGERPRINT, policy())
 
 
 def test_the_store_refuses_a_take_over_of_a_live_lease_from_a_server_ahead(skew: Skew) -> None:
     """Whatever the engine concluded (a read taken before a renewal, a clock two minutes
     ahead), the store re-checks the lease on its own clock when it takes the record over."""
-    first = claims.claim_or_replay(SCOPE, FINGERPRINT, policy())
+    first = shell.claim_or_replay(SCOPE, FINGERPRINT, policy())
     assert isinstance(first, claims.Claim)
     read = policy().store.claim_or_read("default", _claim_values(SCOPE), FINGERPRINT)
-    assert isinstance(read, claims.Snapshot)
+    assert isinstance(read, Snapshot)
     skew.seconds = AHEAD
 
-    taken = claims._take_over(read, SCOPE, FINGERPRINT, "b" * 32, timezone.now(), policy())
+    taken = shell._take_over(read, SCOPE, FINGERPRINT, "b" * 32, timezone.now(), policy())
 
     assert not taken
     assert records.get().token == first.token
@@ -179,13 +180,13 @@ def test_a_completion_by_a_server_whose_clock_runs_behind_keeps_its_ttl(skew: Sk
     this server's clock is two minutes behind."""
     stored = StoredResponse(201, b'{"id": 1}', [("Content-Type", "application/json")])
     skew.seconds = -AHEAD
-    claim = claims.claim_or_replay(SCOPE, FINGERPRINT, policy(ttl=60))
+    claim = shell.claim_or_replay(SCOPE, FINGERPRINT, policy(ttl=60))
     assert isinstance(claim, claims.Claim)
 
-    assert claims.complete(claim, stored)
+    assert shell.complete(claim, stored)
 
     skew.seconds = 0
-    assert claims.claim_or_replay(SCOPE, FINGERPRINT, policy(ttl=60)) == stored
+    assert shell.claim_or_replay(SCOPE, FINGERPRINT, policy(ttl=60)) == stored
     left = records.get().expires_at - datetime.now(dt_timezone.utc)  # the store's clock
     assert timedelta(seconds=50) < left <= timedelta(seconds=60)
 
@@ -232,9 +233,9 @@ def test_a_record_read_by_a_skewed_server_is_moved_onto_its_clock(skew: Skew) ->
     for seconds in (AHEAD, -AHEAD):
         skew.seconds = seconds
         scope = claims.Scope("7", "POST /charges/", f"k{seconds}")
-        claims.claim_or_replay(scope, FINGERPRINT, options)
+        shell.claim_or_replay(scope, FINGERPRINT, options)
         read = options.store.claim_or_read("default", _claim_values(scope), FINGERPRINT)
-        assert isinstance(read, claims.Snapshot)
+        assert isinstance(read, Snapshot)
         assert read.lease_expires_at is not None
         values[seconds] = (
             read.lease_expires_at - timezone.now(),

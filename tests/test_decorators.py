@@ -18,7 +18,7 @@ from django.contrib.auth.models import User
 from django.db import OperationalError, ProgrammingError, connection
 from django.utils import timezone
 
-from idempotency_django import claims, signals
+from idempotency_django import claims, shell, signals
 from idempotency_django.models import IdempotencyRecord
 from tests import records
 from tests.conftest import Post, effects
@@ -422,7 +422,7 @@ def completed_once_a_duplicate_waits() -> Iterator[None]:
         "default", lease=60, ttl=3600, in_flight="conflict", wait_seconds=0, retry_after=1
     )
     scope = claims.Scope(str(done.account), str(done.endpoint), str(done.key))
-    claim = claims.claim_or_replay(scope, done.fingerprint, policy)
+    claim = shell.claim_or_replay(scope, done.fingerprint, policy)
     assert isinstance(claim, claims.Claim)
     outcome = StoredResponse(
         int(done.response_status or 0),
@@ -431,7 +431,7 @@ def completed_once_a_duplicate_waits() -> Iterator[None]:
     )
 
     def complete(**kwargs: Any) -> None:
-        assert claims.complete(claim, outcome)
+        assert shell.complete(claim, outcome)
 
     signals.in_flight.connect(complete, weak=False)
     try:
@@ -778,26 +778,26 @@ def test_claim_lost_completion_does_not_overwrite_the_new_owner(
     alice: User, post: Post, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A view that outlives its lease (no heartbeat here) and is taken over does not store."""
-    from idempotency_django import claims
+    from idempotency_django import claims, shell
 
     scope = claims.Scope(str(alice.pk), "POST /effect/", "k1")
     options = claims.ClaimPolicy(
         "default", lease=10, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1
     )
-    first = claims.claim_or_replay(scope, "f" * 64, options)
+    first = shell.claim_or_replay(scope, "f" * 64, options)
     assert isinstance(first, claims.Claim)
     records.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    second = claims.claim_or_replay(scope, "f" * 64, options)
+    second = shell.claim_or_replay(scope, "f" * 64, options)
     assert isinstance(second, claims.Claim)
 
     from idempotency_django.responses import StoredResponse
 
     with caplog.at_level(logging.ERROR, logger="idempotency_django"):
-        assert claims.complete(first, StoredResponse(201, b"first")) is False
+        assert shell.complete(first, StoredResponse(201, b"first")) is False
     assert "claim lost" in caplog.text
-    assert claims.complete(second, StoredResponse(201, b"second")) is True
+    assert shell.complete(second, StoredResponse(201, b"second")) is True
     assert bytes(records.get().response_body) == b"second"
-    claims.release(first)
+    shell.release(first)
     assert records.count() == 1
 
 
@@ -848,37 +848,37 @@ def test_keys_compare_exactly_on_every_database(alice: User, post: Post, other: 
 
 def test_a_retried_claim_recognises_its_own_unacknowledged_row(alice: User) -> None:
     """A claim that committed while its connection died is this request's, on the retry."""
-    from idempotency_django import claims
+    from idempotency_django import claims, shell
     from idempotency_django.exceptions import InFlight
 
     scope = claims.Scope(str(alice.pk), "POST /effect/", "k1")
     options = claims.ClaimPolicy(
         "default", lease=10, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1
     )
-    first = claims.claim_or_replay(scope, "f" * 64, options, token="t" * 32)
-    again = claims.claim_or_replay(scope, "f" * 64, options, token="t" * 32)
+    first = shell.claim_or_replay(scope, "f" * 64, options, token="t" * 32)
+    again = shell.claim_or_replay(scope, "f" * 64, options, token="t" * 32)
 
     assert isinstance(again, claims.Claim)
     assert again.token == first.token == "t" * 32  # type: ignore[union-attr]
     with pytest.raises(InFlight):
-        claims.claim_or_replay(scope, "f" * 64, options)
+        shell.claim_or_replay(scope, "f" * 64, options)
 
 
 def test_a_retried_completion_is_not_reported_lost(
     alice: User, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from idempotency_django import claims
+    from idempotency_django import claims, shell
     from idempotency_django.responses import StoredResponse
 
     scope = claims.Scope(str(alice.pk), "POST /effect/", "k1")
     options = claims.ClaimPolicy(
         "default", lease=10, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1
     )
-    claim = claims.claim_or_replay(scope, "f" * 64, options)
+    claim = shell.claim_or_replay(scope, "f" * 64, options)
     assert isinstance(claim, claims.Claim)
-    assert claims.complete(claim, StoredResponse(201, b"{}"))
+    assert shell.complete(claim, StoredResponse(201, b"{}"))
     with caplog.at_level(logging.ERROR, logger="idempotency_django"):
-        assert claims.complete(claim, StoredResponse(201, b"{}"))
+        assert shell.complete(claim, StoredResponse(201, b"{}"))
     assert "claim lost" not in caplog.text
 
 

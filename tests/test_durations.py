@@ -22,7 +22,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import RequestFactory
 from django.utils import timezone
 
-from idempotency_django import claims
+from idempotency_django import claims, shell
 from idempotency_django.checks import check_settings
 from idempotency_django.conf import (
     DURATIONS,
@@ -204,7 +204,7 @@ def test_a_claim_leased_for_the_bound_is_renewed_by_the_heartbeats_statement() -
         wait_seconds=0,
         retry_after=1,
     )
-    claim = claims.claim_or_replay(claims.Scope("1", "POST /x/", "k"), "f" * 64, policy)
+    claim = shell.claim_or_replay(claims.Scope("1", "POST /x/", "k"), "f" * 64, policy)
     assert isinstance(claim, claims.Claim)
     records.update(lease_expires_at=timezone.now() + timedelta(seconds=5))
 

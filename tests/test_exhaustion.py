@@ -21,9 +21,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.utils import timezone
 
-from idempotency_django import checks, claims, signals
+from idempotency_django import checks, claims, shell, signals
 from idempotency_django.conf import MAX_WAIT_SECONDS, conf
 from idempotency_django.decorators import idempotent
+from idempotency_django.exceptions import InFlight
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store import database
 from idempotency_django.store.base import get_store
@@ -194,31 +195,31 @@ def test_with_every_waiter_place_taken_a_duplicate_is_told_409_at_once(
     settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings.IDEMPOTENCY = {**getattr(settings, "IDEMPOTENCY", {}), "MAX_WAITERS": 3}
-    first = claims.claim_or_replay(SCOPE, FINGERPRINT, options())
+    first = shell.claim_or_replay(SCOPE, FINGERPRINT, options())
     assert isinstance(first, claims.Claim)
-    monkeypatch.setattr(claims.waiters, "count", 3)  # three requests wait already
+    monkeypatch.setattr(shell.waiters, "count", 3)  # three requests wait already
 
     started = time.monotonic()
-    with pytest.raises(claims.InFlight):
-        claims.claim_or_replay(SCOPE, FINGERPRINT, options())
+    with pytest.raises(InFlight):
+        shell.claim_or_replay(SCOPE, FINGERPRINT, options())
 
     assert time.monotonic() - started < 5  # not the 30 s the policy would wait
-    assert claims.waiters.count == 3  # nothing taken, nothing given back
+    assert shell.waiters.count == 3  # nothing taken, nothing given back
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_waiter_gives_its_place_back(settings: Any) -> None:
     settings.IDEMPOTENCY = {**getattr(settings, "IDEMPOTENCY", {}), "MAX_WAITERS": 1}
-    first = claims.claim_or_replay(SCOPE, FINGERPRINT, options())
+    first = shell.claim_or_replay(SCOPE, FINGERPRINT, options())
     assert isinstance(first, claims.Claim)
 
     for _ in range(2):  # the second could not wait if the first kept its place
         started = time.monotonic()
-        with pytest.raises(claims.InFlight):
-            claims.claim_or_replay(SCOPE, FINGERPRINT, options(wait_seconds=0.3))
+        with pytest.raises(InFlight):
+            shell.claim_or_replay(SCOPE, FINGERPRINT, options(wait_seconds=0.3))
         assert time.monotonic() - started >= 0.3
 
-    assert claims.waiters.count == 0
+    assert shell.waiters.count == 0
 
 
 @pytest.mark.concurrency
@@ -229,7 +230,7 @@ def test_duplicates_past_max_waiters_are_told_409_while_the_waiting_one_replays(
     settings.IDEMPOTENCY = {**getattr(settings, "IDEMPOTENCY", {}), "MAX_WAITERS": 1}
     first, holder = held("/waiting/")  # waits up to 20 s for a duplicate
     waiting, waiter = timed("/waiting/")
-    assert wait_until(lambda: claims.waiters.count == 1)
+    assert wait_until(lambda: shell.waiters.count == 1)
 
     started = time.monotonic()
     turned_away = send("/waiting/", {"gate": True})
@@ -244,7 +245,7 @@ def test_duplicates_past_max_waiters_are_told_409_while_the_waiting_one_replays(
     assert replay.status_code == 201
     assert replay["Idempotent-Replayed"] == "true"
     assert effects("waiting") == 1
-    assert claims.waiters.count == 0
+    assert shell.waiters.count == 0
 
 
 @pytest.mark.concurrency
@@ -254,7 +255,7 @@ def test_in_atomic_mode_a_duplicate_past_max_waiters_waits_no_longer_than_confli
     alice: User, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings.IDEMPOTENCY = {**getattr(settings, "IDEMPOTENCY", {}), "MAX_WAITERS": 2}
-    monkeypatch.setattr(claims.waiters, "count", 2)
+    monkeypatch.setattr(shell.waiters, "count", 2)
     first, holder = held("/atomic-waiting/")  # would wait 20 s
     duplicate, sender = timed("/atomic-waiting/")
     try:
@@ -288,7 +289,7 @@ def test_max_waiters_is_a_number(settings: Any) -> None:
 
     assert [e.id for e in checks.check_settings()] == ["idempotency_django.E003"]
     with pytest.raises(ImproperlyConfigured, match="MAX_WAITERS"):
-        claims.waiters.enter()
+        shell.waiters.enter()
 
 
 # --- a quota of requests in progress per account ---------------------------------------------

@@ -20,7 +20,7 @@ from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from idempotency_django import claims, signals
+from idempotency_django import claims, shell, signals
 from idempotency_django import heartbeat as heartbeat_module
 from idempotency_django.heartbeat import THREAD_NAME, Heartbeat, heartbeat
 from idempotency_django.models import IdempotencyRecord
@@ -36,7 +36,7 @@ OPTIONS = claims.ClaimPolicy(
 
 
 def claim(key: str) -> claims.Claim:
-    began = claims.claim_or_replay(claims.Scope("1", "POST /x/", key), "f" * 64, OPTIONS)
+    began = shell.claim_or_replay(claims.Scope("1", "POST /x/", key), "f" * 64, OPTIONS)
     assert isinstance(began, claims.Claim)
     return began
 
@@ -107,7 +107,7 @@ def test_a_beat_never_renews_a_completed_record(beat: Heartbeat) -> None:
 
     finished = claim("k")
     beat.register(finished, lease=30, max_run=60)
-    assert claims.complete(finished, StoredResponse(201, b"{}"))
+    assert shell.complete(finished, StoredResponse(201, b"{}"))
 
     assert beat.renew_once() == 0
     assert records.get().lease_expires_at is None

@@ -23,7 +23,7 @@ from django.db import OperationalError, connection, connections
 from django.test import Client
 from django.utils import timezone
 
-from idempotency_django import claims
+from idempotency_django import claims, shell
 from idempotency_django.decorators import idempotent
 from idempotency_django.exceptions import InFlight, KeyMismatch
 from idempotency_django.models import IdempotencyRecord
@@ -156,7 +156,7 @@ OTHER = "2:" + "b" * 64
 
 
 def claim_past_its_ttl() -> claims.Claim:
-    claim = claims.claim_or_replay(SCOPE, FINGERPRINT, options())
+    claim = shell.claim_or_replay(SCOPE, FINGERPRINT, options())
     assert isinstance(claim, claims.Claim)
     # The TTL has passed; the lease is live (the heartbeat renews it while the view runs).
     records.update(expires_at=timezone.now() - timedelta(seconds=30))
@@ -167,9 +167,9 @@ def test_a_live_lease_is_never_taken_over_whatever_the_ttl() -> None:
     claim_past_its_ttl()
 
     with pytest.raises(InFlight):
-        claims.claim_or_replay(SCOPE, FINGERPRINT, options())
+        shell.claim_or_replay(SCOPE, FINGERPRINT, options())
     with pytest.raises(KeyMismatch):
-        claims.claim_or_replay(SCOPE, OTHER, options())
+        shell.claim_or_replay(SCOPE, OTHER, options())
     assert records.get().token is not None
 
 
@@ -184,7 +184,7 @@ def test_after_the_lease_lapses_an_expired_claim_counts_as_absent() -> None:
     claim_past_its_ttl()
     records.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
 
-    taken = claims.claim_or_replay(SCOPE, OTHER, options())
+    taken = shell.claim_or_replay(SCOPE, OTHER, options())
     assert isinstance(taken, claims.Claim)
 
 
@@ -192,12 +192,12 @@ def test_a_late_release_never_deletes_a_completed_record() -> None:
     """A release is fenced by the claim's token and by the state: one that arrives after
     the completion (resent after its first reply was lost, or from any other path) leaves
     the outcome, and the key still replays it instead of running again. Every store."""
-    claim = claims.claim_or_replay(SCOPE, FINGERPRINT, options(ttl=3600))
+    claim = shell.claim_or_replay(SCOPE, FINGERPRINT, options(ttl=3600))
     assert isinstance(claim, claims.Claim)
-    assert claims.complete(claim, StoredResponse(201, b'{"id": 1}', []))
+    assert shell.complete(claim, StoredResponse(201, b'{"id": 1}', []))
 
-    claims.release(claim)
-    again = claims.claim_or_replay(SCOPE, FINGERPRINT, options(ttl=3600))
+    shell.release(claim)
+    again = shell.claim_or_replay(SCOPE, FINGERPRINT, options(ttl=3600))
 
     assert isinstance(again, StoredResponse)
     assert (again.status, again.body) == (201, b'{"id": 1}')
@@ -618,11 +618,11 @@ def test_under_the_wait_policy_a_contended_claim_waits_then_replays(
     def first_attempt() -> None:
         try:
             with transaction.atomic():
-                claim = claims.claim_or_replay(SCOPE, FINGERPRINT, options())
+                claim = shell.claim_or_replay(SCOPE, FINGERPRINT, options())
                 assert isinstance(claim, claims.Claim)
                 holding.set()
                 release.wait(10)
-                assert claims.complete(claim, StoredResponse(201, b"first"))
+                assert shell.complete(claim, StoredResponse(201, b"first"))
         finally:
             connections.close_all()
 
@@ -640,7 +640,7 @@ def test_under_the_wait_policy_a_contended_claim_waits_then_replays(
             raise
 
     with connection.execute_wrapper(let_go_after_the_first_timeout):
-        outcome = claims.claim_or_replay(
+        outcome = shell.claim_or_replay(
             SCOPE, FINGERPRINT, options(in_flight="wait", wait_seconds=10)
         )
     thread.join(10)
@@ -652,13 +652,13 @@ def test_under_the_wait_policy_a_contended_claim_waits_then_replays(
 def test_a_claim_retried_with_its_own_token_after_its_lease_lapsed_renews_it() -> None:
     """A reconnect slower than the lease must not hand out a claim under a lapsed lease,
     which a duplicate could take over at once (both would run)."""
-    first = claims.claim_or_replay(SCOPE, FINGERPRINT, options(), token="t" * 32)
+    first = shell.claim_or_replay(SCOPE, FINGERPRINT, options(), token="t" * 32)
     assert isinstance(first, claims.Claim)
     records.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
 
-    again = claims.claim_or_replay(SCOPE, FINGERPRINT, options(), token="t" * 32)
+    again = shell.claim_or_replay(SCOPE, FINGERPRINT, options(), token="t" * 32)
 
     assert isinstance(again, claims.Claim)
     assert records.get().lease_expires_at > timezone.now()
     with pytest.raises(InFlight):
-        claims.claim_or_replay(SCOPE, FINGERPRINT, options())
+        shell.claim_or_replay(SCOPE, FINGERPRINT, options())

@@ -418,9 +418,9 @@ def test_under_atomic_requests_the_operation_runs_once_in_the_request_transactio
     database, not ``non_atomic_requests``, which cannot reach ninja's view."""
     from django.db import connections
 
-    from idempotency_django import lifecycle
+    from idempotency_django import transactions
 
-    monkeypatch.setattr(lifecycle, "_warned", set())
+    monkeypatch.setattr(transactions, "_warned", set())
     monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
     with caplog.at_level("WARNING", logger="idempotency_django"):
         first = send("/r/effects/", {"amount": 1})

@@ -26,7 +26,7 @@ from django.db import DatabaseError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from idempotency_django import claims, purge
+from idempotency_django import claims, purge, shell
 from idempotency_django.management.commands import purge_idempotency_keys as command_module
 from idempotency_django.management.commands.purge_idempotency_keys import Command
 from idempotency_django.models import IdempotencyRecord
@@ -333,7 +333,7 @@ def test_a_key_taken_over_between_read_and_delete_is_not_deleted(
 
     def take_over_then_delete(alias: str, pks: list[int], condition: Any) -> int:
         assert target.pk in pks  # the purge read it as expired
-        claim = claims.claim_or_replay(scope_of(target), FINGERPRINT, claim_options())
+        claim = shell.claim_or_replay(scope_of(target), FINGERPRINT, claim_options())
         assert isinstance(claim, claims.Claim)
         taken.append(claim)
         return delete(alias, pks, condition)
@@ -1000,7 +1000,7 @@ def test_between_batches_the_purge_holds_nothing_and_claims_go_through() -> None
         def claim() -> Any:
             with lock_waits_limited(1):
                 started = time.monotonic()
-                outcome = claims.claim_or_replay(scope_of(later), FINGERPRINT, claim_options())
+                outcome = shell.claim_or_replay(scope_of(later), FINGERPRINT, claim_options())
                 return outcome, time.monotonic() - started
 
         thread, outcome = in_thread(claim)
@@ -1054,7 +1054,7 @@ def test_claims_during_a_purge_are_not_blocked_and_keep_their_records() -> None:
             key = f"exp-{number}" if number >= 0 else f"fresh-{-number}"
             scope = claims.Scope("1", "POST /effect/", key)
             started = time.monotonic()
-            outcome = claims.claim_or_replay(scope, FINGERPRINT, claim_options())
+            outcome = shell.claim_or_replay(scope, FINGERPRINT, claim_options())
             done.append((key, outcome, time.monotonic() - started))
             if len(done) == 5:
                 claims_started.release()
@@ -1111,7 +1111,7 @@ def test_a_claim_held_open_in_atomic_mode_does_not_block_the_purge() -> None:
     def hold_a_claim() -> Any:
         scope = claims.Scope("1", "POST /effect/", "held")
         with transaction.atomic():
-            claim = claims.claim_or_replay(scope, FINGERPRINT, claim_options())
+            claim = shell.claim_or_replay(scope, FINGERPRINT, claim_options())
             claimed.set()
             release.wait(30)
         return claim

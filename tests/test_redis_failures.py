@@ -243,7 +243,7 @@ def test_a_redis_that_refuses_a_connection_never_fails_open(
 def test_a_reset_leaves_the_connections_other_threads_are_using(
     settings: SettingsWrapper,
 ) -> None:
-    """``claims.reconnecting`` resets the store after a lost connection. Another thread
+    """``shell.reconnecting`` resets the store after a lost connection. Another thread
     blocked in a command on the same pool must get its answer, not a closed socket."""
     use_redis(settings, REDIS_URL, STORE_OPTIONS={"SOCKET_TIMEOUT": 10})
     client = store().client()

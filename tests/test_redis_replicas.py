@@ -24,7 +24,7 @@ from django.db import connections
 from django.test import Client, RequestFactory
 from django.utils import timezone
 
-from idempotency_django import claims, signals
+from idempotency_django import claims, shell, signals
 from idempotency_django.keys import default_fingerprint
 from idempotency_django.store.base import get_store
 from idempotency_django.store.redis import RedisStore
@@ -268,7 +268,7 @@ def dead_workers_claim(alice: User, pair: redis_cluster.ReplicatedRedis, prefix:
     )
     store = get_store(REDIS_STORE)
     assert isinstance(store, RedisStore)
-    began = claims.claim_or_replay(
+    began = shell.claim_or_replay(
         claims.Scope(str(alice.pk), "POST /effect/", "k1"),
         default_fingerprint(request, "POST /effect/"),
         claims.ClaimPolicy(**{**policy.__dict__, "store": store}),

@@ -65,7 +65,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from idempotency_django import claims, purge
+from idempotency_django import claims, purge, shell
 from idempotency_django import heartbeat as heartbeat_module
 from idempotency_django.exceptions import InFlight, KeyMismatch, ResponseNotStored
 from idempotency_django.heartbeat import Heartbeat
@@ -254,7 +254,7 @@ class EngineMachine(RuleBasedStateMachine):
         expected = self.expected_begin(key, fingerprint)
         previous = self.records.get(key)
         try:
-            outcome = claims.claim_or_replay(scope(key), fingerprint, options(ttl))
+            outcome = shell.claim_or_replay(scope(key), fingerprint, options(ttl))
         except InFlight:
             actual = "in flight"
         except KeyMismatch:
@@ -350,7 +350,7 @@ class EngineMachine(RuleBasedStateMachine):
         )
         token = claims.new_token()
 
-        taken = claims._take_over(
+        taken = shell._take_over(
             read.snapshot, scope(read.key), read.fingerprint, token, self.now, options(ttl)
         )
 
@@ -394,7 +394,7 @@ class EngineMachine(RuleBasedStateMachine):
         record = self.records.get(worker.key)
         owner = record is not None and record.token == worker.claim.token
 
-        stored = claims.complete(worker.claim, response, body_stored=body_stored)
+        stored = shell.complete(worker.claim, response, body_stored=body_stored)
 
         assert stored == owner, "a completion is fenced by its claim's token"
         report(f"complete: {'stored' if stored else 'lost'}")
@@ -414,7 +414,7 @@ class EngineMachine(RuleBasedStateMachine):
     @rule(target=finished, worker=consumes(workers))
     def release(self, worker: Worker) -> Worker:
         """The view failed (a 5xx, an exception): the key is released."""
-        claims.release(worker.claim)
+        shell.release(worker.claim)
         self.heartbeat.unregister(worker.claim)
         worker.stop_renewing_at = None
         worker.status = "released"

@@ -13,7 +13,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from idempotency_django import claims
+from idempotency_django import decisions
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store import (
     CLAIMED,
@@ -293,7 +293,7 @@ def test_a_row_that_keeps_vanishing_under_a_request_ends_in_409_not_a_spin(
 
     assert response.status_code == 409
     assert effects() == 0
-    assert len(calls) == claims.MAX_RACES + 1
+    assert len(calls) == decisions.MAX_RACES + 1
 
 
 def a_duplicate_waiting_on_the_lock() -> tuple[Any, Any]:

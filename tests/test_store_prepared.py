@@ -321,14 +321,14 @@ def test_the_heartbeat_says_a_refused_statement_in_its_transaction_is_not_sent_a
     where PostgreSQL aborts on the refused statement and nothing is sent again: the log says
     so, rather than "sent again unprepared". That beat renews nothing; the next one, on the
     same connection, no longer prepares and renews."""
-    from idempotency_django import claims
+    from idempotency_django import claims, shell
     from idempotency_django.heartbeat import Heartbeat
 
     threshold(0)
     policy = claims.ClaimPolicy(
         "default", lease=30, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1
     )
-    claim = claims.claim_or_replay(claims.Scope("1", "POST /x/", "k"), "f" * 64, policy)
+    claim = shell.claim_or_replay(claims.Scope("1", "POST /x/", "k"), "f" * 64, policy)
     assert isinstance(claim, claims.Claim)
     beat = Heartbeat()
     beat._entries[claim.token] = _entry(claim)

@@ -22,7 +22,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connection, connections, transaction
 from django.utils import timezone
 
-from idempotency_django import claims, signals
+from idempotency_django import shell, signals
 from idempotency_django.exceptions import InFlight, KeyMalformed, KeyMismatch, ResponseNotStored
 from idempotency_django.heartbeat import heartbeat
 from idempotency_django.models import IdempotencyRecord
@@ -451,7 +451,7 @@ def test_contention_reported_by_the_engine_is_task_in_flight(
     def contended(*args: Any) -> Any:
         raise InFlight("changing under heavy contention")
 
-    monkeypatch.setattr(claims, "claim_or_replay", contended)
+    monkeypatch.setattr(shell, "claim_or_replay", contended)
 
     with pytest.raises(TaskInFlight) as info:
         charge("msg-1", 5)
@@ -627,7 +627,7 @@ def test_a_store_failure_when_claiming_propagates_and_nothing_runs(
     def unreachable(*args: Any) -> Any:
         raise OperationalError("the database went away")
 
-    monkeypatch.setattr(claims, "claim_or_replay", unreachable)
+    monkeypatch.setattr(shell, "claim_or_replay", unreachable)
 
     with pytest.raises(TaskStoreUnavailable) as raised:
         charge("msg-1", 5)
@@ -642,7 +642,7 @@ def test_a_store_failure_when_completing_is_logged_and_the_result_returned(
     def unreachable(*args: Any, **kwargs: Any) -> Any:
         raise OperationalError("the database went away")
 
-    monkeypatch.setattr(claims, "complete", unreachable)
+    monkeypatch.setattr(shell, "complete", unreachable)
 
     assert charge("msg-1", 5)["amount"] == 5
     assert "stays in progress until its lease lapses" in caplog.text
@@ -656,7 +656,7 @@ def test_a_store_failure_when_releasing_is_logged_and_the_error_propagates(
     def unreachable(*args: Any, **kwargs: Any) -> Any:
         raise OperationalError("the database went away")
 
-    monkeypatch.setattr(claims, "release", unreachable)
+    monkeypatch.setattr(shell, "release", unreachable)
 
     with pytest.raises(ValueError, match="negative amount"):
         charge("msg-1", -1)
@@ -740,7 +740,7 @@ def test_atomic_mode_rolls_back_when_the_result_cannot_be_stored(
     def unreachable(*args: Any, **kwargs: Any) -> Any:
         raise OperationalError("the database went away")
 
-    monkeypatch.setattr(claims, "complete", unreachable)
+    monkeypatch.setattr(shell, "complete", unreachable)
 
     with pytest.raises(TaskStoreUnavailable):
         charge_atomic("msg-1", 5)

@@ -124,7 +124,7 @@ class Scope:
         }
 
     def take_over(self, token: str, *, lease: float = 30) -> dict[str, Any]:
-        """What ``claims._take_over`` writes over a lapsed or expired record."""
+        """What ``shell._take_over`` writes over a lapsed or expired record."""
         now = timezone.now()
         return {
             "fingerprint": FINGERPRINT,
