@@ -156,7 +156,7 @@ MUTANTS = [
     Mutant(
         "ninja-warned-with-the-views-advice",
         "ninja under ATOMIC_REQUESTS is told to use non_atomic_requests, which cannot reach it",
-        "lifecycle.py",
+        "transactions.py",
         '    if "ninja" in label or label.startswith("IdempotentRouter"):',
         "    if False:",
         (
@@ -286,7 +286,7 @@ MUTANTS = [
     Mutant(
         "atomic-requests-dropped",
         "ATOMIC_REQUESTS transactions are not given back: the view's work loses its transaction",
-        "protect.py",
+        "transactions.py",
         "def to_reopen(self) -> list[str]:\n        return _atomic_requests(",
         "def to_reopen(self) -> list[str]:\n        return [] if True else _atomic_requests(",
         ("test_transactions.py",),
@@ -294,7 +294,7 @@ MUTANTS = [
     Mutant(
         "store-transaction-never",
         "under ATOMIC_REQUESTS the completion is written after the commit, not inside it",
-        "lifecycle.py",
+        "shell.py",
         "self._store_transaction = self.store.transactional and self.alias in self.reopen",
         "self._store_transaction = False",
         (ATOM + "test_atomic_requests_completion_lost_is_a_503_and_the_retry_runs_once",),
@@ -326,15 +326,15 @@ MUTANTS = [
     Mutant(
         "any-error-fails-open",
         "any store error fails open when ON_STORE_ERROR is 'open', not only an unreachable store",
-        "lifecycle.py",
-        'policy = self.policy.on_store_error if kind == "unreachable" else "closed"',
-        "policy = self.policy.on_store_error",
+        "decisions.py",
+        'policy = on_store_error if kind == "unreachable" else "closed"',
+        "policy = on_store_error",
         (DEC + "test_a_store_that_answers_with_an_error_fails_closed_even_when_open",),
     ),
     Mutant(
         "release-on-lost-connection",
         "a view that lost its database connection releases its key (its work may have committed)",
-        "lifecycle.py",
+        "shell.py",
         "if outcome_unknown(error):\n            # Releasing would",
         "if False:\n            # Releasing would",
         ("test_store_failures.py::test_a_view_whose_connection_died_keeps_its_key",),
@@ -342,7 +342,7 @@ MUTANTS = [
     Mutant(
         "release-on-interface-error",
         "a view failing with InterfaceError releases its key (its work may have committed)",
-        "lifecycle.py",
+        "decisions.py",
         "    if isinstance(error, InterfaceError):\n        return True\n",
         "",
         (
@@ -356,8 +356,8 @@ MUTANTS = [
         "framework-answer-releases",
         "a lost connection answered by DRF's or ninja's exception handler releases the key",
         "protect.py",
-        "if unknown is not None:\n            return lifecycle.Outcome(None, unknown=unknown)",
-        "if False:\n            return lifecycle.Outcome(None, unknown=unknown)",
+        "if unknown is not None:\n            return shell.Outcome(None, unknown=unknown)",
+        "if False:\n            return shell.Outcome(None, unknown=unknown)",
         (
             UNKNOWN + "test_a_view_that_lost_its_connection_keeps_its_key_until_its_lease_lapses"
             "[drf-mixin-handler-answers-InterfaceError]",
@@ -368,9 +368,9 @@ MUTANTS = [
     Mutant(
         "store-commits-first",
         "the store's transaction commits before the work's: a stored 201 for work rolled back",
-        "lifecycle.py",
-        "self._open(sorted(self.reopen, key=lambda alias: alias != self.alias))",
-        "self._open(sorted(self.reopen, key=lambda alias: alias == self.alias))",
+        "shell.py",
+        "self._transactions.open(sorted(self.reopen, key=lambda alias: alias != self.alias))",
+        "self._transactions.open(sorted(self.reopen, key=lambda alias: alias == self.alias))",
         (
             "test_separate_store.py::test_under_both_request_transactions_the_work_commits_before_the_store",
         ),
@@ -378,8 +378,8 @@ MUTANTS = [
     Mutant(
         "store-commit-failure-releases",
         "the store's COMMIT failing after the work's committed releases the key: a retry reruns it",
-        "lifecycle.py",
-        "committed = isinstance(failure, _CommitFailed) and bool(failure.committed)",
+        "shell.py",
+        "committed = isinstance(failure, CommitFailed) and bool(failure.committed)",
         "committed = False",
         (
             "test_separate_store.py::"
@@ -389,8 +389,8 @@ MUTANTS = [
     Mutant(
         "work-not-committed-as-unavailable",
         "a commit refused for the work's own reason is a 503 that clients retry forever",
-        "lifecycle.py",
-        "        if isinstance(failure, _CommitFailed):\n            return Refused(\n",
+        "shell.py",
+        "        if isinstance(failure, CommitFailed):\n            return Refused(\n",
         "        if False:\n            return Refused(\n",
         ("test_separate_store.py::test_work_that_fails_to_commit_is_never_replayed_as_a_success",),
     ),
@@ -590,24 +590,26 @@ MUTANTS = [
     Mutant(
         "retry-after-ignores-the-lease",
         "a 409 in flight says RETRY_AFTER_SECONDS for the whole of a dead worker's lease",
-        "claims.py",
-        "retry_after=in_flight_retry_after(record, now, options),",
+        "shell.py",
+        "retry_after=in_flight_retry_after(\n"
+        "                    record, now, lease=options.lease, retry_after=options.retry_after\n"
+        "                ),",
         "retry_after=options.retry_after,",
         (DEC + "test_an_in_flight_409_says_how_long_is_left_of_a_lease_that_missed_its_renewals",),
     ),
     Mutant(
         "retry-after-for-a-live-lease",
         "a 409 for a lease renewed on schedule says the whole lease, not RETRY_AFTER_SECONDS",
-        "claims.py",
-        "    if left > options.lease / 2:",
-        "    if left > options.lease:",
+        "decisions.py",
+        "    if left > lease / 2:",
+        "    if left > lease:",
         (DEC + "test_an_in_flight_409_says_how_long_is_left_of_a_lease_that_missed_its_renewals",),
     ),
     Mutant(
         "retry-after-below-the-setting",
         "a 409 for a lease about to lapse says less than RETRY_AFTER_SECONDS",
-        "claims.py",
-        "    return max(options.retry_after, math.ceil(left))",
+        "decisions.py",
+        "    return max(retry_after, math.ceil(left))",
         "    return math.ceil(left)",
         (DEC + "test_an_in_flight_409_says_how_long_is_left_of_a_lease_that_missed_its_renewals",),
     ),
@@ -658,8 +660,8 @@ MUTANTS = [
     Mutant(
         "unknown-commit-released",
         "a COMMIT whose answer was lost releases the key: the retry redoes committed work",
-        "lifecycle.py",
-        "unknown = committed or (isinstance(failure, _CommitFailed) and outcome_unknown(error))",
+        "shell.py",
+        "unknown = committed or (isinstance(failure, CommitFailed) and outcome_unknown(error))",
         "unknown = committed",
         (
             ATOM + "test_a_commit_whose_outcome_is_unknown_is_a_503_and_keeps_the_key",
@@ -669,19 +671,19 @@ MUTANTS = [
     Mutant(
         "completion-failure-swallowed",
         "a completion that fails inside the work's transaction is answered as a success",
-        "lifecycle.py",
-        "        except (_StoreError, _CommitFailed) as failure:\n",
+        "shell.py",
+        "        except (_StoreError, CommitFailed) as failure:\n",
         "        except _StoreError:\n"
         "            return None\n"
-        "        except _CommitFailed as failure:\n",
+        "        except CommitFailed as failure:\n",
         (ATOM + "test_atomic_mode_completion_lost_with_the_connection_is_a_503_not_a_201",),
     ),
     Mutant(
         "commit-failure-swallowed",
         "a COMMIT that fails is answered as a success",
-        "lifecycle.py",
+        "transactions.py",
         "except DatabaseError as error:\n"
-        "            raise _CommitFailed(error, self._committed) from error",
+        "            raise CommitFailed(error, self._committed) from error",
         "except DatabaseError:\n            return",
         ("test_separate_store.py::test_work_that_fails_to_commit_is_never_replayed_as_a_success",),
     ),
@@ -723,7 +725,7 @@ MUTANTS = [
     Mutant(
         "completed-runs-again",
         "a completed key runs the view again instead of replaying",
-        "claims.py",
+        "shell.py",
         "        if decision == REPLAY:\n",
         "        if decision == REPLAY:\n"
         "            return Claim(scope, token, options.alias, options.ttl)\n",
@@ -732,7 +734,7 @@ MUTANTS = [
     Mutant(
         "in-flight-runs",
         "a duplicate of a request still running runs the view too (in-flight policy ignored)",
-        "claims.py",
+        "shell.py",
         "assert decision == IN_FLIGHT",
         "return Claim(scope, token, options.alias, options.ttl)",
         (DEC + "test_in_flight_duplicate_gets_409_with_retry_after",),
@@ -789,7 +791,7 @@ MUTANTS = [
     Mutant(
         "ttl-from-claim",
         "the TTL counts from the claim, not from the completion",
-        "claims.py",
+        "shell.py",
         '"expires_at": expiry(now, claim.ttl),',
         "",
         (ATOM + "test_the_ttl_counts_from_completion",),
@@ -797,24 +799,24 @@ MUTANTS = [
     Mutant(
         "atomic-failure-committed",
         "atomic mode: a 5xx or exception commits its work instead of rolling it back",
-        "lifecycle.py",
+        "shell.py",
         "# that a retry starts clean.\n"
-        "                            transaction.set_rollback(True, using=self.alias)\n",
+        "                            self._transactions.roll_back([self.alias])\n",
         "# that a retry starts clean.\n",
         ("test_transactions.py::test_atomic_mode_5xx_rolls_back_the_work_and_the_claim",),
     ),
     Mutant(
         "drf-rollback-ignored",
         "a rollback DRF's exception handler asked for is ignored",
-        "lifecycle.py",
-        "elif not connections[self.alias].needs_rollback:",
+        "shell.py",
+        "elif not self._transactions.failed(self.alias):",
         "elif True:",
         (ATOM + "test_drf_under_atomic_requests_stores_a_validation_error_without_warnings",),
     ),
     Mutant(
         "disconnect-releases",
         "a client that disconnects cancels the view mid-flight (ON_DISCONNECT 'finish' ignored)",
-        "lifecycle.py",
+        "shell.py",
         'if policy.on_disconnect == "finish":',
         "if False:",
         ("test_async.py::test_a_disconnected_request_finishes_and_its_retry_gets_the_replay",),
@@ -822,7 +824,7 @@ MUTANTS = [
     Mutant(
         "async-capture-unshielded",
         "a cancel after the work returned, while its outcome is captured, releases the key",
-        "lifecycle.py",
+        "shell.py",
         "outcome, late = await _outliving_cancellation(_in_thread(record, value))",
         "outcome, late = await _in_thread(record, value)(), None",
         (
@@ -838,7 +840,7 @@ MUTANTS = [
     Mutant(
         "async-finished-work-taken-for-cancelled",
         "work that returned as the cancel came is taken for cancelled work: the key released",
-        "lifecycle.py",
+        "shell.py",
         "            if task.cancelled():",
         "            if task.done():",
         (
@@ -852,7 +854,7 @@ MUTANTS = [
     Mutant(
         "async-cancelled-claim-kept",
         "a claim whose request was cancelled before the work began is kept: 409 for minutes",
-        "lifecycle.py",
+        "shell.py",
         "if started is None and protected.claimed:",
         "if started is None and protected.claimed and False:",
         ("test_async.py::test_a_disconnect_while_the_key_is_claimed_releases_the_claim",),
@@ -1385,9 +1387,9 @@ MUTANTS = [
     Mutant(
         "too-big-stored",
         "a response or task result over max_response_bytes is stored with its body all the same",
-        "lifecycle.py",
-        "if body is not None and len(body) <= policy.max_response_bytes:",
-        "if body is not None:",
+        "decisions.py",
+        "return body is not None and len(body) <= max_response_bytes",
+        "return body is not None",
         (
             "test_tasks.py::test_a_result_over_max_response_bytes_completes_without_it",
             "test_adapters_agree.py::"
@@ -1410,8 +1412,8 @@ MUTANTS = [
         "protect-claims-every-method",
         "protect() claims a key for a method (or with ENABLED off) that its options leave alone",
         "protect.py",
-        "    if not options.protects(request.method):\n        return lifecycle.unprotected(",
-        "    if False:\n        return lifecycle.unprotected(",
+        "    if not options.protects(request.method):\n        return unprotected(",
+        "    if False:\n        return unprotected(",
         (
             DEC + "test_safe_methods_are_not_protected",
             DEC + "test_disabled_switch_turns_protection_off",
@@ -1437,7 +1439,7 @@ MUTANTS = [
         "completion-not-sent-again",
         "a completion the store failed is given up at once: a stall shorter than the lease "
         "loses the outcome, and a late duplicate runs the work again",
-        "lifecycle.py",
+        "shell.py",
         "                if pause >= remaining:\n                    raise",
         "                if True:\n                    raise",
         (
@@ -1449,7 +1451,7 @@ MUTANTS = [
         "completion-unregistered-first",
         "the heartbeat forgets the claim before its outcome is stored: its completion is no "
         "longer sent again past the lease its claim was made with",
-        "lifecycle.py",
+        "shell.py",
         "        try:\n            return self._finish(claim, outcome)",
         "        heartbeat.unregister(claim)\n"
         "        try:\n            return self._finish(claim, outcome)",
@@ -1490,7 +1492,7 @@ MUTANTS = [
         "completion-sent-again-past-a-lease",
         "a completion the store keeps failing while it takes the renewals is sent again until "
         "MAX_RUN_SECONDS, not a lease: the answer is held for minutes",
-        "lifecycle.py",
+        "shell.py",
         "        return min(lapses, started + lease) - lease * LEASE_MARGIN",
         "        return lapses - lease * LEASE_MARGIN",
         (REPLICAS + "test_a_completion_no_replica_acknowledged_within_its_lease_is_signalled",),
@@ -1499,7 +1501,7 @@ MUTANTS = [
         "refused-completion-sent-again",
         "a completion the database refuses for its data is sent again until the lease lapses: "
         "the answer held for nothing",
-        "lifecycle.py",
+        "decisions.py",
         "    return not isinstance(error, (DataError, IntegrityError, ProgrammingError, "
         "NotSupportedError))",
         "    return True",
@@ -2012,7 +2014,7 @@ MUTANTS = [
     Mutant(
         "atomic-claim-lock-wait-unbounded",
         "in atomic mode a duplicate's claim waits on the first transaction's row until it ends",
-        "claims.py",
+        "shell.py",
         "        if store.in_transaction(options.alias):\n            # Atomic mode",
         "        if False:\n            # Atomic mode",
         (EXH + "test_atomic_mode_conflict_answers_a_duplicate_409_without_waiting_for_the_first",),
@@ -2020,7 +2022,7 @@ MUTANTS = [
     Mutant(
         "atomic-wait-past-wait-seconds",
         "under wait, an atomic-mode duplicate waits on the row lock past WAIT_SECONDS",
-        "claims.py",
+        "shell.py",
         "bound = max(bound, deadline - time.monotonic())",
         "bound = max(bound, 3600)",
         (EXH + "test_atomic_mode_wait_bounds_a_duplicates_wait_by_wait_seconds",),
@@ -2036,7 +2038,7 @@ MUTANTS = [
     Mutant(
         "max-waiters-ignored",
         "every duplicate of a process may wait under wait: duplicates hold all its threads",
-        "claims.py",
+        "shell.py",
         "            if self.count >= limit:",
         "            if False:",
         (EXH + "test_with_every_waiter_place_taken_a_duplicate_is_told_409_at_once",),
@@ -2044,7 +2046,7 @@ MUTANTS = [
     Mutant(
         "waiter-place-never-given-back",
         "a waiter keeps its place: after MAX_WAITERS waits, no duplicate of the process may wait",
-        "claims.py",
+        "shell.py",
         "        if self.held:\n            waiters.leave()",
         "        if self.held:\n            pass",
         (EXH + "test_a_waiter_gives_its_place_back",),
@@ -2060,7 +2062,7 @@ MUTANTS = [
     Mutant(
         "quota-never-checked",
         "MAX_IN_FLIGHT_PER_ACCOUNT is ignored: an account holds any number of requests",
-        "claims.py",
+        "shell.py",
         "    if options.account_limit is not None:\n        _within_quota",
         "    if False:\n        _within_quota",
         (EXH + "test_an_account_at_its_quota_is_told_429_before_any_claim",),
@@ -2267,7 +2269,7 @@ MUTANTS = [
         "rolled-back-work-keeps-its-key",
         "a lock timeout or deadlock, which the database rolled back, keeps the key for a lease: "
         "the retry is told 409 for an outcome that is known",
-        "lifecycle.py",
+        "decisions.py",
         "    return isinstance(error, OperationalError) and not rolled_back(error)",
         "    return isinstance(error, OperationalError)",
         (

@@ -132,20 +132,19 @@ def in_flight_retry_after(
     return max(retry_after, math.ceil(left))
 
 
-StoreFailure: TypeAlias = Literal["contended", "open", "closed"]
+def contended(kind: str) -> bool:
+    """Whether a store failure of ``kind`` (``Store.failure_kind``) met by a claim is a
+    request in flight: a concurrent duplicate's transaction holds the key (atomic mode), or
+    the database gave up on a lock for it. Never a reason to run unprotected."""
+    return kind == "contention"
 
 
-def store_failure(kind: str, on_store_error: str) -> StoreFailure:
-    """What a store failure of ``kind`` (``Store.failure_kind``) means for a claim.
-
-    Contention (a lock timeout, a deadlock: a concurrent duplicate's transaction holds the
-    key) is a request in flight, never a reason to run unprotected. Only a store that
-    cannot be reached fails ``open``, and only under ``ON_STORE_ERROR = "open"``
-    (``on_store_error``); anything else is ``closed``: 503."""
-    if kind == "contention":
-        return "contended"
+def store_failure(kind: str, on_store_error: str) -> str:
+    """How a claim that the store failed with ``kind`` goes on: ``"open"`` (the work runs
+    unprotected) only when the store cannot be reached and ``ON_STORE_ERROR`` says so
+    (``on_store_error``); otherwise ``"closed"``: 503."""
     policy = on_store_error if kind == "unreachable" else "closed"
-    return "open" if policy == "open" else "closed"
+    return policy
 
 
 def fits(body: bytes | None, max_response_bytes: int) -> bool:

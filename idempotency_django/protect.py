@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.dispatch import Signal
@@ -61,20 +60,14 @@ class Guard:
         raw = options.raw_key(request)
         if raw is None:
             if resolved.required:
-                _refused(signals.key_refused, request, reason="missing")
                 raise KeyMissing(f"This endpoint requires an {resolved.header} header.")
             return None
-        try:
-            key = keys.parse_key(raw)
-        except KeyMalformed:
-            _refused(signals.key_refused, request, reason="malformed")
-            raise
+        key = keys.parse_key(raw)
         # "" and "None" name nobody, as None does: never one account shared by all of them.
         account = keys.account_or_none(resolved.account(request))
         if account is None:
             if resolved.anonymous == "bypass":
                 return None
-            _refused(signals.anonymous_refused, request)
             raise AnonymousNotAllowed(options.anonymous_detail)
         endpoint = resolved.endpoint(request)
         if resolved.tenant is not None:
@@ -127,8 +120,18 @@ class Guard:
 _UNKNOWN = "_idempotency_unknown_outcome"
 
 
-def _refused(signal: Signal, request: HttpRequest, **extra: Any) -> None:
-    """Send a refusal that names no key (there is none to name, or no account)."""
+def _refused(request: HttpRequest, error: IdempotencyError) -> None:
+    """Tell a refusal before any claim, which names no key (there is none to name, or no
+    account): ``key_refused`` (missing, malformed), ``anonymous_refused``."""
+    signal: Signal
+    if isinstance(error, KeyMissing):
+        signal, extra = signals.key_refused, {"reason": "missing"}
+    elif isinstance(error, KeyMalformed):
+        signal, extra = signals.key_refused, {"reason": "malformed"}
+    elif isinstance(error, AnonymousNotAllowed):
+        signal, extra = signals.anonymous_refused, {}
+    else:
+        return
     if signal.receivers:
         signal.send(IdempotencyRecord, request=request, **extra)
 
@@ -175,6 +178,7 @@ def _protect(
     try:
         guard = Guard.for_request(request, options)
     except IdempotencyError as error:
+        _refused(request, error)
         return error_response(error)
     if guard is None:
         return unprotected(request_transactions, call_view)
@@ -223,6 +227,7 @@ async def _aprotect(
     try:
         guard = await sync_to_async(Guard.for_request)(request, options)
     except IdempotencyError as error:
+        _refused(request, error)
         return error_response(error)
     if guard is None:
         return await call_view()

@@ -43,6 +43,7 @@ from idempotency_django.decisions import (
     REPLAY,
     Resume,
     TakeOver,
+    contended,
     decide,
     fits,
     in_flight_retry_after,
@@ -435,7 +436,7 @@ def _claim_or_replay(
                 scope, fingerprint, token, now, options, bound=bound, sent=sent
             )
         except store.errors as error:
-            if store_failure(store.failure_kind(options.alias, error), "closed") != "contended":
+            if not contended(store.failure_kind(options.alias, error)):
                 raise
             # A concurrent duplicate's transaction holds the key (atomic mode), or the
             # database gave up on a lock for it: that is a request in flight, never a
