@@ -581,15 +581,17 @@ def _claim_or_read(
         "expires_at": expiry(now, options.ttl),
     }
     store = options.store
-    if not read:
-        inserted = _timed("claim", store, lambda: store.claim(options.alias, values))
-        return _claim(scope, token, options, sent) if inserted else None
     with lock_wait(store, options.alias, bound):
-        claimed = _timed(
-            "claim", store, lambda: store.claim_or_read(options.alias, values, fingerprint)
-        )
+        if read:
+            claimed = _timed(
+                "claim", store, lambda: store.claim_or_read(options.alias, values, fingerprint)
+            )
+        else:  # ``claim_again``: the key is claimed if absent, and nothing is read
+            inserted = _timed("claim", store, lambda: store.claim(options.alias, values))
+            claimed = CLAIMED if inserted else None
     if claimed == CLAIMED:
-        _report(scope, logging.DEBUG, "Idempotency key claimed.", signal=signals.claimed)
+        if read:
+            _report(scope, logging.DEBUG, "Idempotency key claimed.", signal=signals.claimed)
         return _claim(scope, token, options, sent)
     return claimed
 

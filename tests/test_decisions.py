@@ -4,28 +4,48 @@
 read; ``decisions.keep_waiting`` whether it waits for a duplicate in flight. Table-driven
 cases name each row; Hypothesis checks the rules that hold over every record: only the
 request's own live claim is resumed, a live lease is never taken over, and another
-request's record is never replayed or taken over unless it expired.
+request's record is never replayed or taken over unless it expired. The rules around the
+table are here too: what a store failure means, a duplicate's ``Retry-After``, the size
+rule, the unknown outcome, which failed completion is sent again, and the race bound.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 
 import pytest
+from django.db import (
+    DatabaseError,
+    DataError,
+    IntegrityError,
+    InterfaceError,
+    NotSupportedError,
+    OperationalError,
+    ProgrammingError,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
 from idempotency_django.decisions import (
     IN_FLIGHT,
+    MAX_RACES,
     MISMATCH,
     RACE,
     REPLAY,
     Decision,
     Resume,
     TakeOver,
+    contended,
     decide,
+    fits,
+    in_flight_retry_after,
     keep_waiting,
+    may_pass_on_retry,
+    outcome_unknown,
+    races_left,
+    store_failure,
 )
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store.base import Snapshot
@@ -187,3 +207,123 @@ def test_a_completed_record_of_the_same_request_is_replayed_until_it_expires(
         return
     expected = TakeOver(expired=True) if found.expires_at <= NOW else REPLAY
     assert decision(found) == expected
+
+
+# -- the rules around the table -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "on_store_error", "expected"),
+    [
+        ("unreachable", "closed", "closed"),
+        ("unreachable", "open", "open"),  # only a store that cannot be reached fails open
+        ("other", "open", "closed"),
+        ("other", "closed", "closed"),
+        ("contention", "open", "closed"),
+    ],
+)
+def test_only_an_unreachable_store_fails_open(
+    kind: str, on_store_error: str, expected: str
+) -> None:
+    assert store_failure(kind, on_store_error) == expected
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"), [("contention", True), ("unreachable", False), ("other", False)]
+)
+def test_contention_is_a_request_in_flight(kind: str, expected: bool) -> None:
+    assert contended(kind) is expected
+
+
+def locked() -> OperationalError:
+    """SQLite's lock timeout as Django raises it: the database rolled the statement back."""
+    error = OperationalError("database is locked")
+    error.__cause__ = sqlite3.OperationalError("database is locked")
+    return error
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        pytest.param(InterfaceError("connection already closed"), True, id="interface-error"),
+        pytest.param(OperationalError("server closed the connection"), True, id="lost"),
+        pytest.param(locked(), False, id="lock-timeout: rolled back"),
+        pytest.param(IntegrityError("duplicate"), False, id="integrity"),
+        pytest.param(DatabaseError("other"), False, id="database-error"),
+        pytest.param(ValueError("the view's own"), False, id="not-the-database"),
+    ],
+)
+def test_an_outcome_is_unknown_only_when_the_work_may_have_committed(
+    error: BaseException, expected: bool
+) -> None:
+    assert outcome_unknown(error) is expected
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (OperationalError("lost"), True),
+        (InterfaceError("closed"), True),
+        (locked(), True),
+        (ConnectionError("redis"), True),
+        (DataError("too long"), False),  # the database refuses the statement itself
+        (IntegrityError("constraint"), False),
+        (ProgrammingError("syntax"), False),
+        (NotSupportedError("feature"), False),
+    ],
+)
+def test_a_completion_is_sent_again_unless_the_database_refused_the_statement(
+    error: BaseException, expected: bool
+) -> None:
+    assert may_pass_on_retry(error) is expected
+
+
+@pytest.mark.parametrize(
+    ("body", "limit", "expected"),
+    [(b"x" * 10, 10, True), (b"x" * 11, 10, False), (b"", 0, True), (None, 10, False)],
+)
+def test_the_size_rule(body: bytes | None, limit: int, expected: bool) -> None:
+    assert fits(body, limit) is expected
+
+
+@given(body=st.one_of(st.none(), st.binary(max_size=64)), limit=st.integers(0, 64))
+def test_a_body_is_stored_only_whole_and_within_the_limit(body: bytes | None, limit: int) -> None:
+    assert fits(body, limit) == (body is not None and len(body) <= limit)
+
+
+@pytest.mark.parametrize(
+    ("lease_left", "expected"),
+    [
+        pytest.param(29, 1, id="renewed on schedule: RETRY_AFTER_SECONDS"),
+        pytest.param(15.5, 1, id="more than half: still live"),
+        pytest.param(15, 15, id="half or less: missed its renewals"),
+        pytest.param(7.2, 8, id="rounded up"),
+        pytest.param(0.5, 1, id="never below the setting"),
+        pytest.param(-3, 1, id="lapsed"),
+    ],
+)
+def test_in_flight_retry_after(lease_left: float, expected: int) -> None:
+    found = record(lease=lease_left)
+    assert in_flight_retry_after(found, NOW, lease=30, retry_after=1) == expected
+
+
+@given(
+    left=st.floats(-60, 60, allow_nan=False),
+    lease=st.floats(1, 60, allow_nan=False),
+    retry_after=st.integers(1, 30),
+)
+def test_retry_after_is_never_below_the_setting_nor_past_the_lease(
+    left: float, lease: float, retry_after: int
+) -> None:
+    answer = in_flight_retry_after(record(lease=left), NOW, lease=lease, retry_after=retry_after)
+    assert answer >= retry_after
+    assert answer <= max(retry_after, lease)
+    if left > lease / 2:
+        assert answer == retry_after
+
+
+def test_races_are_bounded() -> None:
+    assert [races_left(races) for races in range(MAX_RACES + 2)] == [True] * MAX_RACES + [
+        False,
+        False,
+    ]
