@@ -614,7 +614,7 @@ def other_fingerprint(fingerprint: str) -> str:
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     # The engine and the store (SQLite's times, the others' snapshots) call
     # django.utils.timezone.now().
-    for module in (claims, database_store):
+    for module in (shell, database_store):
         assert module.timezone is timezone
     monkeypatch.setattr(timezone, "now", CLOCK)
     monkeypatch.setattr(heartbeat_module, "time", SimpleNamespace(monotonic=CLOCK.monotonic))
