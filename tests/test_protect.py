@@ -141,3 +141,12 @@ def test_under_the_middleware_too(
     assert response.status_code == 201
     assert response.headers.get("Idempotent-Replayed") is None
     assert seen == [in_transaction]
+
+
+def test_the_request_transactions_answer_keeps_its_documented_import_path() -> None:
+    """``protect.request_transactions`` (and ``RequestTransactions``) still import from where
+    the docs first named them, and are the transaction module's own."""
+    from idempotency_django import protect, transactions
+
+    assert protect.request_transactions is transactions.request_transactions
+    assert protect.RequestTransactions is transactions.RequestTransactions
