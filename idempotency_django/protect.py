@@ -227,7 +227,7 @@ async def _aprotect(
     try:
         guard = await sync_to_async(Guard.for_request)(request, options)
     except IdempotencyError as error:
-        _refused(request, error)
+        await sync_to_async(_refused)(request, error)  # receivers run off the event loop
         return error_response(error)
     if guard is None:
         return await call_view()

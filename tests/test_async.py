@@ -329,3 +329,22 @@ def test_atomic_mode_on_an_async_view_is_refused_at_import() -> None:
 
 def test_async_views_opt_out_of_atomic_requests_for_the_store() -> None:
     assert "default" in views.async_effect._non_atomic_requests  # type: ignore[attr-defined]
+
+
+def test_a_refusals_receiver_may_use_the_database(alice: User) -> None:
+    """A refusal before the claim (here a malformed key) is sent off the event loop, as the
+    claim's own signals are: a receiver that queries the database works in an async view."""
+    from idempotency_django import signals
+
+    counted: list[int] = []
+
+    def receiver(**kwargs: Any) -> None:
+        counted.append(User.objects.count())
+
+    signals.key_refused.connect(receiver)
+    try:
+        response = apost({"amount": 1}, key="")
+    finally:
+        signals.key_refused.disconnect(receiver)
+    assert response.status_code == 400
+    assert counted == [1]
