@@ -2375,6 +2375,15 @@ MUTANTS = [
         ("test_middleware.py::test_under_asgi_a_second_inner_call_under_one_claim_is_refused",),
     ),
     Mutant(
+        "async-refusal-sent-on-the-loop",
+        "an async view's refusal before the claim is sent on the event loop: a receiver that "
+        "uses the database fails",
+        "protect.py",
+        "        await sync_to_async(_refused)(request, error)",
+        "        _refused(request, error)",
+        ("test_async.py::test_a_refusals_receiver_may_use_the_database",),
+    ),
+    Mutant(
         "endpoint-slash-twin-other-arguments",
         "a path and its slash twin share an endpoint even when they resolve to other arguments",
         "keys.py",
