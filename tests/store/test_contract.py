@@ -1,7 +1,7 @@
 """The store contract: what every store must answer, through the ``Store`` interface alone.
 
-The lifecycle and the decision table (``claims.py``) rely on these answers and on nothing
-else of a store, so a store that passes this suite keeps the promises of
+The shell (``shell.py``) and the decision table (``decisions.py``) rely on these answers
+and on nothing else of a store, so a store that passes this suite keeps the promises of
 docs/guarantees.md. Each test runs on every store the machine can reach: the database store
 (on the suite's database), the Redis store (``IDEMPOTENCY_TEST_REDIS_URL``) and the Redis
 store on the local Redis Cluster (marker ``redis_cluster``: ``python -m tools.redis_cluster
@@ -110,7 +110,8 @@ class Scope:
         return {"account": self.account, "endpoint": self.endpoint, "key": self.key}
 
     def claim(self, token: str, *, lease: float = 30, ttl: float = 3600) -> dict[str, Any]:
-        """What ``claims.claim`` writes: the scope, the request and the claim's times."""
+        """What a claim writes (``shell._claim_or_read``): the scope, the request and the
+        claim's times."""
         now = timezone.now()
         return {
             **self.lookup(),
