@@ -78,7 +78,7 @@ from idempotency_django.store.base import (
 from idempotency_django.transactions import (
     CommitFailed,
     Transactions,
-    commit_or_atomic,
+    commit_inside_transaction,
     to_reopen,
     unprotected,
 )
@@ -736,13 +736,15 @@ class Run:
         self.policy = policy
         self.alias = policy.alias
         self.store = policy.store
-        self.reopen = to_reopen(request_transactions)
-        self.mode = mode or commit_or_atomic(
-            policy.mode,
-            self.store.transactional and self.store.in_transaction(self.alias),
-            policy.label,
-            self.alias,
-        )
+        self.reopen = to_reopen(request_transactions) if request_transactions else []
+        self.mode = mode or policy.mode
+        if (
+            mode is None
+            and self.mode == "commit"
+            and self.store.transactional
+            and self.store.in_transaction(self.alias)
+        ):
+            self.mode = commit_inside_transaction(policy.label, self.alias)
         self.claim: Claim | None = None
         self._transactions = Transactions()
         self._store_transaction = False  # the store's transaction is open around the work

@@ -6,7 +6,7 @@ claim too, so that the claim could not commit first and the completion would com
 (or without) the work. The shell (``shell.py``) opens them again around the work alone
 (``Transactions``), the store's transaction outermost, so that the work's databases commit
 before the store records the outcome; a view that is not protected gets them back whole
-(``unprotected``). ``commit_or_atomic`` says which mode a run really has: a claim cannot
+(``unprotected``). ``commit_inside_transaction`` gives a run its real mode: a claim cannot
 commit on its own inside somebody else's transaction. The long story:
 ``docs/transactions.md``.
 """
@@ -147,17 +147,15 @@ class Transactions:
         return connections[alias].needs_rollback
 
 
-def commit_or_atomic(mode: str, in_transaction: bool, label: str, alias: str) -> str:
-    """The mode a run really has: ``commit`` inside a transaction already open on the
-    store's database (``in_transaction``) runs as ``atomic``, with a warning once per view.
+def commit_inside_transaction(label: str, alias: str) -> str:
+    """The mode of a ``commit`` run that finds a transaction already open on the store's
+    database ``alias``: ``atomic``, with a warning once per view (``label``).
 
     The claim cannot commit on its own inside somebody else's transaction. The unique index
     still serialises duplicates (they wait for that transaction), so single flight holds,
     with the semantics of atomic mode."""
-    if mode == "commit" and in_transaction:
-        _warn_once(label, alias)
-        return "atomic"
-    return mode
+    _warn_once(label, alias)
+    return "atomic"
 
 
 _warned: set[tuple[str, str]] = set()
