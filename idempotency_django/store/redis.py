@@ -12,6 +12,7 @@ gives up and what a failover can lose: ``docs/stores.md``.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import threading
@@ -266,7 +267,14 @@ def _ms(seconds: float | None) -> str:
 def _meta(fingerprint: str, status: int | None = None, headers: Any = ()) -> str:
     """The record's JSON: fingerprint, status, headers. ``json.dumps`` escapes newlines, so
     the first newline after it starts the body."""
-    return json.dumps({"f": fingerprint, "s": status, "h": [list(h) for h in headers]}) + "\n"
+    return f'{{"f": {json.dumps(fingerprint)}, {_status_and_headers(status, headers)}\n'
+
+
+def _status_and_headers(status: int | None, headers: Any) -> str:
+    """``"s": <status>, "h": [[name, value], ...]}``: the meta's end, as ``json.dumps`` of
+    the whole dict writes it (a str and a list encode on C's fast paths, a dict does not)."""
+    encoded = "[]" if not headers else json.dumps([list(h) for h in headers])
+    return f'"s": {"null" if status is None else int(status)}, "h": {encoded}}}'
 
 
 class RedisStore:
@@ -280,14 +288,27 @@ class RedisStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._client: tuple[tuple[Any, ...], Any, dict[str, Any]] | None = None
+        self._options: tuple[Any, dict[str, Any]] | None = None  # (given, merged): ``options``
         # The heartbeat's clients, by socket timeout (``renew``), for the same options.
         self._renewal_clients: tuple[tuple[Any, ...], dict[float, Any]] = ((), {})
 
     # -- connection -------------------------------------------------------------------------
 
     def options(self) -> dict[str, Any]:
+        """``DEFAULT_OPTIONS`` with ``STORE_OPTIONS`` over them. Merged once and kept with a
+        copy of what they were merged from, so that each call on the hot path costs one
+        comparison (a change, even one made in place, merges them again): the object
+        returned is shared, read it only."""
         given = conf.get("STORE_OPTIONS") or {}
-        return {**DEFAULT_OPTIONS, **given}
+        kept = self._options
+        if kept is not None and kept[0] == given:
+            return kept[1]
+        options = {**DEFAULT_OPTIONS, **given}
+        try:
+            self._options = (copy.deepcopy(given), options)
+        except Exception:  # a value that cannot be copied: merged again on every call
+            self._options = None
+        return options
 
     def client(self) -> Any:
         """The client for the current ``STORE_OPTIONS`` (rebuilt when they change, so that
@@ -298,9 +319,12 @@ class RedisStore:
         that cannot be reached raises ``StoreError`` here, ``unreachable`` (nothing of ours
         was sent), and the next call tries again."""
         options = self.options()
-        signature = _signature(options)
         current = self._client
+        if current is not None and current[2] is options:  # options() kept: unchanged
+            return current[1]
+        signature = _signature(options)
         if current is not None and current[0] == signature:
+            self._client = (signature, current[1], options)
             return current[1]
         with self._lock:
             current = self._client
@@ -373,10 +397,8 @@ class RedisStore:
             raise self._translated(error) from error
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any], client: Any = None) -> Any:
-        return self._call(
-            lambda client: self._scripts[name](keys=list(keys), args=list(args), client=client),
-            client,
-        )
+        # self._scripts: registered when the client is built (by _call's client())
+        return self._call(lambda client: _evalsha(client, self._scripts[name], keys, args), client)
 
     def _translated(self, error: BaseException) -> StoreError:
         return StoreError(f"Redis: {error}", self._kind(error))
@@ -482,9 +504,7 @@ class RedisStore:
         body = values["response_body"]
         # The meta after its fingerprint (the script keeps the claim's), then "\n" and the
         # body, or "\r" for a response completed without a storable body.
-        rest = json.dumps(
-            {"s": values["response_status"], "h": [list(h) for h in values["response_headers"]]}
-        )[1:]
+        rest = _status_and_headers(values["response_status"], values["response_headers"])
         reply, acked = self._run_replicated(
             "complete",
             [key],
@@ -743,6 +763,37 @@ class RedisStore:
             )
             for problem in sentinel_problems
         ]
+
+
+def _evalsha(client: Any, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    """``script`` on ``keys`` and ``args``: ``EVALSHA`` on one connection of the client's
+    pool, its reply read there (and ``EVAL`` on the same connection if the server does
+    not have the script yet: one more round trip, none to load it). What redis-py's
+    ``Script`` call does, without its per-command machinery (retries, which this store
+    turns off, timing hooks), which cost more CPU than the round trip's own work. A
+    connection that failed is closed, as redis-py closes it; a cluster client (which
+    routes by slot) takes redis-py's own path."""
+    if type(client) is not redis.Redis or client.connection is not None:
+        return script(keys=list(keys), args=list(args), client=client)
+    pool = client.connection_pool
+    connection = pool.get_connection()
+    try:
+        try:
+            connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            return connection.read_response()
+        except redis.exceptions.NoScriptError:
+            connection.send_command("EVAL", script.script, len(keys), *keys, *args)
+            return connection.read_response()
+    except (redis.ConnectionError, redis.TimeoutError):
+        connection.disconnect()
+        raise
+    finally:
+        try:
+            if getattr(connection, "should_reconnect", bool)():  # a maintenance notice
+                connection.disconnect()
+                connection.connect()
+        finally:
+            pool.release(connection)
 
 
 def _signature(options: dict[str, Any]) -> tuple[Any, ...]:
