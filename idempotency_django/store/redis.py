@@ -776,13 +776,17 @@ def _evalsha(client: Any, script: Any, keys: Sequence[str], args: Sequence[Any])
     if type(client) is not redis.Redis or client.connection is not None:
         return script(keys=list(keys), args=list(args), client=client)
     pool = client.connection_pool
-    connection = pool.get_connection()
+    connection: Any = pool.get_connection()  # redis-py leaves its methods unannotated
     try:
         try:
-            connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            connection.send_packed_command(
+                _packed(connection.encoder, ("EVALSHA", script.sha, len(keys), *keys, *args))
+            )
             return connection.read_response()
         except redis.exceptions.NoScriptError:
-            connection.send_command("EVAL", script.script, len(keys), *keys, *args)
+            connection.send_packed_command(
+                _packed(connection.encoder, ("EVAL", script.script, len(keys), *keys, *args))
+            )
             return connection.read_response()
     except (redis.ConnectionError, redis.TimeoutError):
         connection.disconnect()
@@ -794,6 +798,35 @@ def _evalsha(client: Any, script: Any, keys: Sequence[str], args: Sequence[Any])
                 connection.connect()
         finally:
             pool.release(connection)
+
+
+_LARGE = 6000  # bytes: a value this long is sent as a chunk of its own, not copied
+
+
+def _packed(encoder: Any, parts: Sequence[Any]) -> list[bytes]:
+    """A command in RESP, as redis-py packs it (strings in the client's encoding, bytes as
+    they are, integers in decimal; anything else through the client's encoder), in chunks
+    for ``send_packed_command``: a large value (a stored body) is its own chunk."""
+    encoding, errors = encoder.encoding, encoder.encoding_errors
+    chunks: list[bytes] = []
+    buffer = [b"*%d\r\n" % len(parts)]
+    for part in parts:
+        if type(part) is str:
+            data = part.encode(encoding, errors)
+        elif type(part) is bytes:
+            data = part
+        elif type(part) is int:
+            data = b"%d" % part
+        else:
+            data = encoder.encode(part)
+        if len(data) > _LARGE:
+            buffer.append(b"$%d\r\n" % len(data))
+            chunks += (b"".join(buffer), data)
+            buffer = [b"\r\n"]
+        else:
+            buffer += (b"$%d\r\n" % len(data), data, b"\r\n")
+    chunks.append(b"".join(buffer))
+    return chunks
 
 
 def _signature(options: dict[str, Any]) -> tuple[Any, ...]:
