@@ -4,17 +4,17 @@ profiler or an instruction counter.
 
     python -m benchmarks.request_profile --store redis [--scenario new] [--calls 2000]
     python -m benchmarks.request_profile --store redis --profile      # cProfile, by file
-    valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.out \\
-        python -m benchmarks.request_profile --store redis --calls 500 --callgrind
+    python -m benchmarks.request_profile --store redis --calls 300 --callgrind # instructions
 
 The benchmark's views (``/bench/bare/`` and ``/bench/commit/``), as ``store_requests.py``
 serves them, against a fresh database of its own (``--database-url``, its name +
 ``_profile``) and, with ``--store redis``, the Redis store on ``--redis-url`` under a key
 prefix of its own (deleted afterwards). ``--scenario``: ``bare`` (the view unprotected),
-``new`` (a new key each time) or ``replay`` (one key, every request after the first a
-replay). ``--callgrind`` turns callgrind's instrumentation on around the measured loop only
-(start valgrind with ``--instr-atstart=no``), so that its instruction count is the loop's:
-``callgrind_annotate`` the output, or divide its total by ``--calls``. ``--profile`` prints
+``new`` (a new key each time), ``replay`` (one key, every request after the first a
+replay), or ``store`` (the store's claim and completion alone, called directly).
+``--callgrind`` runs the child under callgrind with its instrumentation on around the
+measured loop only (``callgrind_control -i``), and prints its instructions per request
+(``callgrind_annotate`` the file it names for where they go). ``--profile`` prints
 cProfile's totals per file group (Django, redis-py, this package, the rest) and its top
 functions. With neither, the CPU per request (``time.process_time``).
 """
@@ -29,13 +29,14 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
 from benchmarks.components import SETTINGS, own_database, serve_wsgi, wsgi_environ
 
-PATHS = {"bare": "/bench/bare/", "new": "/bench/commit/", "replay": "/bench/commit/"}
+PATHS = {"bare": "/bench/bare/", "new": "/bench/commit/", "replay": "/bench/commit/", "store": ""}
 
 
 def _callgrind(on: bool) -> None:
@@ -73,6 +74,8 @@ def measure(scenario: str, calls: int, mode: str) -> None:
             key = replay_key
         return wsgi_environ(PATHS[scenario], key, HTTP_X_BENCH_USER="alice")
 
+    if scenario == "store":
+        serve = store_calls()  # type: ignore[assignment]
     for _ in range(50):  # warm: connections, caches, the replay key's record
         serve(environ())
     prepared = [environ() for _ in range(calls)]
@@ -96,6 +99,45 @@ def measure(scenario: str, calls: int, mode: str) -> None:
     for env in prepared:
         serve(env)
     print(f"{scenario}: {(time.process_time() - started) / calls * 1e6:.1f} us CPU per request")
+
+
+def store_calls() -> Callable[[Any], None]:
+    """The store's part of a first request alone: its claim, then its completion, called
+    as the request path calls them (the values of a 201 with a ``Location``)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from idempotency_django.store import get_store
+
+    store = get_store()
+
+    def call(_env: Any) -> None:
+        now = timezone.now()
+        token = uuid.uuid4().hex
+        lookup = {"account": "1", "endpoint": "POST /bench/commit/", "key": token}
+        claim = {
+            **lookup,
+            "fingerprint": "3:" + "a" * 64,
+            "state": "in_progress",
+            "token": token,
+            "lease_expires_at": now + timedelta(seconds=10),
+            "response_headers": [],
+            "created_at": now,
+            "expires_at": now + timedelta(days=1),
+        }
+        assert store.claim_or_read("default", claim, claim["fingerprint"]) == "claimed"
+        done = {
+            "state": "completed",
+            "response_status": 201,
+            "response_headers": [["Content-Type", "application/json"], ["Location", "/c/1"]],
+            "response_body": b'{"id": 1, "amount": 1000, "currency": "EUR"}',
+            "completed_at": timezone.now(),
+            "expires_at": now + timedelta(days=1),
+        }
+        assert store.complete("default", lookup, token, done)
+
+    return call
 
 
 GROUPS = (
