@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import importlib
 import json
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -310,15 +311,15 @@ class RedisStore:
             self._options = None
         return options
 
-    def client(self) -> Any:
+    def client(self, options: dict[str, Any] | None = None) -> Any:
         """The client for the current ``STORE_OPTIONS`` (rebuilt when they change, so that
         ``override_settings`` works); one connection pool per process (redis-py resets it
-        in a forked child).
+        in a forked child). ``options``: ``options()``, read already by the caller.
 
         Building a cluster client asks the startup nodes for the cluster's map: a cluster
         that cannot be reached raises ``StoreError`` here, ``unreachable`` (nothing of ours
         was sent), and the next call tries again."""
-        options = self.options()
+        options = self.options() if options is None else options
         current = self._client
         if current is not None and current[2] is options:  # options() kept: unchanged
             return current[1]
@@ -385,8 +386,8 @@ class RedisStore:
         }
         return client
 
-    def key(self, lookup: dict[str, str]) -> str:
-        return record_key(str(self.options()["KEY_PREFIX"]), lookup)
+    def key(self, lookup: dict[str, str], options: dict[str, Any] | None = None) -> str:
+        return record_key(str((options or self.options())["KEY_PREFIX"]), lookup)
 
     def _call(self, operation: Callable[[Any], T], client: Any = None) -> T:
         """``operation(client)``, any failure of the client a ``StoreError``: every call the
@@ -442,7 +443,8 @@ class RedisStore:
     # -- the Store interface ----------------------------------------------------------------
 
     def claim_or_read(self, alias: str, values: dict[str, Any], fingerprint: str) -> ClaimOrRead:
-        key = self.key(values)
+        options = self.options()  # read once per call: the hot path's (docs/performance.md)
+        key = self.key(values, options)
         reply, acked = self._run_replicated(
             "claim",
             [key],
@@ -452,6 +454,7 @@ class RedisStore:
                 _ms(_ttl(values)),
                 _meta(values["fingerprint"]),
             ],
+            options,
         )
         if reply[0] == 1:
             self._replicated(acked, key, values["token"], "claim")
@@ -498,7 +501,8 @@ class RedisStore:
     def complete(
         self, alias: str, lookup: dict[str, str], token: str, values: dict[str, Any]
     ) -> bool:
-        key = self.key(lookup)
+        options = self.options()
+        key = self.key(lookup, options)
         ttl = None if values["expires_at"] >= never() else values["expires_at"]
         ttl_seconds = None if ttl is None else _seconds(ttl - values["completed_at"])
         body = values["response_body"]
@@ -514,6 +518,7 @@ class RedisStore:
                 rest + ("\n" if body is not None else "\r"),
                 b"" if body is None else bytes(body),
             ],
+            options,
         )
         if reply == 1:
             self._outcome_replicated(acked)
@@ -606,15 +611,20 @@ class RedisStore:
         return sum(int(reply) for reply in replies if not isinstance(reply, Exception))
 
     def _run_replicated(
-        self, name: str, keys: Sequence[str], args: Sequence[Any]
+        self,
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        options: dict[str, Any] | None = None,
     ) -> tuple[Any, int | None]:
         """``_run``, then with ``WAIT_REPLICAS`` a ``WAIT`` on the same connection in the same
         round trip: the reply, and how many replicas acknowledged it (None: not asked)."""
-        options = self.options()
+        options = self.options() if options is None else options
         replicas = int(options["WAIT_REPLICAS"])
+        client = self.client(options)  # raises StoreError itself (_built)
         if not replicas:
-            return self._run(name, keys, args), None
-        client, script = self.client(), self._scripts[name]
+            return self._run(name, keys, args, client), None
+        script = self._scripts[name]
         timeout = int(options["WAIT_TIMEOUT_MS"])
         try:
             try:
@@ -638,6 +648,8 @@ class RedisStore:
         is released (fenced by its token: ``key`` is the record's key, as a take-over's
         values do not name its scope) and refused as a store failure (503; never
         ``unreachable``, so never run unprotected: the store did answer)."""
+        if acked is None:  # WAIT_REPLICAS is 0: nothing was asked of the replicas
+            return
         wanted = int(self.options()["WAIT_REPLICAS"])
         if acked is None or acked >= wanted:
             return
@@ -655,6 +667,8 @@ class RedisStore:
         failed one: a failover now would lose it, and let a retry run the work again. The
         lifecycle sends it again (the script writes its own completed record again, which
         the next WAIT counts) until the claim's lease may lapse."""
+        if acked is None:  # WAIT_REPLICAS is 0: nothing was asked of the replicas
+            return
         wanted = int(self.options()["WAIT_REPLICAS"])
         if acked is not None and acked < wanted:
             raise StoreError(
@@ -801,13 +815,21 @@ def _evalsha(client: Any, script: Any, keys: Sequence[str], args: Sequence[Any])
 
 
 _LARGE = 6000  # bytes: a value this long is sent as a chunk of its own, not copied
+_pack_command: Callable[[tuple[Any, ...]], bytes] | None
+try:
+    _pack_command = importlib.import_module("hiredis").pack_command
+except ImportError:  # pragma: no cover - without the hiredis extra
+    _pack_command = None
 
 
 def _packed(encoder: Any, parts: Sequence[Any]) -> list[bytes]:
     """A command in RESP, as redis-py packs it (strings in the client's encoding, bytes as
     they are, integers in decimal; anything else through the client's encoder), in chunks
-    for ``send_packed_command``: a large value (a stored body) is its own chunk."""
+    for ``send_packed_command``: a large value (a stored body) is its own chunk. With
+    hiredis (the ``hiredis`` extra) and UTF-8, redis-py's default, hiredis packs it."""
     encoding, errors = encoder.encoding, encoder.encoding_errors
+    if _pack_command is not None and encoding == "utf-8" and errors == "strict":
+        return [_pack_command(tuple(parts))]
     chunks: list[bytes] = []
     buffer = [b"*%d\r\n" % len(parts)]
     for part in parts:
