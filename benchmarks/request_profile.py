@@ -11,7 +11,8 @@ serves them, against a fresh database of its own (``--database-url``, its name +
 ``_profile``) and, with ``--store redis``, the Redis store on ``--redis-url`` under a key
 prefix of its own (deleted afterwards). ``--scenario``: ``bare`` (the view unprotected),
 ``new`` (a new key each time), ``replay`` (one key, every request after the first a
-replay), or ``store`` (the store's claim and completion alone, called directly).
+replay), ``store`` (the store's claim and completion alone, called directly), or on the
+DRF view with token authentication ``drf-bare`` and ``drf-replay``.
 ``--callgrind`` runs the child under callgrind with its instrumentation on around the
 measured loop only (``callgrind_control -i``), and prints its instructions per request
 (``callgrind_annotate`` the file it names for where they go). ``--profile`` prints
@@ -36,7 +37,15 @@ from urllib.parse import urlsplit
 
 from benchmarks.components import SETTINGS, own_database, serve_wsgi, wsgi_environ
 
-PATHS = {"bare": "/bench/bare/", "new": "/bench/commit/", "replay": "/bench/commit/", "store": ""}
+PATHS = {
+    "bare": "/bench/bare/",
+    "new": "/bench/commit/",
+    "replay": "/bench/commit/",
+    "store": "",
+    # The DRF view with TokenAuthentication (drf_views.py), bare and behind the mixin.
+    "drf-bare": "/bench/drf/bare/",
+    "drf-replay": "/bench/drf/protected/",
+}
 
 
 def _callgrind(on: bool) -> None:
@@ -61,7 +70,12 @@ def measure(scenario: str, calls: int, mode: str) -> None:
     from django.core.management import call_command
 
     call_command("migrate", "--noinput", verbosity=0)
-    User.objects.get_or_create(username="alice")
+    alice = User.objects.get_or_create(username="alice")[0]
+    headers = {"HTTP_X_BENCH_USER": "alice"}
+    if scenario.startswith("drf"):
+        from rest_framework.authtoken.models import Token
+
+        headers["HTTP_AUTHORIZATION"] = f"Token {Token.objects.get_or_create(user=alice)[0].key}"
     handler = WSGIHandler()
     serve = partial(serve_wsgi, handler)
     replay_key = "request-profile-replay"
@@ -70,9 +84,9 @@ def measure(scenario: str, calls: int, mode: str) -> None:
         key = None
         if scenario == "new":
             key = str(uuid.uuid4())
-        elif scenario == "replay":
+        elif scenario.endswith("replay"):
             key = replay_key
-        return wsgi_environ(PATHS[scenario], key, HTTP_X_BENCH_USER="alice")
+        return wsgi_environ(PATHS[scenario], key, **headers)
 
     if scenario == "store":
         serve = store_calls()  # type: ignore[assignment]
