@@ -700,7 +700,8 @@ def write_results(path: Path, text: str, vendor: str) -> None:
 
 
 def machine_info(db: Database, generator: str, args: argparse.Namespace) -> dict[str, str]:
-    packages = ("idempotency-django", "Django", "psycopg", "mysqlclient", "gunicorn")
+    packages = ("idempotency-django", "Django", "psycopg", "mysqlclient", "gunicorn", "redis")
+    packages += ("hiredis",)  # the Redis store's rows: redis-py's C parser, or not
     versions = ", ".join(f"{name} {common.package_version(name)}" for name in packages)
     if generator == "wrk":
         wrk = subprocess.run(["wrk", "-v"], capture_output=True, text=True, check=False)

@@ -75,8 +75,20 @@ class StoredResponse:
 def stored_header_names() -> list[str]:
     """The allow-list (``Content-Type``, ``Location`` and ``STORED_HEADERS``), less the
     ``NEVER_STORED_HEADERS``."""
-    names = [*ALWAYS_STORED_HEADERS, *conf.STORED_HEADERS]
-    return [name for name in names if _replayable(name)]
+    return list(_allowed(conf.STORED_HEADERS))
+
+
+# The allow-list of the last STORED_HEADERS seen: built once, not per completion.
+_allowed_for: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+
+
+def _allowed(setting: tuple[str, ...]) -> tuple[str, ...]:
+    global _allowed_for
+    seen, names = _allowed_for
+    if seen != setting or not names:
+        names = tuple(name for name in (*ALWAYS_STORED_HEADERS, *setting) if _replayable(name))
+        _allowed_for = (setting, names)
+    return names
 
 
 def _connection_options(response: HttpResponseBase) -> frozenset[str]:
@@ -94,11 +106,12 @@ def capture(response: HttpResponse) -> StoredResponse:
 
 def stored_headers(response: HttpResponseBase) -> list[tuple[str, str]]:
     """The allow-listed headers of ``response`` that a replay carries."""
-    hop_by_hop = _connection_options(response)
+    headers = response.headers
+    hop_by_hop = _connection_options(response) if "Connection" in headers else frozenset()
     return [
-        (name, response[name])
-        for name in stored_header_names()
-        if response.has_header(name) and name.lower() not in hop_by_hop
+        (name, headers[name])
+        for name in _allowed(conf.STORED_HEADERS)
+        if name in headers and name.lower() not in hop_by_hop
     ]
 
 
@@ -112,11 +125,15 @@ def replay(stored: StoredResponse) -> HttpResponse:
     new response and what was read: a replay never writes to the store.
     """
     headers = [(name, value) for name, value in stored.headers if _replayable(name)]
-    response = HttpResponse(stored.body, status=stored.status)
-    if not any(name.lower() == "content-type" for name, _ in headers):
+    # The stored Content-Type given at construction: not Django's default, set then replaced.
+    first = next((i for i, (name, _) in enumerate(headers) if name.lower() == "content-type"), -1)
+    content_type = None if first < 0 else headers[first][1]
+    response = HttpResponse(stored.body, status=stored.status, content_type=content_type)
+    if content_type is None:
         del response["Content-Type"]
-    for name, value in headers:
-        response[name] = value
+    for index, (name, value) in enumerate(headers):
+        if index != first:
+            response[name] = value
     if "Cache-Control" not in response:
         response["Cache-Control"] = REPLAY_CACHE_CONTROL
     response[conf.REPLAY_HEADER] = "true"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.utils import timezone
@@ -184,3 +184,37 @@ def test_write_and_wait_follows_a_moved_and_learns_the_new_owner(
     assert stored == b"token"
     assert owner_now == new
     assert asking(new) == asked
+
+
+# -- the command on the wire ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hiredis", [True, False], ids=["hiredis", "pure-python"])
+@pytest.mark.parametrize(
+    "parts",
+    [
+        ("EVALSHA", "0" * 40, 1, "idem:{k}", "token", "10000", "", '{"f": "é"}\n'),
+        ("EVALSHA", "0" * 40, 1, "idem:{k}", "token", "", "\n", b"\x00body" * 3000),
+        ("EVAL", "return 1", 0),
+    ],
+    ids=["claim", "large-body", "eval"],
+)
+def test_a_script_is_sent_as_redis_py_would_send_it(
+    parts: tuple[object, ...], hiredis: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store packs its script calls itself (one pass, hiredis's packer when installed):
+    byte for byte what redis-py's own packer sends, with or without hiredis."""
+    from redis._parsers.encoders import Encoder
+    from redis.connection import PythonRespSerializer
+
+    from idempotency_django.store import redis as redis_store
+
+    if hiredis:
+        pack = pytest.importorskip("hiredis").pack_command
+        monkeypatch.setattr(redis_store, "_pack_command", pack)
+    else:
+        monkeypatch.setattr(redis_store, "_pack_command", None)
+    encoder: Any = Encoder("utf-8", "strict", False)  # type: ignore[no-untyped-call]
+    packer: Any = PythonRespSerializer(6000, encoder.encode)
+    expected = b"".join(packer.pack(*parts))
+    assert b"".join(redis_store._packed(encoder, parts)) == expected

@@ -12,7 +12,9 @@ gives up and what a failover can lose: ``docs/stores.md``.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
+import importlib
 import json
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -266,7 +268,14 @@ def _ms(seconds: float | None) -> str:
 def _meta(fingerprint: str, status: int | None = None, headers: Any = ()) -> str:
     """The record's JSON: fingerprint, status, headers. ``json.dumps`` escapes newlines, so
     the first newline after it starts the body."""
-    return json.dumps({"f": fingerprint, "s": status, "h": [list(h) for h in headers]}) + "\n"
+    return f'{{"f": {json.dumps(fingerprint)}, {_status_and_headers(status, headers)}\n'
+
+
+def _status_and_headers(status: int | None, headers: Any) -> str:
+    """``"s": <status>, "h": [[name, value], ...]}``: the meta's end, as ``json.dumps`` of
+    the whole dict writes it (a str and a list encode on C's fast paths, a dict does not)."""
+    encoded = "[]" if not headers else json.dumps([list(h) for h in headers])
+    return f'"s": {"null" if status is None else int(status)}, "h": {encoded}}}'
 
 
 class RedisStore:
@@ -280,27 +289,43 @@ class RedisStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._client: tuple[tuple[Any, ...], Any, dict[str, Any]] | None = None
+        self._options: tuple[Any, dict[str, Any]] | None = None  # (given, merged): ``options``
         # The heartbeat's clients, by socket timeout (``renew``), for the same options.
         self._renewal_clients: tuple[tuple[Any, ...], dict[float, Any]] = ((), {})
 
     # -- connection -------------------------------------------------------------------------
 
     def options(self) -> dict[str, Any]:
+        """``DEFAULT_OPTIONS`` with ``STORE_OPTIONS`` over them. Merged once and kept with a
+        copy of what they were merged from, so that each call on the hot path costs one
+        comparison (a change, even one made in place, merges them again): the object
+        returned is shared, read it only."""
         given = conf.get("STORE_OPTIONS") or {}
-        return {**DEFAULT_OPTIONS, **given}
+        kept = self._options
+        if kept is not None and kept[0] == given:
+            return kept[1]
+        options = {**DEFAULT_OPTIONS, **given}
+        try:
+            self._options = (copy.deepcopy(given), options)
+        except Exception:  # a value that cannot be copied: merged again on every call
+            self._options = None
+        return options
 
-    def client(self) -> Any:
+    def client(self, options: dict[str, Any] | None = None) -> Any:
         """The client for the current ``STORE_OPTIONS`` (rebuilt when they change, so that
         ``override_settings`` works); one connection pool per process (redis-py resets it
-        in a forked child).
+        in a forked child). ``options``: ``options()``, read already by the caller.
 
         Building a cluster client asks the startup nodes for the cluster's map: a cluster
         that cannot be reached raises ``StoreError`` here, ``unreachable`` (nothing of ours
         was sent), and the next call tries again."""
-        options = self.options()
-        signature = _signature(options)
+        options = self.options() if options is None else options
         current = self._client
+        if current is not None and current[2] is options:  # options() kept: unchanged
+            return current[1]
+        signature = _signature(options)
         if current is not None and current[0] == signature:
+            self._client = (signature, current[1], options)
             return current[1]
         with self._lock:
             current = self._client
@@ -361,8 +386,8 @@ class RedisStore:
         }
         return client
 
-    def key(self, lookup: dict[str, str]) -> str:
-        return record_key(str(self.options()["KEY_PREFIX"]), lookup)
+    def key(self, lookup: dict[str, str], options: dict[str, Any] | None = None) -> str:
+        return record_key(str((options or self.options())["KEY_PREFIX"]), lookup)
 
     def _call(self, operation: Callable[[Any], T], client: Any = None) -> T:
         """``operation(client)``, any failure of the client a ``StoreError``: every call the
@@ -373,10 +398,8 @@ class RedisStore:
             raise self._translated(error) from error
 
     def _run(self, name: str, keys: Sequence[str], args: Sequence[Any], client: Any = None) -> Any:
-        return self._call(
-            lambda client: self._scripts[name](keys=list(keys), args=list(args), client=client),
-            client,
-        )
+        # self._scripts: registered when the client is built (by _call's client())
+        return self._call(lambda client: _evalsha(client, self._scripts[name], keys, args), client)
 
     def _translated(self, error: BaseException) -> StoreError:
         return StoreError(f"Redis: {error}", self._kind(error))
@@ -420,7 +443,8 @@ class RedisStore:
     # -- the Store interface ----------------------------------------------------------------
 
     def claim_or_read(self, alias: str, values: dict[str, Any], fingerprint: str) -> ClaimOrRead:
-        key = self.key(values)
+        options = self.options()  # read once per call: the hot path's (docs/performance.md)
+        key = self.key(values, options)
         reply, acked = self._run_replicated(
             "claim",
             [key],
@@ -430,6 +454,7 @@ class RedisStore:
                 _ms(_ttl(values)),
                 _meta(values["fingerprint"]),
             ],
+            options,
         )
         if reply[0] == 1:
             self._replicated(acked, key, values["token"], "claim")
@@ -476,15 +501,14 @@ class RedisStore:
     def complete(
         self, alias: str, lookup: dict[str, str], token: str, values: dict[str, Any]
     ) -> bool:
-        key = self.key(lookup)
+        options = self.options()
+        key = self.key(lookup, options)
         ttl = None if values["expires_at"] >= never() else values["expires_at"]
         ttl_seconds = None if ttl is None else _seconds(ttl - values["completed_at"])
         body = values["response_body"]
         # The meta after its fingerprint (the script keeps the claim's), then "\n" and the
         # body, or "\r" for a response completed without a storable body.
-        rest = json.dumps(
-            {"s": values["response_status"], "h": [list(h) for h in values["response_headers"]]}
-        )[1:]
+        rest = _status_and_headers(values["response_status"], values["response_headers"])
         reply, acked = self._run_replicated(
             "complete",
             [key],
@@ -494,6 +518,7 @@ class RedisStore:
                 rest + ("\n" if body is not None else "\r"),
                 b"" if body is None else bytes(body),
             ],
+            options,
         )
         if reply == 1:
             self._outcome_replicated(acked)
@@ -586,15 +611,20 @@ class RedisStore:
         return sum(int(reply) for reply in replies if not isinstance(reply, Exception))
 
     def _run_replicated(
-        self, name: str, keys: Sequence[str], args: Sequence[Any]
+        self,
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        options: dict[str, Any] | None = None,
     ) -> tuple[Any, int | None]:
         """``_run``, then with ``WAIT_REPLICAS`` a ``WAIT`` on the same connection in the same
         round trip: the reply, and how many replicas acknowledged it (None: not asked)."""
-        options = self.options()
+        options = self.options() if options is None else options
         replicas = int(options["WAIT_REPLICAS"])
+        client = self.client(options)  # raises StoreError itself (_built)
         if not replicas:
-            return self._run(name, keys, args), None
-        client, script = self.client(), self._scripts[name]
+            return self._run(name, keys, args, client), None
+        script = self._scripts[name]
         timeout = int(options["WAIT_TIMEOUT_MS"])
         try:
             try:
@@ -618,6 +648,8 @@ class RedisStore:
         is released (fenced by its token: ``key`` is the record's key, as a take-over's
         values do not name its scope) and refused as a store failure (503; never
         ``unreachable``, so never run unprotected: the store did answer)."""
+        if acked is None:  # WAIT_REPLICAS is 0: nothing was asked of the replicas
+            return
         wanted = int(self.options()["WAIT_REPLICAS"])
         if acked is None or acked >= wanted:
             return
@@ -635,6 +667,8 @@ class RedisStore:
         failed one: a failover now would lose it, and let a retry run the work again. The
         lifecycle sends it again (the script writes its own completed record again, which
         the next WAIT counts) until the claim's lease may lapse."""
+        if acked is None:  # WAIT_REPLICAS is 0: nothing was asked of the replicas
+            return
         wanted = int(self.options()["WAIT_REPLICAS"])
         if acked is not None and acked < wanted:
             raise StoreError(
@@ -743,6 +777,78 @@ class RedisStore:
             )
             for problem in sentinel_problems
         ]
+
+
+def _evalsha(client: Any, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    """``script`` on ``keys`` and ``args``: ``EVALSHA`` on one connection of the client's
+    pool, its reply read there (and ``EVAL`` on the same connection if the server does
+    not have the script yet: one more round trip, none to load it). What redis-py's
+    ``Script`` call does, without its per-command machinery (retries, which this store
+    turns off, timing hooks), which cost more CPU than the round trip's own work. A
+    connection that failed is closed, as redis-py closes it; a cluster client (which
+    routes by slot) takes redis-py's own path."""
+    if type(client) is not redis.Redis or client.connection is not None:
+        return script(keys=list(keys), args=list(args), client=client)
+    pool = client.connection_pool
+    connection: Any = pool.get_connection()  # redis-py leaves its methods unannotated
+    try:
+        try:
+            connection.send_packed_command(
+                _packed(connection.encoder, ("EVALSHA", script.sha, len(keys), *keys, *args))
+            )
+            return connection.read_response()
+        except redis.exceptions.NoScriptError:
+            connection.send_packed_command(
+                _packed(connection.encoder, ("EVAL", script.script, len(keys), *keys, *args))
+            )
+            return connection.read_response()
+    except (redis.ConnectionError, redis.TimeoutError):
+        connection.disconnect()
+        raise
+    finally:
+        try:
+            if getattr(connection, "should_reconnect", bool)():  # a maintenance notice
+                connection.disconnect()
+                connection.connect()
+        finally:
+            pool.release(connection)
+
+
+_LARGE = 6000  # bytes: a value this long is sent as a chunk of its own, not copied
+_pack_command: Callable[[tuple[Any, ...]], bytes] | None
+try:
+    _pack_command = importlib.import_module("hiredis").pack_command
+except ImportError:  # pragma: no cover - without the hiredis extra
+    _pack_command = None
+
+
+def _packed(encoder: Any, parts: Sequence[Any]) -> list[bytes]:
+    """A command in RESP, as redis-py packs it (strings in the client's encoding, bytes as
+    they are, integers in decimal; anything else through the client's encoder), in chunks
+    for ``send_packed_command``: a large value (a stored body) is its own chunk. With
+    hiredis (the ``hiredis`` extra) and UTF-8, redis-py's default, hiredis packs it."""
+    encoding, errors = encoder.encoding, encoder.encoding_errors
+    if _pack_command is not None and encoding == "utf-8" and errors == "strict":
+        return [_pack_command(tuple(parts))]
+    chunks: list[bytes] = []
+    buffer = [b"*%d\r\n" % len(parts)]
+    for part in parts:
+        if type(part) is str:
+            data = part.encode(encoding, errors)
+        elif type(part) is bytes:
+            data = part
+        elif type(part) is int:
+            data = b"%d" % part
+        else:
+            data = encoder.encode(part)
+        if len(data) > _LARGE:
+            buffer.append(b"$%d\r\n" % len(data))
+            chunks += (b"".join(buffer), data)
+            buffer = [b"\r\n"]
+        else:
+            buffer += (b"$%d\r\n" % len(data), data, b"\r\n")
+    chunks.append(b"".join(buffer))
+    return chunks
 
 
 def _signature(options: dict[str, Any]) -> tuple[Any, ...]:
