@@ -105,8 +105,8 @@ class PrometheusRecorder:
 
     Each labelled child is resolved once (per outcome, store, route and method; per
     operation and store), and kept as the few calls a measurement needs: a request then costs
-    one dictionary lookup and one write per metric, not prometheus-client's checks and
-    label handling on every call (about half of what the metrics cost a replay, measured;
+    one dictionary lookup and one write per value, not prometheus-client's checks and label
+    handling on every call (the recorder's share of a replay fell by a quarter, measured;
     docs/observability.md, "Cost")."""
 
     traces = False
