@@ -2468,6 +2468,19 @@ MUTANTS = [
         ),
     ),
     Mutant(
+        "metrics-histogram-bound-in-the-next-bucket",
+        "a store operation's duration (or a response's size) equal to a bucket's bound is "
+        "counted in the next bucket, not in the one whose bound holds it, as prometheus-client "
+        "counts it: the quantiles drift",
+        "metrics/prometheus.py",
+        "        index = bisect_left(bounds, amount)  # the first bound >= amount, the last +Inf",
+        "        index = bisect_left(bounds, amount) + (amount in bounds[:-1])",
+        (
+            "test_observe.py::"
+            "test_store_durations_and_sizes_fall_in_the_buckets_prometheus_client_would_choose",
+        ),
+    ),
+    Mutant(
         "metrics-span-event-on-take-over-missing",
         "a take-over leaves no event on the request's span",
         "observe.py",

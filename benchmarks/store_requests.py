@@ -18,7 +18,7 @@ interleaved rounds of ``--calls`` replays with the metrics off, on Prometheus (i
 multiprocess mode, as under gunicorn) and on OpenTelemetry (the SDK configured: a meter
 provider with a reader, a tracer provider with a batch span processor whose exporter drops
 the spans; each request's span sampled, or sampled out as most are in production), the best
-round of each, and its ratio to off.
+round of each, and its ratio to off; then the metrics' own work alone (``measure_chain``).
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ def measure(calls: int) -> None:
             best_wall = min(best_wall, (time.perf_counter() - started_wall) / calls)
         print(f"  {name:<28} {best * 1000:6.3f} ms CPU {best_wall * 1000:6.3f} ms wall", flush=True)
     measure_metrics(lambda: serve(environ("/bench/commit/", replay_key)), calls, ROUNDS)
+    measure_chain(calls * 20, ROUNDS)
 
 
 ROUNDS = 7
@@ -132,6 +133,60 @@ def measure_metrics(replay: Callable[[], Any], calls: int, rounds: int) -> None:
     for mode, seconds in best.items():
         ratio = seconds / best["off"]
         print(f"    {mode:<26} {seconds * 1000:6.3f} ms CPU  {ratio:5.3f}x off", flush=True)
+
+
+def measure_chain(calls: int, rounds: int) -> None:
+    """The metrics' own work on a replay, without the request around it: the frame
+    (``observe.observed``), the store operation's timing and signal, the ``replayed``
+    signal. CPU per chain in interleaved rounds: nothing connected, Prometheus, and
+    Prometheus's receivers with no recorder (the signals and the frame alone). A loop keeps
+    the caches hot: a request pays more for the same code (docs/observability.md, "Cost")."""
+    import logging
+
+    from django.conf import settings
+    from django.http import HttpResponse
+    from django.test import RequestFactory, override_settings
+    from django.urls import resolve
+
+    from idempotency_django import observe, signals
+    from idempotency_django.store.base import get_store
+
+    store = get_store()
+    request = RequestFactory().post("/bench/commit/")
+    request.resolver_match = resolve("/bench/commit/")
+
+    answer = HttpResponse()
+
+    def replay() -> HttpResponse:
+        signals.timed("claim", store, lambda: None)
+        signals.emit(signals.replayed, logging.DEBUG, "Replayed.", "1", "POST /bench/commit/",
+                     "store-requests-replay", status=201, waited=False)  # fmt: skip
+        return answer
+
+    def chain() -> None:
+        if observe.watching:
+            observe.observed(request, replay)
+        else:
+            replay()
+
+    base = dict(settings.IDEMPOTENCY)
+    modes = {"off": None, "prometheus": "prometheus", "signals and frame only": "prometheus"}
+    best = dict.fromkeys(modes, float("inf"))
+    for _ in range(rounds):
+        for mode, exporter in modes.items():
+            with override_settings(IDEMPOTENCY={**base, "METRICS": exporter}):
+                if mode == "signals and frame only":
+                    observe.recorders.clear()
+                chain()
+                started = time.process_time()
+                for _ in range(calls):
+                    chain()
+                best[mode] = min(best[mode], (time.process_time() - started) / calls)
+    print(f"  the metrics' own work alone (best of {rounds} interleaved rounds x {calls}):")
+    for mode, seconds in best.items():
+        print(
+            f"    {mode:<26} {seconds * 1e6:6.2f} µs CPU  +{(seconds - best['off']) * 1e6:5.2f} µs"
+        )
 
 
 def clean(url: str, prefix: str) -> None:

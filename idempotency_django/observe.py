@@ -55,7 +55,7 @@ OUTCOMES = (
 requests_logger = logging.getLogger("idempotency_django.requests")
 
 
-@dataclass
+@dataclass(slots=True)
 class Frame:
     """One protected request while it runs."""
 
@@ -70,7 +70,10 @@ class Frame:
 
 
 class Recorder(Protocol):
-    """What an exporter does with what the signals tell."""
+    """What an exporter does with what the signals tell. ``begin`` and ``event`` are called
+    only on a recorder that ``traces`` (opens a span per request)."""
+
+    traces: bool
 
     def begin(self, frame: Frame) -> None: ...
     def end(self, frame: Frame, outcome: str, seconds: float) -> None: ...
@@ -85,6 +88,7 @@ _frame: contextvars.ContextVar[Frame | None] = contextvars.ContextVar(
     "idempotency_django.observe.frame", default=None
 )
 recorders: list[Recorder] = []
+_tracers: list[Recorder] = []  # the recorders that trace: ``begin`` and ``event`` go to them
 #: Whether ``protect`` opens a frame per request: a metric or the log line is on.
 watching = False
 
@@ -102,14 +106,23 @@ R = TypeVar("R", bound=HttpResponseBase)
 
 
 def observed(request: HttpRequest, call: Callable[[], R]) -> R:
-    """``call()``, the protected request, inside its frame."""
-    frame = _begin(request)
+    """``call()``, the protected request, inside its frame. (``_begin`` and ``_end``
+    written out: this runs on every protected request, docs/observability.md "Cost".)"""
+    # The store: the STORE setting's until its first operation names one.
+    frame = Frame(route(request), request.method or "", _default_store, time.perf_counter())
+    for recorder in _tracers:
+        recorder.begin(frame)
     token = _frame.set(frame)
     try:
         return call()
     finally:
         _frame.reset(token)
-        _end(frame)
+        seconds = time.perf_counter() - frame.started
+        outcome = frame.outcome or "other"
+        for recorder in recorders:
+            recorder.end(frame, outcome, seconds)
+        if _log_requests:
+            log_request(frame, outcome, seconds)
 
 
 async def aobserved(request: HttpRequest, call: Callable[[], Awaitable[R]]) -> R:
@@ -124,13 +137,9 @@ async def aobserved(request: HttpRequest, call: Callable[[], Awaitable[R]]) -> R
 
 
 def _begin(request: HttpRequest) -> Frame:
-    frame = Frame(
-        route=route(request),
-        method=request.method or "",
-        store=_default_store,  # the store of its first operation, once it has one
-        started=time.perf_counter(),
-    )
-    for recorder in recorders:
+    # The store: the STORE setting's until its first operation names one.
+    frame = Frame(route(request), request.method or "", _default_store, time.perf_counter())
+    for recorder in _tracers:
         recorder.begin(frame)
     return frame
 
@@ -201,7 +210,7 @@ def _with_event(outcome: str, event: str) -> Callable[..., None]:
         if frame is not None:
             frame.outcome = outcome
             frame.key = key
-            for recorder in recorders:
+            for recorder in _tracers:
                 recorder.event(frame, event)
 
     return receiver
@@ -287,6 +296,7 @@ def connect() -> None:
             from idempotency_django.metrics import opentelemetry
 
             recorders.append(opentelemetry.recorder())
+    _tracers.extend(recorder for recorder in recorders if recorder.traces)
     for signal, receiver in _receivers():
         signal.connect(
             receiver, weak=False, dispatch_uid=f"idempotency_django.observe.{id(signal)}"
@@ -302,6 +312,7 @@ def disconnect() -> None:
         signal.disconnect(dispatch_uid=f"idempotency_django.observe.{id(signal)}")
     _connected.clear()
     recorders.clear()
+    _tracers.clear()
 
 
 def purge_lag_seconds() -> float | None:

@@ -564,3 +564,31 @@ def test_async_views_are_counted_and_spanned_as_sync_ones(
         "replayed": 1,
         "mismatch": 1,
     }
+
+
+def test_store_durations_and_sizes_fall_in_the_buckets_prometheus_client_would_choose() -> None:
+    """The recorder writes a histogram's sum and bucket itself (``_observer``): what a scrape
+    reads must be what ``Histogram.observe`` would have written, values on a bound, between
+    bounds, below the first and above the last included."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    registry = CollectorRegistry()
+    ours = Histogram("ours", "", buckets=prometheus.DURATION_BUCKETS, registry=registry)
+    theirs = Histogram("theirs", "", buckets=prometheus.DURATION_BUCKETS, registry=registry)
+    observe_ = prometheus._observer(ours)
+    values = [0.0, 0.0004, *prometheus.DURATION_BUCKETS, 0.0007, 0.003, 0.3, 2.5001, 60.0]
+    for value in values:
+        observe_(value)
+        theirs.observe(value)
+
+    def samples(name: str) -> list[tuple[str, dict[str, str], float]]:
+        return [
+            (sample.name.removeprefix(name), sample.labels, sample.value)
+            for family in text_string_to_metric_families(generate_latest(registry).decode())
+            if family.name == name
+            for sample in family.samples
+            if not sample.name.endswith("_created")
+        ]
+
+    assert samples("ours") == samples("theirs")
+    assert ("_count", {}, len(values)) in samples("ours")

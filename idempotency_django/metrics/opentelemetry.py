@@ -30,6 +30,8 @@ FAILED = frozenset({"store_unavailable", "outcome_not_stored", "completion_lost"
 
 
 class OpenTelemetryRecorder:
+    traces = True
+
     def __init__(self) -> None:
         meter = metrics.get_meter(SCOPE, __version__)
         self.tracer = trace.get_tracer(SCOPE, __version__)
@@ -58,6 +60,9 @@ class OpenTelemetryRecorder:
             unit="{record}",
             description="Records deleted by the purge, expired or stale in progress.",
         )
+        # Attribute dictionaries, built once per distinct set of values (bounded: see
+        # ``observe``) and passed again on every measurement; the SDK only reads them.
+        self._attributes: dict[tuple[str, ...], dict[str, str]] = {}
         # The heartbeat's last sample, observed when the reader collects.
         self.sample = {"in_flight": 0.0, "oldest_age": 0.0, "lag": 0.0}
         meter.create_observable_gauge(
@@ -92,28 +97,29 @@ class OpenTelemetryRecorder:
         return callback
 
     def begin(self, frame: observe.Frame) -> None:
-        span = self.tracer.start_span(
-            "idempotency",
-            kind=SpanKind.INTERNAL,
-            attributes={
+        key = ("span", frame.store, frame.route, frame.method)
+        attributes = self._attributes.get(key)
+        if attributes is None:
+            attributes = self._attributes[key] = {
                 "idempotency.store": frame.store,
                 "http.route": frame.route,
                 "http.request.method": frame.method,
-            },
-        )
+            }
+        span = self.tracer.start_span("idempotency", kind=SpanKind.INTERNAL, attributes=attributes)
         frame.span = span
         frame.context_token = context.attach(trace.set_span_in_context(span))
 
     def end(self, frame: observe.Frame, outcome: str, seconds: float) -> None:
-        self.requests.add(
-            1,
-            {
+        key = (outcome, frame.store, frame.route, frame.method)
+        attributes = self._attributes.get(key)
+        if attributes is None:
+            attributes = self._attributes[key] = {
                 "idempotency.outcome": outcome,
                 "idempotency.store": frame.store,
                 "http.route": frame.route,
                 "http.request.method": frame.method,
-            },
-        )
+            }
+        self.requests.add(1, attributes)
         span = frame.span
         if span is None:
             return
@@ -128,9 +134,14 @@ class OpenTelemetryRecorder:
             frame.span.add_event(name)
 
     def store_operation(self, operation: str, store: str, seconds: float) -> None:
-        self.operation_durations.record(
-            seconds, {"idempotency.operation": operation, "idempotency.store": store}
-        )
+        key = ("operation", operation, store)
+        attributes = self._attributes.get(key)
+        if attributes is None:
+            attributes = self._attributes[key] = {
+                "idempotency.operation": operation,
+                "idempotency.store": store,
+            }
+        self.operation_durations.record(seconds, attributes)
 
     def response_size(self, store: str, size: int) -> None:
         self.response_sizes.record(size, {"idempotency.store": store})
