@@ -46,18 +46,22 @@ from idempotency_django.responses import StoredResponse
 from idempotency_django.signals import emit
 from idempotency_django.store.base import (
     CLAIMED,
+    Completion,
     CountsInUse,
+    Scope,
     Snapshot,
     Store,
     Stored,
-    expiry,
+    Write,
+    duration,
     get_store,
     lease_left,
     lock_wait,
     store_alias,
 )
 
-__all__ = ["store_alias"]  # re-exported: it lived here before the store package
+# re-exported: they lived here before the store package
+__all__ = ["Scope", "store_alias"]
 
 logger = logging.getLogger("idempotency_django")
 
@@ -118,16 +122,6 @@ class _Place:
 
 
 @dataclass(frozen=True)
-class Scope:
-    account: str
-    endpoint: str
-    key: str
-
-    def lookup(self) -> dict[str, str]:
-        return {"account": self.account, "endpoint": self.endpoint, "key": self.key}
-
-
-@dataclass(frozen=True)
 class ClaimPolicy:
     """How one claim is made: the store, its lease and TTL, and the in-flight policy."""
 
@@ -140,6 +134,10 @@ class ClaimPolicy:
     store: Store = field(default_factory=get_store)  # IDEMPOTENCY["STORE"] unless given
     # MAX_IN_FLIGHT_PER_ACCOUNT for requests (None: no bound; tasks have none).
     account_limit: int | None = None
+
+    def __post_init__(self) -> None:
+        # The store works on ``alias``: bound once here, never per call.
+        object.__setattr__(self, "store", self.store.bind(self.alias))
 
 
 @dataclass(frozen=True)
@@ -167,14 +165,14 @@ def reconnecting(alias: str, operation: Callable[[], T], store: Store | None = N
     claim's token. Inside a transaction nothing can be retried: the error propagates. Nor is
     contention (a deadlock, a lock timeout): a new connection would not change it.
     """
-    store = store or get_store()
+    store = (store or get_store()).bind(alias)
     try:
         return operation()
     except store.errors as error:
-        if store.in_transaction(alias) or store.failure_kind(alias, error) != "unreachable":
+        if store.in_transaction() or store.failure_kind(error) != "unreachable":
             raise
         logger.warning("Idempotency store connection failed; retrying once on a new one.")
-        store.reset(alias)
+        store.reset()
         return operation()
 
 
@@ -220,7 +218,7 @@ def _claim_or_replay(
         sent = time.monotonic()  # before ``now``: every lease written below counts from later
         now = timezone.now()
         bound = None
-        if store.in_transaction(options.alias):
+        if store.in_transaction():
             # Atomic mode: a duplicate's insert waits on the first transaction's row until
             # it commits or rolls back; the policy bounds that wait.
             bound = CONFLICT_LOCK_WAIT
@@ -231,7 +229,7 @@ def _claim_or_replay(
                 scope, fingerprint, token, now, options, bound=bound, sent=sent
             )
         except store.errors as error:
-            if store.failure_kind(options.alias, error) != "contention":
+            if store.failure_kind(error) != "contention":
                 raise
             # A concurrent duplicate's transaction holds the key (atomic mode), or the
             # database gave up on a lock for it: that is a request in flight, never a
@@ -240,7 +238,7 @@ def _claim_or_replay(
             if not keep_waiting(
                 seconds_left=deadline - time.monotonic(),
                 place=place.take,
-                in_transaction=store.in_transaction(options.alias),
+                in_transaction=store.in_transaction(),
             ):
                 raise InFlight(
                     "A request with this Idempotency-Key is still being processed.",
@@ -291,7 +289,7 @@ def _claim_or_replay(
             raise KeyMismatch("This Idempotency-Key was already used with a different request.")
         if decision == REPLAY:
             stored = record.stored or signals.timed(
-                "read", store, functools.partial(store.read_stored, options.alias, record.pk)
+                "read", store, functools.partial(store.read_stored, record.pk)
             )
             if stored is None:
                 races = _count_race(races, options)
@@ -326,7 +324,7 @@ def _within_quota(scope: Scope, options: ClaimPolicy, limit: int) -> None:
             f"IDEMPOTENCY MAX_IN_FLIGHT_PER_ACCOUNT: {type(store).__name__} cannot count an "
             "account's requests in progress (the database store can)."
         )
-    if store.count_in_use(options.alias, scope.account, timezone.now(), limit) < limit:
+    if store.count_in_use(scope.account, timezone.now(), limit) < limit:
         return
     emit(
         signals.quota_exceeded,
@@ -378,28 +376,26 @@ def _claim_or_read(
     bound: float | None = None,
     sent: float,
 ) -> Claim | Snapshot | None:
-    values = {
-        **scope.lookup(),
-        "fingerprint": fingerprint,
-        "state": State.IN_PROGRESS,
-        "token": token,
-        "lease_expires_at": now + timedelta(seconds=options.lease),
-        "response_headers": [],
-        "created_at": now,
-        "expires_at": expiry(now, options.ttl),
-    }
+    write = _write(scope, fingerprint, token, now, options)
     store = options.store
     if not read:
-        inserted = signals.timed("claim", store, lambda: store.claim(options.alias, values))
+        inserted = signals.timed("claim", store, lambda: store.claim(write))
         return _claim(scope, token, options, sent) if inserted else None
-    with lock_wait(store, options.alias, bound):
-        claimed = signals.timed(
-            "claim", store, lambda: store.claim_or_read(options.alias, values, fingerprint)
-        )
+    with lock_wait(store, bound):
+        claimed = signals.timed("claim", store, lambda: store.claim_or_read(write))
     if claimed == CLAIMED:
         emit(signals.claimed, logging.DEBUG, "Idempotency key claimed.", **scope.lookup())
         return _claim(scope, token, options, sent)
     return claimed
+
+
+def _write(
+    scope: Scope, fingerprint: str, token: str, now: datetime, options: ClaimPolicy
+) -> Write:
+    """What a claim or a take-over writes."""
+    return Write(
+        scope, token, fingerprint, now, timedelta(seconds=options.lease), duration(options.ttl)
+    )
 
 
 def _claim(scope: Scope, token: str, options: ClaimPolicy, since: float) -> Claim:
@@ -418,20 +414,9 @@ def _count_race(races: int, options: ClaimPolicy) -> int:
 def _take_over(
     record: Snapshot, scope: Scope, fingerprint: str, token: str, now: Any, options: ClaimPolicy
 ) -> bool:
-    values = {
-        "fingerprint": fingerprint,
-        "state": State.IN_PROGRESS,
-        "token": token,
-        "lease_expires_at": now + timedelta(seconds=options.lease),
-        "response_status": None,
-        "response_headers": [],
-        "response_body": None,
-        "created_at": now,
-        "completed_at": None,
-        "expires_at": expiry(now, options.ttl),
-    }
+    write = _write(scope, fingerprint, token, now, options)
     store = options.store
-    return signals.timed("claim", store, lambda: store.take_over(options.alias, record, values))
+    return signals.timed("claim", store, lambda: store.take_over(record, write))
 
 
 def complete(claim: Claim, outcome: StoredResponse, *, body_stored: bool = True) -> bool:
@@ -445,21 +430,21 @@ def complete(claim: Claim, outcome: StoredResponse, *, body_stored: bool = True)
     now = timezone.now()
     lookup = claim.scope.lookup()
     outcome = codecs.seal(outcome, **lookup)
-    values = {
-        "response_status": outcome.status,
-        "response_headers": [list(pair) for pair in outcome.headers],
-        "response_body": outcome.body if body_stored else None,
-        "completed_at": now,
-        "expires_at": expiry(now, claim.ttl),
-    }
+    completion = Completion(
+        outcome.status,
+        outcome.headers,
+        outcome.body if body_stored else None,
+        now,
+        duration(claim.ttl),
+    )
     store = claim.store
     if signals.timed(
-        "complete", store, lambda: store.complete(claim.alias, lookup, claim.token, values)
+        "complete", store, lambda: store.complete(claim.scope, claim.token, completion)
     ) or signals.timed(
         # a retried completion whose first attempt committed unacknowledged
         "complete",
         store,
-        lambda: store.is_completed(claim.alias, lookup, claim.token),
+        lambda: store.is_completed(claim.scope, claim.token),
     ):
         emit(
             signals.completed,
@@ -485,7 +470,7 @@ def release(claim: Claim) -> None:
     """Delete the claim's record so that the next retry runs the view."""
     store = claim.store
     signals.timed(
-        "release", store, lambda: store.release(claim.alias, claim.scope.lookup(), claim.token)
+        "release", store, lambda: store.release(claim.scope, claim.token)
     )
     emit(signals.released, logging.INFO, "Idempotency key released.", **claim.scope.lookup())
 

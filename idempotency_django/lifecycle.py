@@ -300,7 +300,7 @@ class Protected:
         if (
             self.policy.mode == "commit"
             and self.store.transactional
-            and self.store.in_transaction(self.alias)
+            and self.store.in_transaction()
         ):
             # The claim cannot commit on its own inside somebody else's transaction. The
             # unique index still serialises duplicates (they wait for that transaction), so
@@ -381,7 +381,7 @@ class Protected:
     def _store_failed(self, error: BaseException) -> Refused | None:
         """Fail open only when the store cannot be reached; otherwise 503. (Contention never
         gets here: ``claims.claim_or_replay`` answers it as a request in flight.)"""
-        kind = self.store.failure_kind(self.alias, error)
+        kind = self.store.failure_kind(error)
         policy = self.policy.on_store_error if kind == "unreachable" else "closed"
         logger.error(
             "Idempotency store failed while claiming a key (%s; fail %s).",
@@ -542,7 +542,7 @@ class Protected:
                     store,
                 )
             except store.errors as error:
-                if not _may_pass_on_retry(error) or store.in_transaction(claim.alias):
+                if not _may_pass_on_retry(error) or store.in_transaction():
                     raise
                 pause = delay * random.uniform(0.5, 1.0)  # apart from the other processes
                 remaining = self._deadline(claim, started) - time.monotonic()

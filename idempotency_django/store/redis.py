@@ -28,12 +28,16 @@ from idempotency_django.conf import conf, is_number
 from idempotency_django.store.base import (
     CLAIMED,
     ClaimOrRead,
+    Completion,
     FailureKind,
+    Scope,
     Snapshot,
     Stored,
     StoreError,
+    Write,
     never,
     shared,
+    store_alias,
 )
 
 try:
@@ -251,11 +255,11 @@ return renewed
 )
 
 
-def record_key(prefix: str, lookup: dict[str, str]) -> str:
+def record_key(prefix: str, scope: Scope) -> str:
     """The record's key: its scope hashed (any length, any characters), inside a hash tag
     so that every key of the record lives in one cluster slot."""
-    scope = "\x00".join((lookup["account"], lookup["endpoint"], lookup["key"]))
-    digest = hashlib.sha256(scope.encode("utf-8", "surrogatepass")).hexdigest()
+    joined = "\x00".join((scope.account, scope.endpoint, scope.key))
+    digest = hashlib.sha256(joined.encode("utf-8", "surrogatepass")).hexdigest()
     return f"{prefix}:{{{digest}}}"
 
 
@@ -361,8 +365,18 @@ class RedisStore:
         }
         return client
 
-    def key(self, lookup: dict[str, str]) -> str:
-        return record_key(str(self.options()["KEY_PREFIX"]), lookup)
+    # -- the database alias: not this store's, whose records are in Redis ------------------
+
+    @property
+    def alias(self) -> str:
+        return store_alias()
+
+    def bind(self, alias: str) -> RedisStore:
+        """This store: it keeps no record in the database, whatever the alias."""
+        return self
+
+    def key(self, scope: Scope) -> str:
+        return record_key(str(self.options()["KEY_PREFIX"]), scope)
 
     def _call(self, operation: Callable[[Any], T], client: Any = None) -> T:
         """``operation(client)``, any failure of the client a ``StoreError``: every call the
@@ -419,35 +433,35 @@ class RedisStore:
 
     # -- the Store interface ----------------------------------------------------------------
 
-    def claim_or_read(self, alias: str, values: dict[str, Any], fingerprint: str) -> ClaimOrRead:
-        key = self.key(values)
+    def claim_or_read(self, write: Write) -> ClaimOrRead:
+        key = self.key(write.scope)
         reply, acked = self._run_replicated(
             "claim",
             [key],
             [
-                values["token"],
-                _ms(_seconds(values["lease_expires_at"] - values["created_at"])),
-                _ms(_ttl(values)),
-                _meta(values["fingerprint"]),
+                write.token,
+                _ms(_seconds(write.lease)),
+                _ms(None if write.ttl is None else _seconds(write.ttl)),
+                _meta(write.fingerprint),
             ],
         )
         if reply[0] == 1:
-            self._replicated(acked, key, values["token"], "claim")
+            self._replicated(acked, key, write.token, "claim")
             return CLAIMED
-        return _snapshot(key, bytes(reply[2]), int(reply[1]), fingerprint)
+        return _snapshot(key, bytes(reply[2]), int(reply[1]), write.fingerprint)
 
-    def claim(self, alias: str, values: dict[str, Any]) -> bool:
-        return self.claim_or_read(alias, values, values["fingerprint"]) == CLAIMED
+    def claim(self, write: Write) -> bool:
+        return self.claim_or_read(write) == CLAIMED
 
-    def read(self, alias: str, lookup: dict[str, str], fingerprint: str) -> Snapshot | None:
+    def read(self, scope: Scope, fingerprint: str) -> Snapshot | None:
         """The record (``TIME`` and ``GET`` in one round trip), for tests and tools."""
-        key = self.key(lookup)
+        key = self.key(scope)
         server_ms, value = self._call(lambda client: redis_cluster.time_and_get(client, key))
         if value is None:
             return None
         return _snapshot(key, bytes(value), server_ms, fingerprint)
 
-    def read_stored(self, alias: str, pk: Any) -> Stored | None:
+    def read_stored(self, pk: Any) -> Stored | None:
         """The stored response of a completed record: one ``GET``."""
         value = self._call(lambda client: client.get(pk))
         if value is None:
@@ -457,34 +471,31 @@ class RedisStore:
             return None
         return _stored(meta, body)
 
-    def take_over(self, alias: str, record: Snapshot, values: dict[str, Any]) -> bool:
+    def take_over(self, record: Snapshot, write: Write) -> bool:
         reply, acked = self._run_replicated(
             "take_over",
             [record.pk],
             [
                 record.token,
-                values["token"],
-                _ms(_seconds(values["lease_expires_at"] - values["created_at"])),
-                _ms(_ttl(values)),
-                _meta(values["fingerprint"]),
+                write.token,
+                _ms(_seconds(write.lease)),
+                _ms(None if write.ttl is None else _seconds(write.ttl)),
+                _meta(write.fingerprint),
             ],
         )
         if reply == 1:
-            self._replicated(acked, record.pk, values["token"], "take-over")
+            self._replicated(acked, record.pk, write.token, "take-over")
         return bool(reply == 1)
 
-    def complete(
-        self, alias: str, lookup: dict[str, str], token: str, values: dict[str, Any]
-    ) -> bool:
-        key = self.key(lookup)
-        ttl = None if values["expires_at"] >= never() else values["expires_at"]
-        ttl_seconds = None if ttl is None else _seconds(ttl - values["completed_at"])
-        body = values["response_body"]
+    def complete(self, scope: Scope, token: str, completion: Completion) -> bool:
+        key = self.key(scope)
+        ttl_seconds = None if completion.ttl is None else _seconds(completion.ttl)
+        body = completion.body
         # The meta after its fingerprint (the script keeps the claim's), then "\n" and the
         # body, or "\r" for a response completed without a storable body.
-        rest = json.dumps(
-            {"s": values["response_status"], "h": [list(h) for h in values["response_headers"]]}
-        )[1:]
+        rest = json.dumps({"s": completion.status, "h": [list(h) for h in completion.headers]})[
+            1:
+        ]
         reply, acked = self._run_replicated(
             "complete",
             [key],
@@ -499,20 +510,18 @@ class RedisStore:
             self._outcome_replicated(acked)
         return bool(reply == 1)
 
-    def is_completed(self, alias: str, lookup: dict[str, str], token: str) -> bool:
-        key = self.key(lookup)
+    def is_completed(self, scope: Scope, token: str) -> bool:
+        key = self.key(scope)
         value = self._call(lambda client: client.get(key))
         if value is None:
             return False
         state, stored_token, *_ = _parse(bytes(value))
         return state == COMPLETED and stored_token == token
 
-    def release(self, alias: str, lookup: dict[str, str], token: str) -> int:
-        return int(self._run("release", [self.key(lookup)], [token]))
+    def release(self, scope: Scope, token: str) -> int:
+        return int(self._run("release", [self.key(scope)], [token]))
 
-    def renew(
-        self, alias: str, claims: Sequence[tuple[dict[str, str], str]], lease: float, timeout: float
-    ) -> int:
+    def renew(self, claims: Sequence[tuple[Scope, str]], lease: float, timeout: float) -> int:
         """Renew every claim: one script per group of keys (``groups``: all of them on a
         single Redis, one round trip; a cluster groups them per slot). Each round trip is
         bounded by ``timeout`` where it is shorter than ``SOCKET_TIMEOUT`` (``_renewal``),
@@ -521,7 +530,7 @@ class RedisStore:
         if redis_cluster.is_cluster(client):
             return self._renew_per_node(client, claims, lease)
         renewed = 0
-        for group in self.groups([(self.key(lookup), token) for lookup, token in claims]):
+        for group in self.groups([(self.key(scope), token) for scope, token in claims]):
             keys = [key for key, _ in group]
             tokens = [token for _, token in group]
             renewed += int(self._run("renew", keys, [_ms(lease), *tokens], client))
@@ -554,15 +563,15 @@ class RedisStore:
         single Redis. (A cluster client groups them by slot: a script's keys share one.)"""
         return [claims] if claims else []
 
-    def failure_kind(self, alias: str, error: BaseException) -> FailureKind:
+    def failure_kind(self, error: BaseException) -> FailureKind:
         if isinstance(error, StoreError):
             return error.kind
         return self._kind(error) if isinstance(error, CLIENT_ERRORS) else "other"
 
-    def in_transaction(self, alias: str) -> bool:
+    def in_transaction(self) -> bool:
         return False
 
-    def reset(self, alias: str) -> None:
+    def reset(self) -> None:
         """Before a retry on a new connection: close the pool's idle connections, which may
         be as dead as the one that failed (a restarted server), never those other threads
         are using. redis-py has already closed the connection that raised; on a cluster it
@@ -574,11 +583,11 @@ class RedisStore:
     # -- Redis Cluster and WAIT (store/redis_cluster.py) -------------------------------------
 
     def _renew_per_node(
-        self, client: Any, claims: Sequence[tuple[dict[str, str], str]], lease: float
+        self, client: Any, claims: Sequence[tuple[Scope, str]], lease: float
     ) -> int:
         """On a cluster a script's keys must share a slot: the renewal script once per
         claim, in one round trip per master (``redis_cluster.eval_per_node``)."""
-        calls = [(self.key(lookup), [_ms(lease), token]) for lookup, token in claims]
+        calls = [(self.key(scope), [_ms(lease), token]) for scope, token in claims]
         replies = self._call(
             lambda client: redis_cluster.eval_per_node(client, self._scripts["renew"], calls),
             client,
@@ -643,7 +652,7 @@ class RedisStore:
                 "other",
             )
 
-    def ping(self, alias: str, timeout: float) -> None:
+    def ping(self, timeout: float) -> None:
         """One round trip (``PING``), bounded by ``timeout`` where it is shorter than
         ``SOCKET_TIMEOUT`` (the renewal's client of that timeout): the health check's. On a
         cluster, the node the client asks first; a ``StoreError`` when it does not answer."""
@@ -651,20 +660,20 @@ class RedisStore:
         if not self._call(lambda client: client.ping(), bounded):
             raise StoreError("Redis: PING was not answered PONG", "other")
 
-    def bounded_reads(self, alias: str, timeout: float) -> AbstractContextManager[None]:
+    def bounded_reads(self, timeout: float) -> AbstractContextManager[None]:
         """Nothing to bound: the health check reads nothing else from Redis."""
         return contextlib.nullcontext()
 
-    def oldest_expired(self, alias: str) -> datetime | None:
+    def oldest_expired(self) -> datetime | None:
         """Always ``None``: Redis deletes a key when its TTL runs out, so no expired record
         is ever left to purge (a purge lag does not apply to this store)."""
         return None
 
-    def usable(self, alias: str) -> bool:
+    def usable(self) -> bool:
         try:
             return bool(self._call(lambda client: client.ping()))
         except StoreError:
-            self.reset(alias)
+            self.reset()
             return False
 
     # -- checks -----------------------------------------------------------------------------
@@ -771,11 +780,6 @@ def _there(error: BaseException) -> bool:
 
 def _seconds(delta: timedelta) -> float:
     return delta.total_seconds()
-
-
-def _ttl(values: dict[str, Any]) -> float | None:
-    expires: datetime = values["expires_at"]
-    return None if expires >= never() else _seconds(expires - values["created_at"])
 
 
 def _parse(value: bytes) -> tuple[str, str, int, int, dict[str, Any], bytes | None]:
