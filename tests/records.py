@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store import never
+from idempotency_django.store.base import Scope
 from idempotency_django.store.database import DatabaseNow
 from tests.conftest import ON_REDIS
 
@@ -93,12 +94,12 @@ if ON_REDIS:
 
     _record_key = redis_store.record_key
 
-    def _remembering_record_key(prefix: str, lookup: dict[str, str]) -> str:
-        key = _record_key(prefix, lookup)
-        _scopes[key] = (lookup["account"], lookup["endpoint"], lookup["key"])
+    def _remembering_record_key(prefix: str, scope: Scope) -> str:
+        key = _record_key(prefix, scope)
+        _scopes[key] = (scope.account, scope.endpoint, scope.key)
         return key
 
-    redis_store.record_key = _remembering_record_key  # type: ignore[assignment]
+    redis_store.record_key = _remembering_record_key
 
 
 def _redis() -> Any:
@@ -374,7 +375,7 @@ def create(**values: Any) -> Record:
     and the state and response fields of a completed one)."""
     if not ON_REDIS:
         return _from_row(IdempotencyRecord.objects.create(**values))
-    lookup = {name: values[name] for name in ("account", "endpoint", "key")}
+    lookup = Scope(values["account"], values["endpoint"], values["key"])
     given = {name: values.get(name) for name in FIELDS if name in values}
     body = given.get("response_body")
     record = Record(

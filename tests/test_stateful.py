@@ -332,7 +332,7 @@ class EngineMachine(RuleBasedStateMachine):
         fingerprint = record.fingerprint if same else other_fingerprint(record.fingerprint)
         if self.expected_begin(key, fingerprint) != "claim":
             return multiple()
-        snapshot = options(None).store.read("default", scope(key).lookup(), fingerprint)
+        snapshot = options(None).store.read(scope(key), fingerprint)  # type: ignore[attr-defined]
         assert snapshot is not None
         assert snapshot.token == record.token
         return Read(key, fingerprint, snapshot)
