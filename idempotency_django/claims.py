@@ -469,9 +469,7 @@ def complete(claim: Claim, outcome: StoredResponse, *, body_stored: bool = True)
 def release(claim: Claim) -> None:
     """Delete the claim's record so that the next retry runs the view."""
     store = claim.store
-    signals.timed(
-        "release", store, lambda: store.release(claim.scope, claim.token)
-    )
+    signals.timed("release", store, lambda: store.release(claim.scope, claim.token))
     emit(signals.released, logging.INFO, "Idempotency key released.", **claim.scope.lookup())
 
 

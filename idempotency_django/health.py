@@ -104,9 +104,7 @@ def run_checks(
     reachable = _timed(report, "store", lambda: _check_store(store, timeout, detail))
     _timed(report, "heartbeat", _check_heartbeat)
     if reachable:
-        _timed(
-            report, "purge_lag", lambda: _check_purge_lag(store, timeout, max_lag, detail)
-        )
+        _timed(report, "purge_lag", lambda: _check_purge_lag(store, timeout, max_lag, detail))
     else:
         report.checks.append(
             Check("purge_lag", False, "not checked: the store did not answer", 0.0)
@@ -121,9 +119,7 @@ def _timed(report: Report, name: str, run: Callable[[], tuple[bool, str, float |
     return ok
 
 
-def _failure(
-    store: Store, error: BaseException, timeout: float, detail: bool, what: str
-) -> str:
+def _failure(store: Store, error: BaseException, timeout: float, detail: bool, what: str) -> str:
     """A store failure as one line: a timeout said as such, the failure's kind otherwise."""
     if _timed_out(error):
         message = f"{what} did not answer within {timeout:g} s (HEALTH_TIMEOUT_SECONDS)"

@@ -262,9 +262,7 @@ def test_encrypted_responses_are_sealed_in_redis(
 
 def test_completion_release_and_renewal_are_fenced_by_the_token() -> None:
     redis_store = store()
-    assert redis_store.claim_or_read(claim_values("a" * 32)) == (
-        "claimed"
-    )
+    assert redis_store.claim_or_read(claim_values("a" * 32)) == "claimed"
 
     assert not redis_store.complete(lookup(), "b" * 32, complete_values())
     assert redis_store.release(lookup(), "b" * 32) == 0
@@ -293,9 +291,7 @@ def test_completion_release_and_renewal_are_fenced_by_the_token() -> None:
 
 def test_the_redis_store_has_no_purge_lag_as_redis_deletes_expired_keys_itself() -> None:
     redis_store = store()
-    assert redis_store.claim_or_read(claim_values("a" * 32)) == (
-        "claimed"
-    )
+    assert redis_store.claim_or_read(claim_values("a" * 32)) == "claimed"
     assert redis_store.complete(lookup(), "a" * 32, complete_values())
     # The record carries a Redis TTL: Redis deletes it when that runs out, so no expired
     # record is ever left behind for a purge to lag on.

@@ -493,9 +493,7 @@ class RedisStore:
         body = completion.body
         # The meta after its fingerprint (the script keeps the claim's), then "\n" and the
         # body, or "\r" for a response completed without a storable body.
-        rest = json.dumps({"s": completion.status, "h": [list(h) for h in completion.headers]})[
-            1:
-        ]
+        rest = json.dumps({"s": completion.status, "h": [list(h) for h in completion.headers]})[1:]
         reply, acked = self._run_replicated(
             "complete",
             [key],
