@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -355,6 +355,84 @@ class CountsInUse(Protocol):
     """A store that can count an account's records in use (``MAX_IN_FLIGHT_PER_ACCOUNT``)."""
 
     def count_in_use(self, account: str, now: datetime, limit: int) -> int: ...
+
+
+# -- inspection: whole records, for tests and operators' tools --------------------------------
+
+
+@dataclass(frozen=True)
+class Record:
+    """A whole record, as an inspection reads or writes it, whatever the store's layout.
+
+    ``pk``: the database's primary key, the Redis store's record key (``None``: not written
+    yet). A store that keeps only a digest of the scope (Redis) reads ``account``,
+    ``endpoint`` and ``key`` as ``None`` unless it saw that scope (``remember_scopes``), and
+    keeps neither ``created_at`` nor ``completed_at``.
+    """
+
+    pk: Any
+    account: str | None
+    endpoint: str | None
+    key: str | None
+    state: str
+    token: str
+    fingerprint: str
+    lease_expires_at: datetime | None
+    expires_at: datetime
+    response_status: int | None
+    response_headers: list[list[str]] | None
+    response_body: bytes | None
+    created_at: datetime | None = None
+    completed_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Times:
+    """A record's lease, expiry and (Redis) PTTL in ms from now by the store's clock (None:
+    none, or a store without a PTTL)."""
+
+    lease: int | None
+    expires: int | None
+    pttl: int | None
+
+
+@runtime_checkable
+class Inspects(Protocol):
+    """A store whose records tests and tools can read and write whole, in its own layout
+    and on its own clock. Never on a request's path: nothing here is fenced or fast."""
+
+    def keeps_own_clock(self) -> bool:
+        """Whether leases and expiry run on the store's clock, which a test cannot fake."""
+        ...
+
+    def remember_scopes(self) -> None:
+        """Name ``records()`` by the scopes this process uses from now on (a store that
+        keeps only a digest of the scope; nothing to do for one that keeps it)."""
+        ...
+
+    def records(self) -> list[Record]:
+        """Every record (expired ones a store has not deleted yet included)."""
+        ...
+
+    def put(self, record: Record, fields: Collection[str] | None = None) -> Record:
+        """Write ``record`` as the store would (a new one when its ``pk`` is ``None``):
+        ``fields``, the ones that changed or were given (``None``: all)."""
+        ...
+
+    def drop(self, record: Record) -> None:
+        """Delete ``record``."""
+        ...
+
+    def age(self, delta: timedelta) -> list[Any]:
+        """Every record as the store would hold it ``delta`` later (its times that much
+        earlier): the pks of those the store would have deleted by then, now deleted."""
+        ...
+
+    def retime(self, pk: Any, times: Times) -> Times | None:
+        """Set the record's lease, expiry and PTTL to ``times`` from now by the store's
+        clock (``None``: left as they are, no PTTL); the times it had (``None``: no such
+        record)."""
+        ...
 
 
 DEFAULT_STORE: Final = "idempotency_django.store.database.DatabaseStore"

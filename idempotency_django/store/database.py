@@ -18,7 +18,7 @@ import logging
 import math
 import sqlite3
 import zoneinfo
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -35,7 +35,17 @@ from django.db import (
     transaction,
 )
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import CharField, DateTimeField, Expression, Field, Q, QuerySet
+from django.db.models import (
+    Case,
+    CharField,
+    DateTimeField,
+    Expression,
+    F,
+    Field,
+    Q,
+    QuerySet,
+    When,
+)
 from django.utils import timezone
 
 from idempotency_django.models import IdempotencyRecord
@@ -45,9 +55,11 @@ from idempotency_django.store.base import (
     ClaimOrRead,
     Completion,
     FailureKind,
+    Record,
     Scope,
     Snapshot,
     Stored,
+    Times,
     Write,
     expired_q,
     lapsed_q,
@@ -410,6 +422,88 @@ class DatabaseStore(Bindable):
         must never let a second execution through.
         """
         return error_kind(error, connections[self.alias].vendor)
+
+    # -- inspection (``base.Inspects``): tests and tools, never a request's path -------------
+
+    def keeps_own_clock(self) -> bool:
+        return has_own_clock(connections[self.alias])
+
+    def remember_scopes(self) -> None:
+        """Nothing to remember: a row keeps its scope."""
+
+    def records(self) -> list[Record]:
+        return [_record(row) for row in self._records(self.alias).all()]
+
+    def put(self, record: Record, fields: Collection[str] | None = None) -> Record:
+        names = [name for name in _RECORD_FIELDS if fields is None or name in fields]
+        values = {name: getattr(record, name) for name in names}
+        if record.pk is None:
+            return _record(self._records(self.alias).create(**values))
+        self._records(self.alias).filter(pk=record.pk).update(**values)
+        return record
+
+    def drop(self, record: Record) -> None:
+        self._records(self.alias).filter(pk=record.pk).delete()
+
+    def age(self, delta: timedelta) -> list[Any]:
+        """Every time of every row ``delta`` earlier (but ``never()``): the database
+        deletes nothing by itself."""
+        self._records(self.alias).update(
+            lease_expires_at=F("lease_expires_at") - delta,
+            expires_at=Case(
+                When(expires_at__gte=never(), then=F("expires_at")),
+                default=F("expires_at") - delta,
+            ),
+            created_at=F("created_at") - delta,
+            completed_at=F("completed_at") - delta,
+        )
+        return []
+
+    def retime(self, pk: Any, times: Times) -> Times | None:
+        rows = self._records(self.alias).filter(pk=pk)
+        old = (
+            rows.annotate(now=DatabaseNow()).values("lease_expires_at", "expires_at", "now").first()
+        )
+        if old is None:
+            return None
+        changes = {
+            name: DatabaseNow(timedelta(milliseconds=ms))
+            for name, ms in (("lease_expires_at", times.lease), ("expires_at", times.expires))
+            if ms is not None
+        }
+        if changes:
+            rows.update(**changes)
+
+        def ms(when: datetime | None) -> int | None:
+            if when is None or when >= never():
+                return None
+            now: datetime = old["now"]
+            return round((when - now).total_seconds() * 1000)
+
+        return Times(lease=ms(old["lease_expires_at"]), expires=ms(old["expires_at"]), pttl=None)
+
+
+_RECORD_FIELDS = tuple(name for name in Record.__dataclass_fields__ if name != "pk")
+
+
+def _record(row: IdempotencyRecord) -> Record:
+    body = row.response_body
+    return Record(
+        pk=row.pk,
+        account=row.account,
+        endpoint=row.endpoint,
+        key=row.key,
+        state=row.state,
+        token=row.token,
+        fingerprint=row.fingerprint,
+        lease_expires_at=row.lease_expires_at,
+        expires_at=row.expires_at,
+        response_status=row.response_status,
+        response_headers=row.response_headers,
+        response_body=None if body is None else bytes(body),
+        created_at=row.created_at,
+        completed_at=row.completed_at,
+    )
 
 
 def rolled_back(error: BaseException) -> bool:

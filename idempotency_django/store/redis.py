@@ -15,9 +15,11 @@ import contextlib
 import hashlib
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from typing import Any, ClassVar, TypeVar
 
 from django.core import checks
@@ -30,10 +32,12 @@ from idempotency_django.store.base import (
     ClaimOrRead,
     Completion,
     FailureKind,
+    Record,
     Scope,
     Snapshot,
     Stored,
     StoreError,
+    Times,
     Write,
     never,
     shared,
@@ -750,6 +754,208 @@ class RedisStore:
             )
             for problem in sentinel_problems
         ]
+
+    # -- inspection (``base.Inspects``): tests and tools, never a request's path -------------
+
+    def keeps_own_clock(self) -> bool:
+        return True  # Redis's TIME
+
+    def remember_scopes(self) -> None:
+        """A key is a digest of its scope: from now on, this instance's ``key`` notes the
+        scope of each key it makes (in this process), which ``records`` then names. An
+        instance attribute over the method, so that the request path pays nothing for it
+        until a test asks."""
+        if "key" in self.__dict__:
+            return
+        named = self._named
+        plain: Callable[[Scope], str] = RedisStore.key.__get__(self)
+
+        def key(scope: Scope) -> str:
+            made = plain(scope)
+            named[made] = scope
+            return made
+
+        self.key = key  # type: ignore[method-assign]
+
+    @property
+    def _named(self) -> dict[str, Scope]:
+        return self.__dict__.setdefault("_scopes", {})  # type: ignore[no-any-return]
+
+    def records(self) -> list[Record]:
+        client = self.client()
+        pattern = f"{self.options()['KEY_PREFIX']}:*"
+        keys = sorted(
+            {k.decode() if isinstance(k, bytes) else k for k in client.scan_iter(pattern)}
+        )
+        found = [self._inspected(client, key) for key in keys]
+        return [record for record in found if record is not None]
+
+    def _inspected(self, client: Any, key: str) -> Record | None:
+        value = client.get(key)
+        if value is None:
+            return None
+        state, token, lease, expires, meta, body = _parse(bytes(value))
+        scope = self._named.get(key)
+        completed = state == COMPLETED
+        return Record(
+            pk=key,
+            account=None if scope is None else scope.account,
+            endpoint=None if scope is None else scope.endpoint,
+            key=None if scope is None else scope.key,
+            state=state,
+            token=token,
+            fingerprint=str(meta["f"]),
+            lease_expires_at=None if completed or lease == 0 else _at(lease),
+            expires_at=never() if expires == 0 else _at(expires),
+            response_status=meta.get("s"),
+            response_headers=[[str(n), str(v)] for n, v in meta.get("h", [])]
+            if completed
+            else None,
+            response_body=body if completed else None,
+        )
+
+    def put(self, record: Record, fields: Collection[str] | None = None) -> Record:
+        """Writes ``record`` whole, as the store would have (its times moved onto Redis's
+        clock: Redis runs on this machine, one clock); a record past its expiry is kept a
+        minute, as if Redis had not evicted it yet."""
+        client = self.client()
+        if record.pk is None:
+            assert record.account is not None
+            assert record.endpoint is not None
+            assert record.key is not None
+            record = replace(
+                record, pk=self.key(Scope(record.account, record.endpoint, record.key))
+            )
+        key = record.pk
+        server_ms = int(redis_cluster.time_and_get(client, key)[0])
+
+        def ms(when: datetime) -> int:
+            return round(when.timestamp() * 1000)
+
+        completed = record.state == COMPLETED
+        lease = 0 if completed or record.lease_expires_at is None else ms(record.lease_expires_at)
+        expires = 0 if record.expires_at >= never() else ms(record.expires_at)
+        meta: dict[str, Any] = {"f": record.fingerprint}
+        if completed:
+            meta.update(
+                s=record.response_status, h=[list(h) for h in record.response_headers or []]
+            )
+        else:
+            meta.update(s=None, h=[])
+        body = record.response_body
+        head = f"{'c' if completed else 'i'}|{record.token}|{lease}|{expires}|{json.dumps(meta)}"
+        value = head.encode() + (b"\r" if completed and body is None else b"\n" + (body or b""))
+        ttl = 60_000 if expires == 0 else max(60_000, expires - server_ms)
+        if expires == 0 and completed:
+            client.set(key, value)
+        else:
+            client.set(key, value, px=ttl)
+        return record
+
+    def drop(self, record: Record) -> None:
+        self.client().delete(record.pk)
+
+    def age(self, delta: timedelta) -> list[Any]:
+        """Also each key's PTTL ``delta`` shorter: the keys Redis would have expired by
+        then are deleted (``_AGE``)."""
+        ms = round(delta.total_seconds() * 1000)
+        client = self.client()
+        run = self._inspection_script(_AGE)
+        return [
+            record.pk
+            for record in self.records()
+            if run(keys=[record.pk], args=[ms], client=client) == 1
+        ]
+
+    def retime(self, pk: Any, times: Times) -> Times | None:
+        def arg(ms: int | None) -> str:
+            return "" if ms is None else str(ms)
+
+        now, old, pttl = self._inspection_script(_RETIME)(
+            keys=[pk],
+            args=[arg(times.lease), arg(times.expires), arg(times.pttl)],
+            client=self.client(),
+        )
+        if old is None:
+            return None
+        _state, _token, lease, expires, _meta, _body = _parse(bytes(old))
+        return Times(
+            lease=None if lease == 0 else lease - int(now),
+            expires=None if expires == 0 else expires - int(now),
+            pttl=None if pttl < 0 else int(pttl),
+        )
+
+    def _inspection_script(self, source: str) -> Any:
+        client = self.client()
+        scripts = self.__dict__.setdefault("_inspection_scripts", {})
+        found = scripts.get((id(client), source))
+        if found is None:
+            found = scripts[(id(client), source)] = client.register_script(source)
+        return found
+
+
+def _at(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=dt_timezone.utc)
+
+
+# Inspection's scripts (``age``, ``retime``): a test that fakes the time moves the records
+# instead, since leases and expiry run on Redis's clock.
+
+# KEYS[1]; ARGV: ms. -> 1 when the key is gone. The record as it would be ``ms`` later: its
+# lease and expiry (0: none) ``ms`` earlier, its PTTL ``ms`` shorter, and the key deleted
+# when its PTTL is no longer than that, as Redis would have expired it by then.
+_AGE = """
+local old = redis.call('GET', KEYS[1])
+if not old then return 1 end
+local pttl = redis.call('PTTL', KEYS[1])
+local ms = tonumber(ARGV[1])
+if pttl >= 0 and pttl <= ms then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+local a = string.find(old, '|', 1, true)
+local b = string.find(old, '|', a + 1, true)
+local c = string.find(old, '|', b + 1, true)
+local d = string.find(old, '|', c + 1, true)
+local function earlier(field)
+  local n = tonumber(field)
+  if n == 0 then return '0' end
+  return string.format('%.0f', n - ms)
+end
+local value = string.sub(old, 1, b) .. earlier(string.sub(old, b + 1, c - 1)) .. '|'
+  .. earlier(string.sub(old, c + 1, d - 1)) .. string.sub(old, d)
+if pttl < 0 then
+  redis.call('SET', KEYS[1], value)
+else
+  redis.call('SET', KEYS[1], value, 'PX', pttl - ms)
+end
+return 0
+"""
+
+# KEYS[1]; ARGV: lease, expiry and PTTL in ms from now by Redis's clock ('': the lease or
+# the expiry field unchanged, no PTTL). -> {now, the value before, its PTTL before}.
+_RETIME = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local old = redis.call('GET', KEYS[1])
+local pttl = redis.call('PTTL', KEYS[1])
+if not old then return {now, false, pttl} end
+local a = string.find(old, '|', 1, true)
+local b = string.find(old, '|', a + 1, true)
+local c = string.find(old, '|', b + 1, true)
+local d = string.find(old, '|', c + 1, true)
+local lease = string.sub(old, b + 1, c - 1)
+local expires = string.sub(old, c + 1, d - 1)
+if ARGV[1] ~= '' then lease = string.format('%.0f', now + tonumber(ARGV[1])) end
+if ARGV[2] ~= '' then expires = string.format('%.0f', now + tonumber(ARGV[2])) end
+local value = string.sub(old, 1, b) .. lease .. '|' .. expires .. string.sub(old, d)
+if ARGV[3] == '' then
+  redis.call('SET', KEYS[1], value)
+else
+  redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
+end
+return {now, old, pttl}
+"""
 
 
 def _signature(options: dict[str, Any]) -> tuple[Any, ...]:
