@@ -35,9 +35,14 @@ def _store() -> Inspects:
     return store
 
 
-#: The store's leases and expiry run on its own clock (Redis's, the database's), which a test
-#: cannot move; SQLite runs on this process's (``django.utils.timezone.now``).
-ON_STORE_CLOCK = _store().keeps_own_clock()
+def keeps_own_clock() -> bool:
+    """The store's leases and expiry run on its own clock (Redis's, the database's), which a
+    test cannot move; SQLite runs on this process's (``django.utils.timezone.now``)."""
+    return _store().keeps_own_clock()
+
+
+#: ``keeps_own_clock()`` of the store the suite runs on.
+ON_STORE_CLOCK = keeps_own_clock()
 
 FIELDS = [f.name for f in fields(Record)]
 
@@ -50,7 +55,7 @@ def age(delta: timedelta) -> list[Any]:
     """Every record as the store would hold it ``delta`` later: its times that much
     earlier. On the Redis store, the keys that Redis would have expired by then are
     deleted, and returned; the database expires nothing by itself."""
-    assert ON_STORE_CLOCK
+    assert keeps_own_clock()
     return _store().age(delta)
 
 
@@ -59,7 +64,7 @@ def retime(key: Any, times: Times) -> Times | None:
     store's clock (a ``None`` lease or expiry is left as it is; a ``None`` PTTL: none), and
     returns the times it had (None: no such record). A test that ages records gives back,
     this way, the real time its own steps took on the store's clock."""
-    assert ON_STORE_CLOCK
+    assert keeps_own_clock()
     return _store().retime(key, times)
 
 

@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+import hypothesis
 import pytest
-from django.db import connection
+from django.db import connection, connections, transaction
 from django.utils import timezone
+from hypothesis.stateful import run_state_machine_as_test
 
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store import base
@@ -40,8 +42,11 @@ from idempotency_django.store.base import (
     is_in_use,
     is_lapsed,
 )
+from tests import test_stateful as stateful
 from tests.conftest import REDIS_URL, wait_until
+from tests.test_stateful import fake_clock  # noqa: F401 - the model test's fixture
 from tools import redis_cluster
+from tools import server as tools_server
 
 if TYPE_CHECKING:
     from pytest_django import Settings as SettingsWrapper
@@ -49,6 +54,7 @@ if TYPE_CHECKING:
 State = IdempotencyRecord.State
 REDIS_STORE = "idempotency_django.store.redis.RedisStore"
 ALIAS = "default"
+DOWN_ALIAS = "contract_down"
 FINGERPRINT = "3:00000000:" + "a" * 56
 
 
@@ -59,33 +65,53 @@ def _redis_up(url: str) -> bool:
         return False
 
 
-def _use_redis(settings: SettingsWrapper, url: str) -> None:
+def _use_redis(settings: SettingsWrapper, url: str, down: bool = False) -> None:
     redis_cluster.flush(url)
+    if down:
+        host = "redis+cluster://" if url.startswith("redis+cluster://") else "redis://"
+        url = f"{host}127.0.0.1:{tools_server.free_port()}/0"
     settings.IDEMPOTENCY = {
         "STORE": REDIS_STORE,
-        "STORE_OPTIONS": {"URL": url, "KEY_PREFIX": "contract"},
+        "STORE_OPTIONS": {"URL": url, "KEY_PREFIX": "contract", "CONNECT_TIMEOUT": 2},
     }
 
 
-def _database(settings: SettingsWrapper) -> Store:
-    return get_store(DEFAULT_STORE)
+# Each store's fixture: the store, on a service of its own; with ``down``, the same store
+# pointed at a server that does not answer (a port nobody listens on), or a skip where
+# that cannot be arranged.
 
 
-def _redis(settings: SettingsWrapper) -> Store:
+def _database(settings: SettingsWrapper, down: bool = False) -> Store:
+    settings.IDEMPOTENCY = {"STORE": DEFAULT_STORE}
+    store = get_store(DEFAULT_STORE)
+    if not down:
+        return store
+    if connection.vendor not in ("postgresql", "mysql"):
+        pytest.skip(f"{connection.vendor}'s test database cannot be made unreachable")
+    connections.settings[DOWN_ALIAS] = {
+        **connections.settings[ALIAS],
+        "HOST": "127.0.0.1",
+        "PORT": str(tools_server.free_port()),
+        "OPTIONS": {**connections.settings[ALIAS].get("OPTIONS", {}), "connect_timeout": 2},
+    }
+    return store.bind(DOWN_ALIAS)
+
+
+def _redis(settings: SettingsWrapper, down: bool = False) -> Store:
     if not _redis_up(REDIS_URL):
         pytest.skip(f"no Redis at {REDIS_URL}")
-    _use_redis(settings, REDIS_URL)
+    _use_redis(settings, REDIS_URL, down)
     return get_store(REDIS_STORE)
 
 
-def _cluster(settings: SettingsWrapper) -> Store:
+def _cluster(settings: SettingsWrapper, down: bool = False) -> Store:
     if not redis_cluster.healthy():
         pytest.skip("no Redis Cluster (python -m tools.redis_cluster start)")
-    _use_redis(settings, redis_cluster.cluster_url().replace("redis://", "redis+cluster://"))
+    _use_redis(settings, redis_cluster.cluster_url().replace("redis://", "redis+cluster://"), down)
     return get_store(REDIS_STORE)
 
 
-#: Every store the contract is checked on: (id, fixture, marks).
+#: Every store the contract is checked on: (id, fixture, marks). A new store adds one line.
 STORES: list[Any] = [
     pytest.param(_database, id="database"),
     pytest.param(_redis, id="redis", marks=pytest.mark.redis),
@@ -99,6 +125,20 @@ def store(
 ) -> Store:
     make: Callable[[SettingsWrapper], Store] = request.param
     return make(settings)
+
+
+@pytest.fixture(params=STORES)
+def down(
+    request: pytest.FixtureRequest, settings: SettingsWrapper, transactional_db: None
+) -> Iterator[Store]:
+    """Each store, pointed at a server that does not answer."""
+    make: Callable[..., Store] = request.param
+    store = make(settings, down=True)
+    yield store
+    if DOWN_ALIAS in connections.settings:
+        connections[DOWN_ALIAS].close()
+        del connections[DOWN_ALIAS]
+        del connections.settings[DOWN_ALIAS]
 
 
 @dataclass(frozen=True)
@@ -429,3 +469,115 @@ def test_an_expired_ttl_never_frees_a_record_under_a_live_lease(store: Store, sc
     assert record.token == mine
     assert not is_expired(record, timezone.now())
     assert store.take_over(record, scope.take_over(token())) is False
+
+
+# -- concurrency: of many take-overs, one wins -----------------------------------------------
+
+
+def test_of_many_concurrent_take_overs_of_one_lapsed_record_exactly_one_wins(
+    store: Store, scope: Scope
+) -> None:
+    if connection.vendor == "sqlite" and store.transactional:
+        pytest.skip("SQLite serialises writers in one process: no concurrency to test")
+    assert store.claim_or_read(scope.claim(token(), lease=0.05)) == CLAIMED
+    lapsed = until_lapsed(store, scope)
+    contenders = 8
+    barrier = threading.Barrier(contenders)
+    won: list[str] = []
+    lock = threading.Lock()
+
+    def contend() -> None:
+        mine = token()
+        barrier.wait()
+        try:
+            taken = store.take_over(lapsed, scope.take_over(mine))
+        finally:
+            connection.close()
+        if taken:
+            with lock:
+                won.append(mine)
+
+    threads = [threading.Thread(target=contend) for _ in range(contenders)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(won) == 1
+    assert snapshot(store, scope).token == won[0]
+
+
+# -- the failure kinds -----------------------------------------------------------------------
+
+
+def test_every_call_on_a_store_that_does_not_answer_is_an_unreachable_failure(
+    down: Store, scope: Scope
+) -> None:
+    """A store that cannot be reached raises one of its ``errors`` on every call, each
+    classified ``unreachable`` (the one kind that may fail open), and is not ``usable``."""
+    calls: dict[str, Callable[[], Any]] = {
+        "claim_or_read": lambda: down.claim_or_read(scope.claim(token())),
+        "claim": lambda: down.claim(scope.claim(token())),
+        "complete": lambda: down.complete(scope, token(), completion()),
+        "is_completed": lambda: down.is_completed(scope, token()),
+        "release": lambda: down.release(scope, token()),
+        "renew": lambda: down.renew([(scope, token())], 60, 5),
+    }
+    kinds: dict[str, str] = {}
+    for name, call in calls.items():
+        try:
+            call()
+        except down.errors as error:
+            kinds[name] = down.failure_kind(error)
+        down.reset()
+    assert kinds == dict.fromkeys(calls, "unreachable")
+    assert down.usable() is False
+
+
+def test_a_claim_that_waits_on_a_concurrent_transactions_claim_is_contention(
+    store: Store, scope: Scope
+) -> None:
+    """A store whose claims live in the work's transaction (``transactional``): a duplicate
+    claim blocked by another transaction's uncommitted claim of the key, past its bounded
+    wait, fails as ``contention`` (a request in flight: 409), never ``unreachable``."""
+    if not store.transactional:
+        pytest.skip(f"{type(store).__name__}: no claim waits on a transaction")
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no row locks to wait on")
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                assert store.claim_or_read(scope.claim(token())) == CLAIMED
+                held.set()
+                release.wait(20)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(20)
+        with (
+            transaction.atomic(),
+            base.lock_wait(store, 0.2),
+            pytest.raises(store.errors) as raised,
+        ):
+            store.claim_or_read(scope.claim(token()))
+        assert store.failure_kind(raised.value) == "contention"
+    finally:
+        release.set()
+        holder.join()
+
+
+# -- the model: the engine over this store follows the decision table ------------------------
+
+
+@pytest.mark.usefixtures("fake_clock")
+def test_the_engine_follows_the_decision_table_on_this_store(store: Store) -> None:
+    """The stateful model test (tests/test_stateful.py) run on each store, with fewer
+    examples than there (where it runs on the suite's store at length)."""
+    run_state_machine_as_test(
+        stateful.EngineMachine,
+        settings=hypothesis.settings(stateful.STATEFUL_SETTINGS, max_examples=25),
+    )
