@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 State = IdempotencyRecord.State
 REDIS_STORE = "idempotency_django.store.redis.RedisStore"
 ALIAS = "default"
-DOWN_ALIAS = "contract_down"
+DOWN_ALIAS = "store"
 FINGERPRINT = "3:00000000:" + "a" * 56
 
 
@@ -88,12 +88,12 @@ def _database(settings: SettingsWrapper, down: bool = False) -> Store:
         return store
     if connection.vendor not in ("postgresql", "mysql"):
         pytest.skip(f"{connection.vendor}'s test database cannot be made unreachable")
-    connections.settings[DOWN_ALIAS] = {
-        **connections.settings[ALIAS],
-        "HOST": "127.0.0.1",
-        "PORT": str(tools_server.free_port()),
-        "OPTIONS": {**connections.settings[ALIAS].get("OPTIONS", {}), "connect_timeout": 2},
-    }
+    # The suite's second alias (a store in a database of its own), on a closed port until
+    # the test ends (``down``).
+    moved = connections[DOWN_ALIAS]
+    moved.close()
+    moved.settings_dict["HOST"] = "127.0.0.1"
+    moved.settings_dict["PORT"] = str(tools_server.free_port())
     return store.bind(DOWN_ALIAS)
 
 
@@ -133,12 +133,13 @@ def down(
 ) -> Iterator[Store]:
     """Each store, pointed at a server that does not answer."""
     make: Callable[..., Store] = request.param
-    store = make(settings, down=True)
-    yield store
-    if DOWN_ALIAS in connections.settings:
-        connections[DOWN_ALIAS].close()
-        del connections[DOWN_ALIAS]
-        del connections.settings[DOWN_ALIAS]
+    moved = connections[DOWN_ALIAS]
+    saved = {name: moved.settings_dict.get(name) for name in ("HOST", "PORT")}
+    try:
+        yield make(settings, down=True)
+    finally:
+        moved.close()
+        moved.settings_dict.update(saved)
 
 
 @dataclass(frozen=True)
@@ -509,6 +510,7 @@ def test_of_many_concurrent_take_overs_of_one_lapsed_record_exactly_one_wins(
 # -- the failure kinds -----------------------------------------------------------------------
 
 
+@pytest.mark.django_db(transaction=True, databases=[ALIAS, DOWN_ALIAS])
 def test_every_call_on_a_store_that_does_not_answer_is_an_unreachable_failure(
     down: Store, scope: Scope
 ) -> None:
@@ -559,9 +561,9 @@ def test_a_claim_that_waits_on_a_concurrent_transactions_claim_is_contention(
     try:
         assert held.wait(20)
         with (
+            pytest.raises(store.errors) as raised,
             transaction.atomic(),
             base.lock_wait(store, 0.2),
-            pytest.raises(store.errors) as raised,
         ):
             store.claim_or_read(scope.claim(token()))
         assert store.failure_kind(raised.value) == "contention"
