@@ -14,6 +14,7 @@ store says it lapsed.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -44,6 +45,7 @@ from idempotency_django.store.base import (
 )
 from tests import test_stateful as stateful
 from tests.conftest import REDIS_URL, wait_until
+from tests.docs_snippets import store_interface
 from tests.test_stateful import fake_clock  # noqa: F401 - the model test's fixture
 from tools import redis_cluster
 from tools import server as tools_server
@@ -583,3 +585,28 @@ def test_the_engine_follows_the_decision_table_on_this_store(store: Store) -> No
         stateful.EngineMachine,
         settings=hypothesis.settings(stateful.STATEFUL_SETTINGS, max_examples=25),
     )
+
+
+# -- the interface the docs show -------------------------------------------------------------
+
+
+def _members(protocol: type) -> dict[str, str]:
+    """A protocol's members: each method's signature, each attribute's annotation."""
+    found = {
+        name: str(inspect.signature(value)) if callable(value) else "property"
+        for name, value in vars(protocol).items()
+        if not name.startswith("_") and (callable(value) or isinstance(value, property))
+    }
+    for name, annotation in vars(protocol).get("__annotations__", {}).items():
+        found.setdefault(name, str(annotation))
+    return found
+
+
+def test_the_docs_show_the_whole_store_interface() -> None:
+    """docs/stores.md ("Writing another store") shows ``store_interface.Store``: the same
+    members as ``base.Store``, each method with the same signature."""
+    shown, real = _members(store_interface.Store), _members(base.Store)
+    assert shown.keys() == real.keys()
+    for name, signature in real.items():
+        if signature != "property":
+            assert shown[name] == signature, name
