@@ -455,8 +455,8 @@ MUTANTS = [
         "health-ok-when-store-down",
         "the health check answers 200 while the store refuses connections",
         "health.py",
-        '        return False, _failure(store, alias, error, timeout, detail, "the store"), None',
-        '        return True, _failure(store, alias, error, timeout, detail, "the store"), None',
+        '        return False, _failure(store, error, timeout, detail, "the store"), None',
+        '        return True, _failure(store, error, timeout, detail, "the store"), None',
         (
             "test_health.py::"
             "test_a_store_that_refuses_connections_answers_503_without_its_error_text",
@@ -467,7 +467,7 @@ MUTANTS = [
         "health-store-unbounded",
         "the health check's round trip has no time bound: a stalled store hangs the probe",
         "store/database.py",
-        '        return _statement_timeout(alias, timeout, verb="SELECT")',
+        '        return _statement_timeout(self.alias, timeout, verb="SELECT")',
         "        return suppress()",
         ("test_health.py::test_a_store_that_stalls_fails_within_the_timeout",),
     ),
@@ -792,8 +792,9 @@ MUTANTS = [
         "ttl-from-claim",
         "the TTL counts from the claim, not from the completion",
         "shell.py",
-        '"expires_at": expiry(now, claim.ttl),',
-        "",
+        "        duration(claim.ttl),\n    )",
+        # counted from the claim: the view's run comes off it
+        "        duration(claim.ttl and claim.ttl - (time.monotonic() - claim.since)),\n    )",
         (ATOM + "test_the_ttl_counts_from_completion",),
     ),
     Mutant(
@@ -2015,7 +2016,7 @@ MUTANTS = [
         "atomic-claim-lock-wait-unbounded",
         "in atomic mode a duplicate's claim waits on the first transaction's row until it ends",
         "shell.py",
-        "        if store.in_transaction(options.alias):\n            # Atomic mode",
+        "        if store.in_transaction():\n            # Atomic mode",
         "        if False:\n            # Atomic mode",
         (EXH + "test_atomic_mode_conflict_answers_a_duplicate_409_without_waiting_for_the_first",),
     ),

@@ -293,8 +293,9 @@ def report_overview(rounds: int) -> int:
         print(f"| {name} | {median:.1f} | {max(values):.1f} | {verdict} |")
     with CaptureQueriesContext(connection) as captured:
         overview.database_overview(records, store, "default")
-        with store.bounded_reads("default", 5):  # type: ignore[attr-defined]
-            store.oldest_expired("default")
+        bound = store.bind("default")
+        with bound.bounded_reads(5):  # type: ignore[attr-defined]
+            bound.oldest_expired()
     print("\nTheir plans:")
     for statement in captured.captured_queries:
         sql = statement["sql"]

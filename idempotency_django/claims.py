@@ -11,19 +11,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from idempotency_django.store.base import Store, get_store, store_alias
+from idempotency_django.store.base import Scope, Store, get_store, store_alias
 
+# Scope and store_alias are re-exported: they lived here before the store package.
 __all__ = ["Claim", "ClaimPolicy", "Scope", "new_token", "store_alias"]
-
-
-@dataclass(frozen=True)
-class Scope:
-    account: str
-    endpoint: str
-    key: str
-
-    def lookup(self) -> dict[str, str]:
-        return {"account": self.account, "endpoint": self.endpoint, "key": self.key}
 
 
 @dataclass(frozen=True)
@@ -39,6 +30,10 @@ class ClaimPolicy:
     store: Store = field(default_factory=get_store)  # IDEMPOTENCY["STORE"] unless given
     # MAX_IN_FLIGHT_PER_ACCOUNT for requests (None: no bound; tasks have none).
     account_limit: int | None = None
+
+    def __post_init__(self) -> None:
+        # The store works on ``alias``: bound once here, never per call.
+        object.__setattr__(self, "store", self.store.bind(self.alias))
 
 
 @dataclass(frozen=True)

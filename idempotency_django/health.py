@@ -97,17 +97,14 @@ def run_checks(
     operator); the view leaves it out (its answer may reach whoever can reach the probe:
     a driver's message names hosts and databases) and logs it instead.
     """
-    store = store if store is not None else get_store()
-    alias = alias or store_alias()
+    store = (store if store is not None else get_store()).bind(alias or store_alias())
     timeout = max(0.001, float(conf.get("HEALTH_TIMEOUT_SECONDS")))
     max_lag = float(conf.get("HEALTH_MAX_PURGE_LAG_SECONDS"))
     report = Report(store=type(store).__name__)
-    reachable = _timed(report, "store", lambda: _check_store(store, alias, timeout, detail))
+    reachable = _timed(report, "store", lambda: _check_store(store, timeout, detail))
     _timed(report, "heartbeat", _check_heartbeat)
     if reachable:
-        _timed(
-            report, "purge_lag", lambda: _check_purge_lag(store, alias, timeout, max_lag, detail)
-        )
+        _timed(report, "purge_lag", lambda: _check_purge_lag(store, timeout, max_lag, detail))
     else:
         report.checks.append(
             Check("purge_lag", False, "not checked: the store did not answer", 0.0)
@@ -122,28 +119,26 @@ def _timed(report: Report, name: str, run: Callable[[], tuple[bool, str, float |
     return ok
 
 
-def _failure(
-    store: Store, alias: str, error: BaseException, timeout: float, detail: bool, what: str
-) -> str:
+def _failure(store: Store, error: BaseException, timeout: float, detail: bool, what: str) -> str:
     """A store failure as one line: a timeout said as such, the failure's kind otherwise."""
     if _timed_out(error):
         message = f"{what} did not answer within {timeout:g} s (HEALTH_TIMEOUT_SECONDS)"
     else:
-        kind = store.failure_kind(alias, error)
+        kind = store.failure_kind(error)
         message = f"{what} failed ({kind}: {type(error).__name__})"
     logger.warning("Idempotency health check: %s: %s", message, error)
-    store.reset(alias)  # the next probe connects afresh, as the next claim would
+    store.reset()  # the next probe connects afresh, as the next claim would
     return f"{message}: {_first_line(error)}" if detail else f"{message}; the error is logged"
 
 
-def _check_store(store: Store, alias: str, timeout: float, detail: bool) -> tuple[bool, str, None]:
+def _check_store(store: Store, timeout: float, detail: bool) -> tuple[bool, str, None]:
     try:
         if isinstance(store, ChecksHealth):
-            store.ping(alias, timeout)
-        elif not store.usable(alias):
+            store.ping(timeout)
+        elif not store.usable():
             return False, "the store is not usable (its connection failed)", None
     except store.errors as error:
-        return False, _failure(store, alias, error, timeout, detail, "the store"), None
+        return False, _failure(store, error, timeout, detail, "the store"), None
     return True, f"the store answered within {timeout:g} s", None
 
 
@@ -175,18 +170,18 @@ def _check_heartbeat() -> tuple[bool, str, float | None]:
 
 
 def _check_purge_lag(
-    store: Store, alias: str, timeout: float, max_lag: float, detail: bool
+    store: Store, timeout: float, max_lag: float, detail: bool
 ) -> tuple[bool, str, float | None]:
     if not store.needs_purge:
         return True, f"{type(store).__name__} expires its records itself: no purge lag", None
     try:
         if isinstance(store, ChecksHealth):
-            with store.bounded_reads(alias, timeout):
-                oldest = store.oldest_expired(alias)
+            with store.bounded_reads(timeout):
+                oldest = store.oldest_expired()
         else:
-            oldest = store.oldest_expired(alias)
+            oldest = store.oldest_expired()
     except store.errors as error:
-        return False, _failure(store, alias, error, timeout, detail, "the purge lag's read"), None
+        return False, _failure(store, error, timeout, detail, "the purge lag's read"), None
     if oldest is None:
         return True, "no expired record is left to purge", 0.0
     lag = max(0.0, (timezone.now() - oldest).total_seconds())

@@ -258,7 +258,7 @@ class Heartbeat:
             self._renewed(claims, sent)
             return renewed
         except Exception:
-            if len(claims) == 1 or not claims[0].store.usable(alias):
+            if len(claims) == 1 or not claims[0].store.bind(alias).usable():
                 logger.exception(
                     "Idempotency heartbeat could not renew %d lease(s); will retry.",
                     len(claims),
@@ -348,9 +348,9 @@ class Heartbeat:
 
 def _renew(alias: str, lease: float, claims: list[Claim], timeout: float) -> int:
     """Renew ``claims`` (all of one store) for ``lease`` seconds, bounded by ``timeout``."""
-    store: Store = claims[0].store
-    named = [(c.scope.lookup(), c.token) for c in claims]
-    return signals.timed("renew", store, lambda: store.renew(alias, named, lease, timeout))
+    store: Store = claims[0].store.bind(alias)
+    named = [(c.scope, c.token) for c in claims]
+    return signals.timed("renew", store, lambda: store.renew(named, lease, timeout))
 
 
 # Every Heartbeat of the process, reset in a forked child (weakly held: tests make many).

@@ -327,7 +327,7 @@ def purge_lag_seconds() -> float | None:
     store = get_store()
     if not store.needs_purge:
         return None
-    oldest = store.oldest_expired(store_alias())
+    oldest = store.bind(store_alias()).oldest_expired()
     return 0.0 if oldest is None else max(0.0, (timezone.now() - oldest).total_seconds())
 
 

@@ -165,7 +165,7 @@ def lapsed(records: QuerySet[IdempotencyRecord]) -> dict[str, Any]:
 def purge_lag(records: QuerySet[IdempotencyRecord], store: Store, alias: str) -> dict[str, Any]:
     """Expired records still present: how many (bounded) and the expiry of the oldest
     (``Store.oldest_expired``), both through the ``expires_at`` index."""
-    oldest = store.oldest_expired(alias)
+    oldest = store.bind(alias).oldest_expired()
     lag = None if oldest is None else max(timedelta(0), timezone.now() - oldest)
     return {
         "count": _count(records.filter(expired_q(DatabaseNow()))),

@@ -68,11 +68,13 @@ from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse
 from idempotency_django.store.base import (
     CLAIMED,
+    Completion,
     CountsInUse,
     Snapshot,
     Store,
     Stored,
-    expiry,
+    Write,
+    duration,
     lock_wait,
 )
 from idempotency_django.transactions import (
@@ -238,13 +240,14 @@ def reconnecting(alias: str, operation: Callable[[], T], store: Store) -> T:
     claim's token. Inside a transaction nothing can be retried: the error propagates. Nor is
     contention (a deadlock, a lock timeout): a new connection would not change it.
     """
+    store = store.bind(alias)
     try:
         return operation()
     except store.errors as error:
-        if store.in_transaction(alias) or store.failure_kind(alias, error) != "unreachable":
+        if store.in_transaction() or store.failure_kind(error) != "unreachable":
             raise
         logger.warning("Idempotency store connection failed; retrying once on a new one.")
-        store.reset(alias)
+        store.reset()
         return operation()
 
 
@@ -425,7 +428,7 @@ def _claim_or_replay(
         sent = time.monotonic()  # before ``now``: every lease written below counts from later
         now = timezone.now()
         bound = None
-        if store.in_transaction(options.alias):
+        if store.in_transaction():
             # Atomic mode: a duplicate's insert waits on the first transaction's row until
             # it commits or rolls back; the policy bounds that wait.
             bound = CONFLICT_LOCK_WAIT
@@ -436,7 +439,7 @@ def _claim_or_replay(
                 scope, fingerprint, token, now, options, bound=bound, sent=sent
             )
         except store.errors as error:
-            if not contended(store.failure_kind(options.alias, error)):
+            if not contended(store.failure_kind(error)):
                 raise
             # A concurrent duplicate's transaction holds the key (atomic mode), or the
             # database gave up on a lock for it: that is a request in flight, never a
@@ -445,7 +448,7 @@ def _claim_or_replay(
             if not keep_waiting(
                 seconds_left=deadline - time.monotonic(),
                 place=place.take,
-                in_transaction=store.in_transaction(options.alias),
+                in_transaction=store.in_transaction(),
             ):
                 raise InFlight(
                     "A request with this Idempotency-Key is still being processed.",
@@ -496,7 +499,7 @@ def _claim_or_replay(
             raise KeyMismatch("This Idempotency-Key was already used with a different request.")
         if decision == REPLAY:
             stored = record.stored or _timed(
-                "read", store, functools.partial(store.read_stored, options.alias, record.pk)
+                "read", store, functools.partial(store.read_stored, record.pk)
             )
             if stored is None:
                 races = _count_race(races, options)
@@ -533,7 +536,7 @@ def _within_quota(scope: Scope, options: ClaimPolicy, limit: int) -> None:
             f"IDEMPOTENCY MAX_IN_FLIGHT_PER_ACCOUNT: {type(store).__name__} cannot count an "
             "account's requests in progress (the database store can)."
         )
-    if store.count_in_use(options.alias, scope.account, timezone.now(), limit) < limit:
+    if store.count_in_use(scope.account, timezone.now(), limit) < limit:
         return
     _report(
         scope,
@@ -570,30 +573,28 @@ def _claim_or_read(
     bound: float | None = None,
     sent: float,
 ) -> Claim | Snapshot | None:
-    values = {
-        **scope.lookup(),
-        "fingerprint": fingerprint,
-        "state": State.IN_PROGRESS,
-        "token": token,
-        "lease_expires_at": now + timedelta(seconds=options.lease),
-        "response_headers": [],
-        "created_at": now,
-        "expires_at": expiry(now, options.ttl),
-    }
+    write = _write(scope, fingerprint, token, now, options)
     store = options.store
-    with lock_wait(store, options.alias, bound):
+    with lock_wait(store, bound):
         if read:
-            claimed = _timed(
-                "claim", store, lambda: store.claim_or_read(options.alias, values, fingerprint)
-            )
+            claimed = _timed("claim", store, lambda: store.claim_or_read(write))
         else:  # ``claim_again``: the key is claimed if absent, and nothing is read
-            inserted = _timed("claim", store, lambda: store.claim(options.alias, values))
+            inserted = _timed("claim", store, lambda: store.claim(write))
             claimed = CLAIMED if inserted else None
     if claimed == CLAIMED:
         if read:
             _report(scope, logging.DEBUG, "Idempotency key claimed.", signal=signals.claimed)
         return _claim(scope, token, options, sent)
     return claimed
+
+
+def _write(
+    scope: Scope, fingerprint: str, token: str, now: datetime, options: ClaimPolicy
+) -> Write:
+    """What a claim or a take-over writes."""
+    return Write(
+        scope, token, fingerprint, now, timedelta(seconds=options.lease), duration(options.ttl)
+    )
 
 
 def _claim(scope: Scope, token: str, options: ClaimPolicy, since: float) -> Claim:
@@ -612,20 +613,9 @@ def _count_race(races: int, options: ClaimPolicy) -> int:
 def _take_over(
     record: Snapshot, scope: Scope, fingerprint: str, token: str, now: Any, options: ClaimPolicy
 ) -> bool:
-    values = {
-        "fingerprint": fingerprint,
-        "state": State.IN_PROGRESS,
-        "token": token,
-        "lease_expires_at": now + timedelta(seconds=options.lease),
-        "response_status": None,
-        "response_headers": [],
-        "response_body": None,
-        "created_at": now,
-        "completed_at": None,
-        "expires_at": expiry(now, options.ttl),
-    }
+    write = _write(scope, fingerprint, token, now, options)
     store = options.store
-    return _timed("claim", store, lambda: store.take_over(options.alias, record, values))
+    return _timed("claim", store, lambda: store.take_over(record, write))
 
 
 def complete(claim: Claim, outcome: StoredResponse, *, body_stored: bool = True) -> bool:
@@ -639,21 +629,21 @@ def complete(claim: Claim, outcome: StoredResponse, *, body_stored: bool = True)
     now = timezone.now()
     lookup = claim.scope.lookup()
     outcome = codecs.seal(outcome, **lookup)
-    values = {
-        "response_status": outcome.status,
-        "response_headers": [list(pair) for pair in outcome.headers],
-        "response_body": outcome.body if body_stored else None,
-        "completed_at": now,
-        "expires_at": expiry(now, claim.ttl),
-    }
+    completion = Completion(
+        outcome.status,
+        outcome.headers,
+        outcome.body if body_stored else None,
+        now,
+        duration(claim.ttl),
+    )
     store = claim.store
     if _timed(
-        "complete", store, lambda: store.complete(claim.alias, lookup, claim.token, values)
+        "complete", store, lambda: store.complete(claim.scope, claim.token, completion)
     ) or _timed(
         # a retried completion whose first attempt committed unacknowledged
         "complete",
         store,
-        lambda: store.is_completed(claim.alias, lookup, claim.token),
+        lambda: store.is_completed(claim.scope, claim.token),
     ):
         _report(
             claim.scope,
@@ -678,7 +668,7 @@ def complete(claim: Claim, outcome: StoredResponse, *, body_stored: bool = True)
 def release(claim: Claim) -> None:
     """Delete the claim's record so that the next retry runs the view."""
     store = claim.store
-    _timed("release", store, lambda: store.release(claim.alias, claim.scope.lookup(), claim.token))
+    _timed("release", store, lambda: store.release(claim.scope, claim.token))
     _report(claim.scope, logging.INFO, "Idempotency key released.", signal=signals.released)
 
 
@@ -742,7 +732,7 @@ class Run:
             mode is None
             and self.mode == "commit"
             and self.store.transactional
-            and self.store.in_transaction(self.alias)
+            and self.store.in_transaction()
         ):
             self.mode = commit_inside_transaction(policy.label, self.alias)
         self.claim: Claim | None = None
@@ -825,7 +815,7 @@ class Run:
     def _store_failed(self, error: BaseException) -> Refused | None:
         """Fail open only when the store cannot be reached; otherwise 503. (Contention never
         gets here: ``claim_or_replay`` answers it as a request in flight.)"""
-        kind = self.store.failure_kind(self.alias, error)
+        kind = self.store.failure_kind(error)
         policy = store_failure(kind, self.policy.on_store_error)
         _report(
             self.scope,
@@ -993,7 +983,7 @@ class Run:
                     store,
                 )
             except store.errors as error:
-                if not may_pass_on_retry(error) or store.in_transaction(claim.alias):
+                if not may_pass_on_retry(error) or store.in_transaction():
                     raise
                 pause = delay * random.uniform(0.5, 1.0)  # apart from the other processes
                 remaining = self._deadline(claim, started) - time.monotonic()

@@ -26,7 +26,7 @@ from idempotency_django.heartbeat import heartbeat
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.purge import purge_records
 from idempotency_django.responses import StoredResponse
-from idempotency_django.store.base import Snapshot
+from idempotency_django.store.base import Snapshot, Write
 from tests import records
 from tests.conftest import Post, Skew, effects, post_from_thread
 from tests.project.views import gate
@@ -165,7 +165,7 @@ def test_the_store_refuses_a_take_over_of_a_live_lease_from_a_server_ahead(skew:
     ahead), the store re-checks the lease on its own clock when it takes the record over."""
     first = shell.claim_or_replay(SCOPE, FINGERPRINT, policy())
     assert isinstance(first, claims.Claim)
-    read = policy().store.claim_or_read("default", _claim_values(SCOPE), FINGERPRINT)
+    read = policy().store.claim_or_read(_claim_values(SCOPE))
     assert isinstance(read, Snapshot)
     skew.seconds = AHEAD
 
@@ -234,7 +234,7 @@ def test_a_record_read_by_a_skewed_server_is_moved_onto_its_clock(skew: Skew) ->
         skew.seconds = seconds
         scope = claims.Scope("7", "POST /charges/", f"k{seconds}")
         shell.claim_or_replay(scope, FINGERPRINT, options)
-        read = options.store.claim_or_read("default", _claim_values(scope), FINGERPRINT)
+        read = options.store.claim_or_read(_claim_values(scope))
         assert isinstance(read, Snapshot)
         assert read.lease_expires_at is not None
         values[seconds] = (
@@ -246,15 +246,8 @@ def test_a_record_read_by_a_skewed_server_is_moved_onto_its_clock(skew: Skew) ->
         assert timedelta(seconds=3599) < expires <= timedelta(seconds=3600)
 
 
-def _claim_values(scope: claims.Scope) -> dict[str, Any]:
-    now = timezone.now()
-    return {
-        **scope.lookup(),
-        "fingerprint": FINGERPRINT,
-        "state": IdempotencyRecord.State.IN_PROGRESS,
-        "token": "b" * 32,  # another request's: it reads the record
-        "lease_expires_at": now + timedelta(seconds=10),
-        "response_headers": [],
-        "created_at": now,
-        "expires_at": now + timedelta(hours=1),
-    }
+def _claim_values(scope: claims.Scope) -> Write:
+    # another request's token: it reads the record
+    return Write(
+        scope, "b" * 32, FINGERPRINT, timezone.now(), timedelta(seconds=10), timedelta(hours=1)
+    )

@@ -209,8 +209,7 @@ def test_a_claim_leased_for_the_bound_is_renewed_by_the_heartbeats_statement() -
     records.update(lease_expires_at=timezone.now() + timedelta(seconds=5))
 
     renewed = get_store().renew(
-        "default",
-        [(claim.scope.lookup(), claim.token)],
+        [(claim.scope, claim.token)],
         MAX_DURATION_SECONDS,
         MAX_DURATION_SECONDS / 3,
     )

@@ -439,7 +439,7 @@ def test_the_quota_is_counted_through_the_partial_index_on_postgresql(alice: Use
 
     store: Any = get_store()
     with connection.execute_wrapper(keep):
-        assert store.count_in_use("default", "account-7", timezone.now(), 5) == 1
+        assert store.count_in_use("account-7", timezone.now(), 5) == 1
     ((sql, params),) = sent
     with connection.cursor() as cursor:
         cursor.execute("SET enable_seqscan = off")  # a small table: as it would plan a large one

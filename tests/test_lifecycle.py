@@ -29,7 +29,7 @@ from idempotency_django.exceptions import InFlight, KeyMismatch
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.purge import purge_records
 from idempotency_django.responses import StoredResponse
-from idempotency_django.store import expiry
+from idempotency_django.store.base import Write
 from tests import records
 from tests.conftest import Post, effects
 from tests.project.views import gate, terminate_backend
@@ -465,19 +465,16 @@ def test_an_insert_error_other_than_a_duplicate_is_not_a_409() -> None:
 
     if connection.vendor == "sqlite":
         pytest.skip("SQLite does not enforce column lengths")
-    now = timezone.now()
-    values = {
-        **SCOPE.lookup(),
-        "fingerprint": "x" * 500,  # longer than the column: strict mode refuses it
-        "state": State.IN_PROGRESS,
-        "token": "t" * 32,
-        "lease_expires_at": now,
-        "response_headers": [],
-        "created_at": now,
-        "expires_at": expiry(now, 60),
-    }
+    values = Write(
+        SCOPE,
+        "t" * 32,
+        "x" * 500,  # longer than the column: strict mode refuses it
+        timezone.now(),
+        timedelta(0),
+        timedelta(seconds=60),
+    )
     with pytest.raises(DatabaseError):
-        store.claim("default", values)
+        store.claim(values)
 
 
 # --- what the lifecycle does when the work's own transaction is rolled back or unknown -------

@@ -264,12 +264,13 @@ def test_heartbeat_samples_in_flight_claims_and_failed_renewals(
         def broken(*args: Any) -> int:
             raise OperationalError("renewal refused")
 
-        store.renew, saved = broken, store.renew  # type: ignore[method-assign]
+        # on the class: the heartbeat renews through the store bound to the claims' alias
+        saved = type(store).renew
+        type(store).renew = broken  # type: ignore[method-assign]
         try:
             beat.renew_once()
         finally:
-            del store.renew
-            assert store.renew == saved
+            type(store).renew = saved  # type: ignore[method-assign]
         samples = prom()
         assert samples[("idempotency_lease_renewal_failures_total", frozenset())] == failures + 2
         for claim in claims:

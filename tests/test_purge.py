@@ -405,9 +405,9 @@ def test_purged_signal_reports_the_counts(purged_reports: list[dict[str, Any]]) 
 @pytest.mark.django_db
 def test_oldest_expired_is_the_expiry_of_the_oldest_record_the_purge_would_delete() -> None:
     store = claims.get_store()
-    assert store.oldest_expired("default") is None  # an empty table
+    assert store.oldest_expired() is None  # an empty table
     live(key="live")
-    assert store.oldest_expired("default") is None  # nothing expired
+    assert store.oldest_expired() is None  # nothing expired
 
     now = timezone.now()
     # Past its TTL but its view still runs: in use, not expired, and the purge keeps it.
@@ -415,12 +415,12 @@ def test_oldest_expired_is_the_expiry_of_the_oldest_record_the_purge_would_delet
     newer = expired(HOUR, key="newer")
     older = expired(timedelta(days=2), key="older")
 
-    oldest = store.oldest_expired("default")
+    oldest = store.oldest_expired()
     assert oldest == IdempotencyRecord.objects.get(pk=older.pk).expires_at
 
     purge_records(include_stale=False, pacing=Pacing.flat_out())
     assert not IdempotencyRecord.objects.filter(pk__in=[older.pk, newer.pk]).exists()
-    assert store.oldest_expired("default") is None  # what is left is in use or live
+    assert store.oldest_expired() is None  # what is left is in use or live
 
 
 @pytest.mark.django_db

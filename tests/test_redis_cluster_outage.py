@@ -14,14 +14,13 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.utils import timezone
 
-from idempotency_django.store.base import StoreError, get_store
+from idempotency_django.store.base import Scope, StoreError, get_store
+from tests import writes
 from tests.conftest import Post, effects, store_unavailable
 from tools import redis_cluster
 
@@ -148,33 +147,19 @@ def test_every_store_call_on_a_dead_cluster_is_a_store_error(
     each, which the lifecycle and the heartbeat handle; ``usable`` says no."""
     on_cluster()
     store = get_store(REDIS_STORE)
-    now = timezone.now()
-    lookup = {"account": "1", "endpoint": "POST /effect/", "key": "k1"}
-    claim = {
-        **lookup,
-        "fingerprint": "2:" + "a" * 64,
-        "token": "a" * 32,
-        "created_at": now,
-        "lease_expires_at": now + timedelta(seconds=30),
-        "expires_at": now + timedelta(hours=1),
-    }
-    completion = {
-        "response_status": 201,
-        "response_headers": [],
-        "response_body": b"{}",
-        "completed_at": now,
-        "expires_at": now + timedelta(hours=1),
-    }
-    assert store.claim_or_read("default", claim, claim["fingerprint"]) == "claimed"
+    lookup = Scope("1", "POST /effect/", "k1")
+    claim = writes.write("a" * 32)
+    completion = writes.completion(201, b"{}", headers=())
+    assert store.claim_or_read(claim) == "claimed"
     calls: dict[str, Callable[[], Any]] = {
-        "claim": lambda: store.claim_or_read("default", {**claim, "key": "k2"}, "x"),
-        "read": lambda: store.read("default", lookup, "x"),
-        "read_stored": lambda: store.read_stored("default", store.key(lookup)),
-        "is_completed": lambda: store.is_completed("default", lookup, "a" * 32),
-        "complete": lambda: store.complete("default", lookup, "a" * 32, completion),
-        "release": lambda: store.release("default", lookup, "a" * 32),
-        "renew, short beat": lambda: store.renew("default", [(lookup, "a" * 32)], 30, 0.2),
-        "renew": lambda: store.renew("default", [(lookup, "a" * 32)], 30, 10),
+        "claim": lambda: store.claim_or_read(writes.write("a" * 32, key="k2")),
+        "read": lambda: store.read(lookup, "x"),  # type: ignore[attr-defined]
+        "read_stored": lambda: store.read_stored(store.key(lookup)),  # type: ignore[attr-defined]
+        "is_completed": lambda: store.is_completed(lookup, "a" * 32),
+        "complete": lambda: store.complete(lookup, "a" * 32, completion),
+        "release": lambda: store.release(lookup, "a" * 32),
+        "renew, short beat": lambda: store.renew([(lookup, "a" * 32)], 30, 0.2),
+        "renew": lambda: store.renew([(lookup, "a" * 32)], 30, 10),
     }
     kinds: dict[str, str] = {}
     with redis_cluster.all_down("kill"):
@@ -183,7 +168,7 @@ def test_every_store_call_on_a_dead_cluster_is_a_store_error(
                 call()
             except StoreError as error:
                 kinds[name] = error.kind
-        usable = store.usable("default")
+        usable = store.usable()
 
     assert kinds == dict.fromkeys(calls, "unreachable")
     assert usable is False

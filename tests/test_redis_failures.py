@@ -18,15 +18,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.db import connections
-from django.utils import timezone
 
-from idempotency_django.store.base import StoreError, get_store
+from idempotency_django.store.base import Scope, StoreError, get_store
+from tests import writes
 from tests.conftest import REDIS_URL, Post, effects, store_unavailable
 from tools import redis_cluster
 
@@ -206,7 +205,7 @@ def test_a_blocking_pool_with_no_connection_to_spare_is_other() -> None:
         pool.disconnect()
 
     assert "No connection available" in str(raised.value)
-    assert store().failure_kind("default", raised.value) == "other"
+    assert store().failure_kind(raised.value) == "other"
 
 
 @pytest.mark.parametrize("refusal", ["maxclients", "requirepass"])
@@ -268,7 +267,7 @@ def test_a_reset_leaves_the_connections_other_threads_are_using(
         ):
             assert time.monotonic() < deadline, "the other thread never blocked"
             time.sleep(0.02)
-        store().reset("default")
+        store().reset()
         watcher.lpush(key, "answer")
     finally:
         thread.join(10)
@@ -285,23 +284,14 @@ def test_a_renewal_is_bounded_by_its_timeout_not_by_socket_timeout(
     longer ``SOCKET_TIMEOUT`` comes back after the next beat was due, as the database
     store's statement timeout prevents. Redis paused for 3 s; ``SOCKET_TIMEOUT`` 5 s."""
     use_redis(settings, scratch.url, STORE_OPTIONS={"SOCKET_TIMEOUT": 5})
-    now = timezone.now()
-    lookup = {"account": "1", "endpoint": "POST /effect/", "key": "k1"}
-    values = {
-        **lookup,
-        "fingerprint": "2:" + "a" * 64,
-        "token": "a" * 32,
-        "created_at": now,
-        "lease_expires_at": now + timedelta(seconds=30),
-        "expires_at": now + timedelta(hours=1),
-    }
-    assert store().claim_or_read("default", values, values["fingerprint"]) == "claimed"
-    assert store().renew("default", [(lookup, "a" * 32)], 30, 0.3) == 1  # its client is up
+    lookup = Scope("1", "POST /effect/", "k1")
+    assert store().claim_or_read(writes.write("a" * 32)) == "claimed"
+    assert store().renew([(lookup, "a" * 32)], 30, 0.3) == 1  # its client is up
     redis.Redis(port=scratch.port).execute_command("CLIENT", "PAUSE", "3000", "ALL")
 
     started = time.monotonic()
     with pytest.raises(StoreError) as raised:
-        store().renew("default", [(lookup, "a" * 32)], 30, 0.3)
+        store().renew([(lookup, "a" * 32)], 30, 0.3)
     took = time.monotonic() - started
 
     assert raised.value.kind == "other"  # timed out: it may have run

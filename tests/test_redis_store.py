@@ -30,8 +30,9 @@ from idempotency_django import claims, signals
 from idempotency_django.checks import check_settings
 from idempotency_django.heartbeat import Heartbeat
 from idempotency_django.models import IdempotencyRecord
-from idempotency_django.store.base import StoreError, get_store
+from idempotency_django.store.base import Completion, Scope, StoreError, Write, get_store
 from idempotency_django.store.redis import RedisStore, record_key
+from tests import writes
 from tests.conftest import REDIS_URL, Post, effects, wait_until
 from tests.project.views import gate
 from tools import redis_cluster
@@ -91,33 +92,26 @@ def store() -> RedisStore:
     return found
 
 
-def lookup(key: str = "k1", account: str = "1") -> dict[str, str]:
-    return {"account": account, "endpoint": "POST /effect/", "key": key}
+def lookup(key: str = "k1", account: str = "1") -> Scope:
+    return Scope(account, "POST /effect/", key)
 
 
-def claim_values(token: str, *, key: str = "k1", lease: float = 30, ttl: float = 3600) -> Any:
-    now = timezone.now()
-    return {
-        **lookup(key),
-        "fingerprint": "2:" + "a" * 64,
-        "state": IdempotencyRecord.State.IN_PROGRESS,
-        "token": token,
-        "lease_expires_at": now + timedelta(seconds=lease),
-        "response_headers": [],
-        "created_at": now,
-        "expires_at": now + timedelta(seconds=ttl),
-    }
+def claim_values(
+    token: str,
+    *,
+    key: str = "k1",
+    lease: float = 30,
+    ttl: float = 3600,
+    account: str = "1",
+    fingerprint: str = "2:" + "a" * 64,
+) -> Write:
+    return writes.write(
+        token, account=account, key=key, fingerprint=fingerprint, lease=lease, ttl=ttl
+    )
 
 
-def complete_values(status: int = 201, body: bytes | None = b"done") -> dict[str, Any]:
-    now = timezone.now()
-    return {
-        "response_status": status,
-        "response_headers": [["Location", "/x/1"]],
-        "response_body": body,
-        "completed_at": now,
-        "expires_at": now + timedelta(hours=1),
-    }
+def complete_values(status: int = 201, body: bytes | None = b"done") -> Completion:
+    return writes.completion(status, body)
 
 
 def server_ms() -> int:
@@ -268,29 +262,27 @@ def test_encrypted_responses_are_sealed_in_redis(
 
 def test_completion_release_and_renewal_are_fenced_by_the_token() -> None:
     redis_store = store()
-    assert redis_store.claim_or_read("default", claim_values("a" * 32), "2:" + "a" * 64) == (
-        "claimed"
-    )
+    assert redis_store.claim_or_read(claim_values("a" * 32)) == "claimed"
 
-    assert not redis_store.complete("default", lookup(), "b" * 32, complete_values())
-    assert redis_store.release("default", lookup(), "b" * 32) == 0
-    assert redis_store.renew("default", [(lookup(), "b" * 32)], 30, 1) == 0
-    snapshot = redis_store.read("default", lookup(), "")
+    assert not redis_store.complete(lookup(), "b" * 32, complete_values())
+    assert redis_store.release(lookup(), "b" * 32) == 0
+    assert redis_store.renew([(lookup(), "b" * 32)], 30, 1) == 0
+    snapshot = redis_store.read(lookup(), "")
     assert snapshot is not None
     assert snapshot.state == "in_progress"
 
-    assert redis_store.complete("default", lookup(), "a" * 32, complete_values())
+    assert redis_store.complete(lookup(), "a" * 32, complete_values())
     # Sent again (its first reply lost): answered as stored, and the first outcome is kept.
-    assert redis_store.complete("default", lookup(), "a" * 32, complete_values(200, b"again"))
-    completed = redis_store.read("default", lookup(), "2:" + "a" * 64)
+    assert redis_store.complete(lookup(), "a" * 32, complete_values(200, b"again"))
+    completed = redis_store.read(lookup(), "2:" + "a" * 64)
     assert completed is not None
     assert completed.stored is not None
     assert (completed.stored.status, completed.stored.body) == (201, b"done")
-    assert redis_store.renew("default", [(lookup(), "a" * 32)], 30, 1) == 0  # completed
-    assert redis_store.is_completed("default", lookup(), "a" * 32)
+    assert redis_store.renew([(lookup(), "a" * 32)], 30, 1) == 0  # completed
+    assert redis_store.is_completed(lookup(), "a" * 32)
     # Fenced by the state too: a late release (its first reply lost) keeps the outcome.
-    assert redis_store.release("default", lookup(), "a" * 32) == 0
-    completed = redis_store.read("default", lookup(), "2:" + "a" * 64)
+    assert redis_store.release(lookup(), "a" * 32) == 0
+    completed = redis_store.read(lookup(), "2:" + "a" * 64)
     assert completed is not None
     assert completed.state == "completed"
     assert completed.stored is not None
@@ -299,25 +291,23 @@ def test_completion_release_and_renewal_are_fenced_by_the_token() -> None:
 
 def test_the_redis_store_has_no_purge_lag_as_redis_deletes_expired_keys_itself() -> None:
     redis_store = store()
-    assert redis_store.claim_or_read("default", claim_values("a" * 32), "2:" + "a" * 64) == (
-        "claimed"
-    )
-    assert redis_store.complete("default", lookup(), "a" * 32, complete_values())
+    assert redis_store.claim_or_read(claim_values("a" * 32)) == "claimed"
+    assert redis_store.complete(lookup(), "a" * 32, complete_values())
     # The record carries a Redis TTL: Redis deletes it when that runs out, so no expired
     # record is ever left behind for a purge to lag on.
     (key,) = record_keys()
     assert redis_client().pttl(key) > 0
-    assert redis_store.oldest_expired("default") is None
+    assert redis_store.oldest_expired() is None
 
 
 def test_a_completed_record_keeps_the_claims_fingerprint_and_its_response() -> None:
     redis_store = store()
     fingerprint = "custom:has|pipes\nand a newline"
-    values = {**claim_values("a" * 32), "fingerprint": fingerprint}
-    assert redis_store.claim_or_read("default", values, fingerprint) == "claimed"
-    assert redis_store.complete("default", lookup(), "a" * 32, complete_values(body=b"\n|x\n"))
+    values = claim_values("a" * 32, fingerprint=fingerprint)
+    assert redis_store.claim_or_read(values) == "claimed"
+    assert redis_store.complete(lookup(), "a" * 32, complete_values(body=b"\n|x\n"))
 
-    snapshot = redis_store.read("default", lookup(), fingerprint)
+    snapshot = redis_store.read(lookup(), fingerprint)
 
     assert snapshot is not None
     assert snapshot.fingerprint == fingerprint
@@ -333,8 +323,8 @@ def test_take_over_compares_the_lease_with_redis_time_not_the_clients_clock(
     take-over script, on Redis's clock, refuses: the view never runs a second time."""
     redis_store = store()
     fingerprint = _fingerprint(post)
-    values = {**claim_values("a" * 32), "account": str(alice.pk), "fingerprint": fingerprint}
-    assert redis_store.claim_or_read("default", values, fingerprint) == "claimed"
+    values = claim_values("a" * 32, account=str(alice.pk), fingerprint=fingerprint)
+    assert redis_store.claim_or_read(values) == "claimed"
     real_now = timezone.now
     monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(minutes=2))
 
@@ -349,27 +339,27 @@ def test_a_lease_renewed_between_the_read_and_the_take_over_is_not_taken_over() 
     lapsed and renewed since (its heartbeat was late, not dead) is left to its owner."""
     redis_store = store()
     values = claim_values("a" * 32)
-    assert redis_store.claim_or_read("default", values, values["fingerprint"]) == "claimed"
-    key = redis_store.key(values)
+    assert redis_store.claim_or_read(values) == "claimed"
+    key = redis_store.key(values.scope)
     set_lease(key, server_ms() - 1)
-    lapsed = redis_store.read("default", lookup(), values["fingerprint"])
+    lapsed = redis_store.read(lookup(), values.fingerprint)
     assert lapsed is not None
     set_lease(key, server_ms() + 30_000)  # renewed in between
 
-    assert not redis_store.take_over("default", lapsed, claim_values("b" * 32))
+    assert not redis_store.take_over(lapsed, claim_values("b" * 32))
     assert redis_client().get(key).split(b"|")[1] == b"a" * 32
 
     set_lease(key, server_ms() - 1)  # now lapsed for good
-    assert redis_store.take_over("default", lapsed, claim_values("b" * 32))
+    assert redis_store.take_over(lapsed, claim_values("b" * 32))
     assert redis_client().get(key).split(b"|")[1] == b"b" * 32
 
 
 def test_a_lapsed_lease_by_redis_time_is_taken_over_and_runs_once(alice: User, post: Post) -> None:
     redis_store = store()
     fingerprint = _fingerprint(post)
-    values = {**claim_values("a" * 32), "account": str(alice.pk), "fingerprint": fingerprint}
-    assert redis_store.claim_or_read("default", values, fingerprint) == "claimed"
-    set_lease(redis_store.key(values), server_ms() - 5_000)  # its worker died 5 s ago
+    values = claim_values("a" * 32, account=str(alice.pk), fingerprint=fingerprint)
+    assert redis_store.claim_or_read(values) == "claimed"
+    set_lease(redis_store.key(values.scope), server_ms() - 5_000)  # its worker died 5 s ago
 
     retry = post("/effect/", {"amount": 1})
     again = post("/effect/", {"amount": 1})
@@ -402,7 +392,7 @@ def test_the_heartbeat_renews_every_claim_in_one_round_trip(
     redis_store = store()
     for index in range(3):
         values = claim_values(f"{index}" * 32, key=f"k{index}", lease=2)
-        assert redis_store.claim_or_read("default", values, values["fingerprint"]) == "claimed"
+        assert redis_store.claim_or_read(values) == "claimed"
     client = redis_client()
     before = {key: int(client.get(key).split(b"|")[2]) for key in client.keys(f"{PREFIX}:*")}
     # Loaded first: on a Redis that has not seen the script yet, its first EVALSHA is
@@ -492,9 +482,9 @@ def test_every_key_of_a_record_is_in_one_slot_through_a_hash_tag() -> None:
 def test_a_record_in_progress_outlives_a_ttl_shorter_than_its_leases() -> None:
     redis_store = store()
     values = claim_values("a" * 32, lease=30, ttl=1)
-    redis_store.claim_or_read("default", values, values["fingerprint"])
+    redis_store.claim_or_read(values)
 
-    assert redis_client().pttl(redis_store.key(values)) > 60_000  # three leases
+    assert redis_client().pttl(redis_store.key(values.scope)) > 60_000  # three leases
 
 
 # -- failure: down, restarted, slow ------------------------------------------------------------
@@ -614,9 +604,9 @@ def test_a_paused_redis_is_an_unknown_outcome_never_a_fail_open(
 def test_a_timeout_is_other_and_a_refused_connection_unreachable() -> None:
     redis_store = store()
 
-    assert redis_store.failure_kind("default", redis.TimeoutError("slow")) == "other"
-    assert redis_store.failure_kind("default", redis.ConnectionError("refused")) == "unreachable"
-    assert redis_store.failure_kind("default", StoreError("x", "unreachable")) == "unreachable"
+    assert redis_store.failure_kind(redis.TimeoutError("slow")) == "other"
+    assert redis_store.failure_kind(redis.ConnectionError("refused")) == "unreachable"
+    assert redis_store.failure_kind(StoreError("x", "unreachable")) == "unreachable"
 
 
 # -- settings, checks, the purge, the example --------------------------------------------------

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from django.utils import timezone
 
+from tests import writes
 from tests.conftest import REDIS_URL
 from tools import redis_cluster
 
@@ -107,23 +108,16 @@ def test_a_read_gives_what_is_left_of_the_lease_by_the_servers_clock(
     }
     store = get_store("idempotency_django.store.redis.RedisStore")
     now = timezone.now()
-    lookup = {"account": "1", "endpoint": "POST /effect/", "key": f"clock-{now.timestamp()}"}
-    values = {
-        **lookup,
-        "fingerprint": "2:" + "a" * 64,
-        "token": "a" * 32,
-        "created_at": now,
-        "lease_expires_at": now + timedelta(seconds=30),
-        "expires_at": now + timedelta(hours=1),
-    }
+    values = writes.write("a" * 32, key=f"clock-{now.timestamp()}", now=now)
+    lookup = values.scope
     store.client()  # connected first: the bounds are about the two round trips
     try:
         sent = timezone.now()
-        assert store.claim_or_read("default", values, values["fingerprint"]) == "claimed"
-        record = store.read("default", lookup, values["fingerprint"])
+        assert store.claim_or_read(values) == "claimed"
+        record = store.read(lookup, values.fingerprint)
         answered = timezone.now()
     finally:
-        store.release("default", lookup, "a" * 32)
+        store.release(lookup, "a" * 32)
 
     assert record is not None
     assert record.lease_expires_at is not None

@@ -72,9 +72,9 @@ from idempotency_django.heartbeat import Heartbeat
 from idempotency_django.responses import StoredResponse
 from idempotency_django.store import Snapshot, never
 from idempotency_django.store import database as database_store
+from idempotency_django.store.base import get_store
 from tests import records
 from tests.conftest import ON_REDIS
-from tests.records import ON_STORE_CLOCK
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -224,6 +224,12 @@ class EngineMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         CLOCK.now = START
+        # What the store the machine runs on does by itself (any store: the contract suite
+        # runs the machine on each, tests/store/test_contract.py): whether it expires its
+        # records (Redis) rather than leave them to the purge, and whether its leases and
+        # expiry run on its own clock.
+        self.expires_itself = not get_store().needs_purge
+        self.on_store_clock = records.keeps_own_clock()
         records.delete()
         self.heartbeat = ManualHeartbeat()
         self.records: dict[Key, Record] = {}
@@ -332,7 +338,7 @@ class EngineMachine(RuleBasedStateMachine):
         fingerprint = record.fingerprint if same else other_fingerprint(record.fingerprint)
         if self.expected_begin(key, fingerprint) != "claim":
             return multiple()
-        snapshot = options(None).store.read("default", scope(key).lookup(), fingerprint)
+        snapshot = options(None).store.read(scope(key), fingerprint)  # type: ignore[attr-defined]
         assert snapshot is not None
         assert snapshot.token == record.token
         return Read(key, fingerprint, snapshot)
@@ -456,10 +462,10 @@ class EngineMachine(RuleBasedStateMachine):
         its expiry."""
         delta = to - CLOCK.now
         CLOCK.now = to
-        if not ON_STORE_CLOCK:
+        if not self.on_store_clock:
             return
         records.age(delta)
-        if not ON_REDIS:
+        if not self.expires_itself:
             return
         for key, record in list(self.records.items()):
             if record.gone_at <= self.now:
@@ -490,13 +496,13 @@ class EngineMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.records)
     @rule(older_than=st.sampled_from((0, 10)), stale_after=st.sampled_from((0, 20)))
     def purge(self, older_than: int, stale_after: int) -> None:
-        if ON_REDIS:
+        if self.expires_itself:
             self.purge_on_redis(older_than, stale_after)
             return
         # On the store's own clock the real time of the steps has passed too: a lease that
         # lapses right now by the model has lapsed (by less than a step) when the purge reads
         # it, and counts as stale with a stale_after of 0.
-        now = self.now + (timedelta(microseconds=1) if ON_STORE_CLOCK else timedelta(0))
+        now = self.now + (timedelta(microseconds=1) if self.on_store_clock else timedelta(0))
         cutoff = now - timedelta(seconds=older_than)
         expired = {
             key
@@ -555,7 +561,7 @@ class EngineMachine(RuleBasedStateMachine):
             assert row.token == record.token
             assert row.fingerprint == record.fingerprint
             assert row.state == ("completed" if record.completed else "in_progress")
-            if ON_STORE_CLOCK:
+            if self.on_store_clock:
                 self.check_store_times(row.pk, record)
             else:
                 assert row.lease_expires_at == record.lease_expires_at
@@ -581,7 +587,7 @@ class EngineMachine(RuleBasedStateMachine):
         model = records.Times(
             lease=None if record.completed else ms(record.lease_expires_at),
             expires=ms(record.expires_at),
-            pttl=ms(record.gone_at) if ON_REDIS else None,
+            pttl=ms(record.gone_at) if self.expires_itself else None,
         )
         stored = records.retime(pk, model)
         assert stored is not None, f"{pk} vanished"

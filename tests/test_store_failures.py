@@ -298,11 +298,9 @@ def test_mariadb_too_many_connections_is_other_and_a_lost_connection_unreachable
         return error
 
     database_store = get_store(DEFAULT_STORE)
-    assert database_store.failure_kind("default", wrapped(1040, "Too many connections")) == (
-        "other"
-    )
+    assert database_store.failure_kind(wrapped(1040, "Too many connections")) == "other"
     lost = wrapped(2013, "Lost connection to server during query")
-    assert database_store.failure_kind("default", lost) == "unreachable"
+    assert database_store.failure_kind(lost) == "unreachable"
 
 
 # --- a completion that fails again and again is sent again until its lease may lapse -------

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -26,6 +26,8 @@ from idempotency_django.store import (
     lapsed_q,
     store,
 )
+from idempotency_django.store.base import Scope, Write
+from tests import writes
 from tests.conftest import Post, effects, wait_until
 from tests.project.views import gate
 from tests.test_concurrency import finish, lock_waiters, send
@@ -59,7 +61,13 @@ def _record(**fields: Any) -> IdempotencyRecord:
     return IdempotencyRecord.objects.create(**values)
 
 
-LOOKUP = {"account": "7", "endpoint": "POST /x/", "key": "k"}
+LOOKUP = Scope("7", "POST /x/", "k")
+
+
+def _write(token: str, now: datetime) -> Write:
+    return writes.write(
+        token, account="7", endpoint="POST /x/", key="k", lease=10, ttl=86400, now=now
+    )
 
 
 @pytest.mark.parametrize("use_tz", [True, False])
@@ -74,7 +82,7 @@ def test_the_raw_read_returns_what_the_orm_returns(settings: Any, use_tz: bool) 
         expires_at=now + timedelta(hours=1),
     )
     orm = IdempotencyRecord.objects.get()
-    read = store.read("default", LOOKUP, orm.fingerprint)
+    read = store.read(LOOKUP, orm.fingerprint)
 
     assert read is not None
     assert (read.pk, read.state, read.token, read.fingerprint) == (
@@ -105,32 +113,15 @@ def test_the_databases_clock_writes_times_in_the_zone_django_keeps_them_in(
     settings.USE_TZ = use_tz
     settings.TIME_ZONE = zone
     now = timezone.now()
-    values = {
-        **LOOKUP,
-        "fingerprint": "2:" + "a" * 64,
-        "state": State.IN_PROGRESS,
-        "token": "a" * 32,
-        "lease_expires_at": now + timedelta(seconds=10),
-        "response_headers": [],
-        "created_at": now,
-        "expires_at": now + timedelta(days=1),
-    }
 
-    assert store.claim_or_read("default", values, values["fingerprint"]) == CLAIMED
+    assert store.claim_or_read(_write("a" * 32, now)) == CLAIMED
 
     claimed = IdempotencyRecord.objects.get()
     assert abs(claimed.created_at - timezone.now()) < timedelta(seconds=5)
     assert claimed.lease_expires_at == claimed.created_at + timedelta(seconds=10)
     assert claimed.expires_at == claimed.created_at + timedelta(days=1)
-    done = timezone.now()
-    completion = {
-        "response_status": 201,
-        "response_headers": [],
-        "response_body": b"{}",
-        "completed_at": done,
-        "expires_at": done + timedelta(hours=1),
-    }
-    assert store.complete("default", LOOKUP, "a" * 32, completion)
+    completion = writes.completion(201, b"{}", headers=(), ttl=3600)
+    assert store.complete(LOOKUP, "a" * 32, completion)
     completed = IdempotencyRecord.objects.get()
     assert completed.completed_at is not None
     assert abs(completed.completed_at - timezone.now()) < timedelta(seconds=5)
@@ -140,8 +131,8 @@ def test_the_databases_clock_writes_times_in_the_zone_django_keeps_them_in(
 def test_a_completed_record_is_read_with_its_response_only_for_the_same_fingerprint() -> None:
     _record()
 
-    same = store.read("default", LOOKUP, "2:" + "a" * 64)
-    other = store.read("default", LOOKUP, "2:" + "b" * 64)
+    same = store.read(LOOKUP, "2:" + "a" * 64)
+    other = store.read(LOOKUP, "2:" + "b" * 64)
 
     assert same is not None
     assert same.stored is not None
@@ -154,19 +145,9 @@ def test_a_completed_record_is_read_with_its_response_only_for_the_same_fingerpr
 
 def test_claim_or_read_claims_once_then_reads_the_record() -> None:
     now = timezone.now()
-    values = {
-        **LOOKUP,
-        "fingerprint": "2:" + "a" * 64,
-        "state": State.IN_PROGRESS,
-        "token": "a" * 32,
-        "lease_expires_at": now + timedelta(seconds=10),
-        "response_headers": [],
-        "created_at": now,
-        "expires_at": now + timedelta(days=1),
-    }
 
-    first = store.claim_or_read("default", values, values["fingerprint"])
-    second = store.claim_or_read("default", {**values, "token": "b" * 32}, values["fingerprint"])
+    first = store.claim_or_read(_write("a" * 32, now))
+    second = store.claim_or_read(_write("b" * 32, now))
 
     assert first == CLAIMED
     assert second != CLAIMED
@@ -178,18 +159,12 @@ def test_claim_or_read_claims_once_then_reads_the_record() -> None:
 
 def test_completion_and_release_are_fenced_by_the_token() -> None:
     _record(state=State.IN_PROGRESS, lease_expires_at=timezone.now() + timedelta(seconds=10))
-    values = {
-        "response_status": 200,
-        "response_headers": [],
-        "response_body": b"x",
-        "completed_at": timezone.now(),
-        "expires_at": timezone.now() + timedelta(days=1),
-    }
+    values = writes.completion(200, b"x", headers=(), ttl=86400)
 
-    assert not store.complete("default", LOOKUP, "x" * 32, values)
-    assert store.release("default", LOOKUP, "x" * 32) == 0
+    assert not store.complete(LOOKUP, "x" * 32, values)
+    assert store.release(LOOKUP, "x" * 32) == 0
     assert IdempotencyRecord.objects.get().state == State.IN_PROGRESS
-    assert store.complete("default", LOOKUP, "t" * 32, values)
+    assert store.complete(LOOKUP, "t" * 32, values)
     record = IdempotencyRecord.objects.get()
     assert (record.state, record.response_status, bytes(record.response_body)) == (
         State.COMPLETED,
@@ -197,9 +172,9 @@ def test_completion_and_release_are_fenced_by_the_token() -> None:
         b"x",
     )
     assert record.lease_expires_at is None
-    assert not store.complete("default", LOOKUP, "t" * 32, values)  # only once
+    assert not store.complete(LOOKUP, "t" * 32, values)  # only once
     # Fenced by the state too: a late release (its first reply lost) keeps the outcome.
-    assert store.release("default", LOOKUP, "t" * 32) == 0
+    assert store.release(LOOKUP, "t" * 32) == 0
     assert IdempotencyRecord.objects.get().state == State.COMPLETED
 
 
@@ -233,7 +208,7 @@ def test_the_python_and_sql_definitions_agree_on_every_kind_of_record() -> None:
         "lapsed": set(records.filter(lapsed_q(now)).values_list("pk", flat=True)),
     }
     for key, pk in cases.items():
-        snapshot = store.read("default", {**LOOKUP, "key": key}, "")
+        snapshot = store.read(Scope(LOOKUP.account, LOOKUP.endpoint, key), "")
         assert snapshot is not None
         assert is_in_use(snapshot, now) is (pk in in_sql["in_use"]), key
         assert is_expired(snapshot, now) is (pk in in_sql["expired"]), key
@@ -285,10 +260,10 @@ def test_a_row_that_keeps_vanishing_under_a_request_ends_in_409_not_a_spin(
     retries a bounded number of times, then answers 409 without running the view."""
     calls = []
 
-    def always_vanished(alias: str, values: dict[str, Any], fingerprint: str) -> None:
-        calls.append(values["key"])
+    def always_vanished(self: DatabaseStore, write: Write) -> None:
+        calls.append(write.scope.key)
 
-    monkeypatch.setattr(store, "claim_or_read", always_vanished)
+    monkeypatch.setattr(DatabaseStore, "claim_or_read", always_vanished)
     response = post("/effect/", {"amount": 1})
 
     assert response.status_code == 409
@@ -325,9 +300,9 @@ def test_a_claim_that_waited_for_a_concurrent_claim_reads_the_row_it_lost_to(
     attempts: queue.Queue[str] = queue.Queue()
     claim_or_read = DatabaseStore.claim_or_read
 
-    def counted(self: DatabaseStore, alias: str, values: dict[str, Any], fingerprint: str) -> Any:
-        attempts.put(values["token"])
-        return claim_or_read(self, alias, values, fingerprint)
+    def counted(self: DatabaseStore, write: Write) -> Any:
+        attempts.put(write.token)
+        return claim_or_read(self, write)
 
     monkeypatch.setattr(DatabaseStore, "claim_or_read", counted)
     original, replay = a_duplicate_waiting_on_the_lock()

@@ -178,7 +178,7 @@ def test_datetimes_json_and_bytes_read_through_a_prepared_statement_are_the_orms
     settings.TIME_ZONE = "Europe/Paris"
     threshold(0)
     orm = _record(fingerprint="fp", response_body=b"\x00\xff{}")
-    read = [store.read("default", LOOKUP, "fp") for _ in range(3)][-1]  # prepared by now
+    read = [store.read(LOOKUP, "fp") for _ in range(3)][-1]  # prepared by now
 
     assert read is not None
     # Moved onto this process's clock by a few milliseconds (the database's now is read in

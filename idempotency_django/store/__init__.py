@@ -1,6 +1,7 @@
 """The record stores: every query on records and every definition of record state.
 
-``base`` holds the interface (``Store``), the record's states and the failure kinds;
+``base`` holds the interface (``Store``, and the ``Write``, ``Completion`` and ``Scope`` it
+is given), the record's states and the failure kinds;
 ``database`` the default store (rows of ``IdempotencyRecord``); ``redis`` the Redis/Valkey
 store. ``IDEMPOTENCY["STORE"]`` (or a view's ``store=``) selects one by dotted path. The
 names below stay importable from ``idempotency_django.store`` as before the package.
@@ -11,12 +12,19 @@ from __future__ import annotations
 from idempotency_django.store.base import (
     CLAIMED,
     DEFAULT_STORE,
+    Bindable,
     ClaimOrRead,
+    Completion,
     FailureKind,
+    Inspects,
+    Record,
+    Scope,
     Snapshot,
     Store,
     Stored,
     StoreError,
+    Times,
+    Write,
     expired_q,
     expiry,
     get_store,
@@ -34,13 +42,20 @@ __all__ = [
     "CLAIMED",
     "DEFAULT_STORE",
     "TIMESTAMPTZ_OID",
+    "Bindable",
     "ClaimOrRead",
+    "Completion",
     "DatabaseStore",
     "FailureKind",
+    "Inspects",
+    "Record",
+    "Scope",
     "Snapshot",
     "Store",
     "StoreError",
     "Stored",
+    "Times",
+    "Write",
     "expired_q",
     "expiry",
     "get_store",

@@ -1,6 +1,6 @@
 """What every store shares: the interface, the record's states, and the failure kinds.
 
-The lifecycle (``lifecycle.py``) and the decision table (``claims.py``) talk to a store only
+The I/O shell (``shell.py``) and the heartbeat (``heartbeat.py``) talk to a store only
 through ``Store``; each store keeps records its own way and translates its own errors into
 the failure kinds below, so that the one failure policy applies to every store. The one
 definition of which records are *in use*, *expired* (absent) and *lapsed* lives here, as
@@ -11,13 +11,14 @@ store: ``docs/stores.md``.
 
 from __future__ import annotations
 
+import copy
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
-from typing import Any, ClassVar, Final, Literal, Protocol, TypeAlias, runtime_checkable
+from typing import Any, ClassVar, Final, Literal, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -64,18 +65,67 @@ def store_alias() -> str:
     return conf.DATABASE or router.db_for_write(IdempotencyRecord)
 
 
-def lease_duration(values: dict[str, Any]) -> timedelta:
-    """The lease of a claim's or take-over's ``values``: a store writes it from its own
-    clock, so only the duration of what the engine computed on the app's clock counts."""
-    lease: timedelta = values["lease_expires_at"] - values["created_at"]
-    return lease
+# -- what a store is given: a scope, a claim's write, a completion ---------------------------
 
 
-def ttl_duration(values: dict[str, Any], since: str = "created_at") -> timedelta | None:
-    """The TTL of ``values`` (``expires_at`` less ``since``, the moment it counts from), or
-    None for a record kept forever (``never()``): a duration, for the store's own clock."""
-    expires: datetime = values["expires_at"]
-    return None if expires >= never() else expires - values[since]
+@dataclass(frozen=True)
+class Scope:
+    """A record's key: the idempotency key within its account and endpoint."""
+
+    account: str
+    endpoint: str
+    key: str
+
+    def lookup(self) -> dict[str, str]:
+        """The scope as keyword arguments (signals, log records, ORM filters)."""
+        return {"account": self.account, "endpoint": self.endpoint, "key": self.key}
+
+
+@dataclass(frozen=True)
+class Write:
+    """What a claim or a take-over writes: a record in progress under ``token``.
+
+    The times are the engine's, on the app's clock: ``created_at``, and the lease and TTL
+    counted from it. A store that keeps its own clock writes the durations from its own now
+    (``lease``, ``ttl``); one that does not, the moments (``lease_expires_at``,
+    ``expires_at``).
+    """
+
+    scope: Scope
+    token: str
+    fingerprint: str
+    created_at: datetime
+    lease: timedelta
+    ttl: timedelta | None  # None: the record is kept forever
+
+    @property
+    def lease_expires_at(self) -> datetime:
+        return self.created_at + self.lease
+
+    @property
+    def expires_at(self) -> datetime:
+        return never() if self.ttl is None else self.created_at + self.ttl
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What a completion writes over its claim: the outcome, and its TTL counted from
+    ``completed_at`` (the engine's now, on the app's clock)."""
+
+    status: int
+    headers: Sequence[tuple[str, str]]
+    body: bytes | None  # None: completed without a storable body (streamed or too large)
+    completed_at: datetime
+    ttl: timedelta | None  # None: the record is kept forever
+
+    @property
+    def expires_at(self) -> datetime:
+        return never() if self.ttl is None else self.completed_at + self.ttl
+
+
+def duration(seconds: float | None) -> timedelta | None:
+    """A lease's or TTL's seconds as a ``Write`` or ``Completion`` holds them."""
+    return None if seconds is None else timedelta(seconds=seconds)
 
 
 # -- the one definition of "in use", "absent" and "lapsed" ------------------------------------
@@ -170,46 +220,108 @@ gone again when read (released or taken over in between), a race to try again.""
 
 
 class Store(Protocol):
-    """What ``claims``, the lifecycle and the heartbeat need of a store.
+    """What the engine needs of a store: ``docs/stores.md``, "Writing another store".
 
-    ``alias`` is the database alias the request's work runs on (``store_alias``); the
-    database store keeps its records there, a store outside the database ignores it.
+    A store works on one database alias (``alias``): the database store keeps its records
+    there; a store outside the database ignores it. ``get_store()`` answers a store that
+    follows ``store_alias()`` (the setting, the routers) at each call; ``bind(alias)`` one
+    bound to ``alias`` for good, which the engine takes once per view and alias.
     """
 
-    #: The exceptions a store call raises when the store fails (classified by
-    #: ``failure_kind``); anything else is a bug and propagates.
-    errors: ClassVar[tuple[type[BaseException], ...]]
-    #: Whether a claim can live in the work's database transaction (atomic mode, and
-    #: "commit inside an open transaction becomes atomic"): the database store only.
-    transactional: ClassVar[bool]
-    #: Whether expired records must be deleted by ``purge_idempotency_keys``.
-    needs_purge: ClassVar[bool]
+    errors: ClassVar[tuple[type[BaseException], ...]]  # what a failing call raises
+    transactional: ClassVar[bool]  # a claim can live in the work's transaction
+    needs_purge: ClassVar[bool]  # expired records stay until purge_idempotency_keys
 
-    def claim_or_read(
-        self, alias: str, values: dict[str, Any], fingerprint: str
-    ) -> ClaimOrRead: ...
-    def claim(self, alias: str, values: dict[str, Any]) -> bool: ...
-    def read_stored(self, alias: str, pk: Any) -> Stored | None: ...
-    def take_over(self, alias: str, record: Snapshot, values: dict[str, Any]) -> bool: ...
-    def complete(
-        self, alias: str, lookup: dict[str, str], token: str, values: dict[str, Any]
-    ) -> bool: ...
-    def is_completed(self, alias: str, lookup: dict[str, str], token: str) -> bool: ...
-    def release(self, alias: str, lookup: dict[str, str], token: str) -> int: ...
-    def renew(
-        self, alias: str, claims: Sequence[tuple[dict[str, str], str]], lease: float, timeout: float
-    ) -> int: ...
-    def failure_kind(self, alias: str, error: BaseException) -> FailureKind: ...
-    def in_transaction(self, alias: str) -> bool: ...
-    def reset(self, alias: str) -> None: ...
-    def usable(self, alias: str) -> bool: ...
-    def oldest_expired(self, alias: str) -> datetime | None:
-        """The expiry of the oldest expired record still present (``expired_q``: past its
-        TTL and not in use), on the store's clock; ``None`` when there is none, or when the
-        store expires its records itself (``needs_purge`` false: nothing lags). Read
-        through the expiry index, so that it costs a few index pages at any table size:
-        the purge lag (now less this) is what health checks and metrics report."""
+    @property
+    def alias(self) -> str:
+        """The database alias this store works on."""
         ...
+
+    def bind(self, alias: str) -> Store:
+        """This store, working on ``alias``."""
+        ...
+
+    def claim_or_read(self, write: Write) -> ClaimOrRead:
+        """Insert ``write`` if its scope is absent, else read the record in the way."""
+        ...
+
+    def claim(self, write: Write) -> bool:
+        """Insert ``write`` if its scope is absent: True when this call inserted it."""
+        ...
+
+    def read_stored(self, pk: Any) -> Stored | None:
+        """The stored response of the completed record ``pk`` (``None``: not completed)."""
+        ...
+
+    def take_over(self, record: Snapshot, write: Write) -> bool:
+        """Replace ``record`` if it is still the same and expired or lapsed."""
+        ...
+
+    def complete(self, scope: Scope, token: str, completion: Completion) -> bool:
+        """Store the outcome, if ``token`` still holds the claim in progress."""
+        ...
+
+    def is_completed(self, scope: Scope, token: str) -> bool:
+        """Whether ``token``'s claim of ``scope`` completed (a resent completion)."""
+        ...
+
+    def release(self, scope: Scope, token: str) -> int:
+        """Delete the claim in progress, if ``token`` still holds it: how many deleted."""
+        ...
+
+    def renew(self, claims: Sequence[tuple[Scope, str]], lease: float, timeout: float) -> int:
+        """Push each claim's lease to ``lease`` s from now, within ``timeout`` s: how many."""
+        ...
+
+    def oldest_expired(self) -> datetime | None:
+        """The oldest expiry past which a record is still present (``None``: none)."""
+        ...
+
+    def failure_kind(self, error: BaseException) -> FailureKind:
+        """What one of ``errors`` means for the failure policy."""
+        ...
+
+    def in_transaction(self) -> bool:
+        """Whether a call now would run inside an open transaction (never retried)."""
+        ...
+
+    def reset(self) -> None:
+        """Drop the connection, so that the next call opens a new one."""
+        ...
+
+    def usable(self) -> bool:
+        """Whether the connection still works (closes it when it does not)."""
+        ...
+
+
+S = TypeVar("S")
+
+
+class Bindable:
+    """``alias`` and ``bind`` for a store class: a store bound to an alias is a shallow
+    copy of the unbound one (``get_store``'s), made once per alias and kept. The unbound
+    store follows ``store_alias()`` at each call, so that a test's or a router's change is
+    seen; the engine binds once per view and alias, and pays nothing per request."""
+
+    _alias: str | None = None
+    _bound: dict[str, Any]
+
+    @property
+    def alias(self) -> str:
+        return store_alias() if self._alias is None else self._alias
+
+    def bind(self: S, alias: str) -> S:
+        this: Any = self
+        if this._alias == alias:
+            return self
+        root = this._root if this._alias is not None else this
+        bound = root.__dict__.setdefault("_bound", {})
+        found: S | None = bound.get(alias)
+        if found is None:
+            copied: Any = copy.copy(root)
+            copied._alias, copied._root = alias, root
+            found = bound[alias] = copied
+        return found
 
 
 @runtime_checkable
@@ -217,15 +329,15 @@ class BoundsLockWaits(Protocol):
     """A store whose claims can wait on a row lock held by a concurrent transaction (the
     database store, in atomic mode), and that can bound that wait."""
 
-    def lock_wait(self, alias: str, seconds: float) -> AbstractContextManager[None]: ...
+    def lock_wait(self, seconds: float) -> AbstractContextManager[None]: ...
 
 
-def lock_wait(store: Store, alias: str, seconds: float | None) -> AbstractContextManager[None]:
+def lock_wait(store: Store, seconds: float | None) -> AbstractContextManager[None]:
     """Bound the row-lock waits of the claim run inside to ``seconds`` (``None``: leave them
     as they are), where ``store`` can wait on a lock at all."""
     if seconds is None or not isinstance(store, BoundsLockWaits):
         return nullcontext()
-    return store.lock_wait(alias, seconds)
+    return store.lock_wait(seconds)
 
 
 @runtime_checkable
@@ -234,15 +346,93 @@ class ChecksHealth(Protocol):
     makes one round trip and raises the store's errors; ``bounded_reads`` bounds the reads
     run inside (``oldest_expired``). A store without them is probed with ``usable``."""
 
-    def ping(self, alias: str, timeout: float) -> None: ...
-    def bounded_reads(self, alias: str, timeout: float) -> AbstractContextManager[None]: ...
+    def ping(self, timeout: float) -> None: ...
+    def bounded_reads(self, timeout: float) -> AbstractContextManager[None]: ...
 
 
 @runtime_checkable
 class CountsInUse(Protocol):
     """A store that can count an account's records in use (``MAX_IN_FLIGHT_PER_ACCOUNT``)."""
 
-    def count_in_use(self, alias: str, account: str, now: datetime, limit: int) -> int: ...
+    def count_in_use(self, account: str, now: datetime, limit: int) -> int: ...
+
+
+# -- inspection: whole records, for tests and operators' tools --------------------------------
+
+
+@dataclass(frozen=True)
+class Record:
+    """A whole record, as an inspection reads or writes it, whatever the store's layout.
+
+    ``pk``: the database's primary key, the Redis store's record key (``None``: not written
+    yet). A store that keeps only a digest of the scope (Redis) reads ``account``,
+    ``endpoint`` and ``key`` as ``None`` unless it saw that scope (``remember_scopes``), and
+    keeps neither ``created_at`` nor ``completed_at``.
+    """
+
+    pk: Any
+    account: str | None
+    endpoint: str | None
+    key: str | None
+    state: str
+    token: str
+    fingerprint: str
+    lease_expires_at: datetime | None
+    expires_at: datetime
+    response_status: int | None
+    response_headers: list[list[str]] | None
+    response_body: bytes | None
+    created_at: datetime | None = None
+    completed_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Times:
+    """A record's lease, expiry and (Redis) PTTL in ms from now by the store's clock (None:
+    none, or a store without a PTTL)."""
+
+    lease: int | None
+    expires: int | None
+    pttl: int | None
+
+
+@runtime_checkable
+class Inspects(Protocol):
+    """A store whose records tests and tools can read and write whole, in its own layout
+    and on its own clock. Never on a request's path: nothing here is fenced or fast."""
+
+    def keeps_own_clock(self) -> bool:
+        """Whether leases and expiry run on the store's clock, which a test cannot fake."""
+        ...
+
+    def remember_scopes(self) -> None:
+        """Name ``records()`` by the scopes this process uses from now on (a store that
+        keeps only a digest of the scope; nothing to do for one that keeps it)."""
+        ...
+
+    def records(self) -> list[Record]:
+        """Every record (expired ones a store has not deleted yet included)."""
+        ...
+
+    def put(self, record: Record, fields: Collection[str] | None = None) -> Record:
+        """Write ``record`` as the store would (a new one when its ``pk`` is ``None``):
+        ``fields``, the ones that changed or were given (``None``: all)."""
+        ...
+
+    def drop(self, record: Record) -> None:
+        """Delete ``record``."""
+        ...
+
+    def age(self, delta: timedelta) -> list[Any]:
+        """Every record as the store would hold it ``delta`` later (its times that much
+        earlier): the pks of those the store would have deleted by then, now deleted."""
+        ...
+
+    def retime(self, pk: Any, times: Times) -> Times | None:
+        """Set the record's lease, expiry and PTTL to ``times`` from now by the store's
+        clock (``None``: left as they are, no PTTL); the times it had (``None``: no such
+        record)."""
+        ...
 
 
 DEFAULT_STORE: Final = "idempotency_django.store.database.DatabaseStore"

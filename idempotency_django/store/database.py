@@ -18,7 +18,7 @@ import logging
 import math
 import sqlite3
 import zoneinfo
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -35,23 +35,37 @@ from django.db import (
     transaction,
 )
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import CharField, DateTimeField, Expression, Field, Q, QuerySet
+from django.db.models import (
+    Case,
+    CharField,
+    DateTimeField,
+    Expression,
+    F,
+    Field,
+    Q,
+    QuerySet,
+    When,
+)
 from django.utils import timezone
 
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store.base import (
     CLAIMED,
+    Bindable,
     ClaimOrRead,
+    Completion,
     FailureKind,
+    Record,
+    Scope,
     Snapshot,
     Stored,
+    Times,
+    Write,
     expired_q,
     lapsed_q,
-    lease_duration,
     never,
     shared,
     stored,
-    ttl_duration,
 )
 
 logger = logging.getLogger("idempotency_django")
@@ -76,8 +90,9 @@ _MYSQL_CONTENTION = frozenset({1205, 1213})
 _MYSQL_UNREACHABLE = frozenset({1053, 1927, 2002, 2003, 2005, 2006, 2013, 2055, 4031})
 
 
-class DatabaseStore:
-    """Records as rows of ``IdempotencyRecord`` in a Django database."""
+class DatabaseStore(Bindable):
+    """Records as rows of ``IdempotencyRecord`` in a Django database: the database of its
+    ``alias`` (``bind``)."""
 
     errors: ClassVar[tuple[type[BaseException], ...]] = (DatabaseError,)
     transactional: ClassVar[bool] = True
@@ -86,7 +101,7 @@ class DatabaseStore:
     def _records(self, alias: str) -> Any:
         return IdempotencyRecord.objects.using(alias)
 
-    def claim_or_read(self, alias: str, values: dict[str, Any], fingerprint: str) -> ClaimOrRead:
+    def claim_or_read(self, write: Write) -> ClaimOrRead:
         """Claim the key, or read the record the claim lost to (``read``'s columns).
 
         PostgreSQL: one round trip, the insert and the read in one statement
@@ -98,14 +113,16 @@ class DatabaseStore:
         SQLite has no ``INSERT`` in a CTE; it is a local file, where a round trip is a
         function call.
         """
+        alias = self.alias
         statements = _statements(alias)
+        values = _claim_values(write)
         if statements.claim_or_read is not None:
             return self._pg_claim_or_read(
-                alias, statements, statements.claim_or_read, values, fingerprint
+                alias, statements, statements.claim_or_read, values, write.fingerprint
             )
-        if self.claim(alias, values):
+        if self._claim(alias, values):
             return CLAIMED
-        return self.read(alias, _lookup(values), fingerprint)
+        return self._read(alias, write.scope, write.fingerprint)
 
     def _pg_claim_or_read(
         self,
@@ -139,18 +156,21 @@ class DatabaseStore:
             _fetchone,
         )
         if row is None:
-            return self.read(alias, _lookup(values), fingerprint)
+            return self._read(alias, _scope(values), fingerprint)
         if row[0]:
             return CLAIMED
         return statements.snapshot(row[1:], connection)
 
-    def claim(self, alias: str, values: dict[str, Any]) -> bool:
+    def claim(self, write: Write) -> bool:
         """Insert the record if its key is absent: True when this call inserted it.
 
         One statement, no read first: the unique index decides between any number of
         concurrent claims. On MariaDB/MySQL a plain ``INSERT`` whose duplicate-key error is
         caught (``INSERT IGNORE`` would also turn every other error into a silent no-op).
         """
+        return self._claim(self.alias, _claim_values(write))
+
+    def _claim(self, alias: str, values: dict[str, Any]) -> bool:
         connection = connections[alias]
         statements = _statements(alias)
         params = _claim_params(statements, values, connection)
@@ -172,7 +192,11 @@ class DatabaseStore:
             return False
         return True
 
-    def read(self, alias: str, lookup: dict[str, str], fingerprint: str) -> Snapshot | None:
+    def read(self, scope: Scope, fingerprint: str) -> Snapshot | None:
+        """The record of ``scope`` as a losing claim reads it (``_read``): for tests and tools."""
+        return self._read(self.alias, scope, fingerprint)
+
+    def _read(self, alias: str, scope: Scope, fingerprint: str) -> Snapshot | None:
         """The record a claim lost to, with its stored response only if it will be replayed
         (completed, same fingerprint): a 409 or 422 never loads a body.
 
@@ -189,24 +213,24 @@ class DatabaseStore:
                 fingerprint,
                 fingerprint,
                 *_now_params(statements, connection),
-                lookup["account"],
-                lookup["endpoint"],
-                lookup["key"],
+                scope.account,
+                scope.endpoint,
+                scope.key,
             ],
             _fetchone,
         )
         return None if row is None else statements.snapshot(row, connection)
 
-    def read_stored(self, alias: str, pk: int) -> Stored | None:
+    def read_stored(self, pk: int) -> Stored | None:
         row = (
-            self._records(alias)
+            self._records(self.alias)
             .filter(pk=pk, state=State.COMPLETED)
             .values_list("response_status", "response_headers", "response_body")
             .first()
         )
         return None if row is None else stored(*row)
 
-    def take_over(self, alias: str, record: Snapshot, values: dict[str, Any]) -> bool:
+    def take_over(self, record: Snapshot, write: Write) -> bool:
         """Claim a record that counts as absent, or whose lease lapsed, unless it changed.
 
         The conditions are re-checked in the ``UPDATE`` itself (the same definitions the
@@ -214,16 +238,27 @@ class DatabaseStore:
         request that took the row over first, makes it match nothing, whatever this app
         server's clock says. The new lease and expiry count from the database's now too.
         """
-        now: Any = values["created_at"]
+        alias = self.alias
+        now: Any = write.created_at
+        values: dict[str, Any] = {
+            "fingerprint": write.fingerprint,
+            "state": State.IN_PROGRESS,
+            "token": write.token,
+            "lease_expires_at": write.lease_expires_at,
+            "response_status": None,
+            "response_headers": [],
+            "response_body": None,
+            "created_at": now,
+            "completed_at": None,
+            "expires_at": write.expires_at,
+        }
         if has_own_clock(connections[alias]):
             now = DatabaseNow()
-            ttl = ttl_duration(values)
-            values = {
-                **values,
-                "created_at": now,
-                "lease_expires_at": DatabaseNow(lease_duration(values)),
-                "expires_at": never() if ttl is None else DatabaseNow(ttl),
-            }
+            values.update(
+                created_at=now,
+                lease_expires_at=DatabaseNow(write.lease),
+                expires_at=never() if write.ttl is None else DatabaseNow(write.ttl),
+            )
         updated: int = (
             self._records(alias)
             .filter(expired_q(now) | lapsed_q(now), pk=record.pk, token=record.token)
@@ -231,15 +266,21 @@ class DatabaseStore:
         )
         return updated == 1
 
-    def complete(
-        self, alias: str, lookup: dict[str, str], token: str, values: dict[str, Any]
-    ) -> bool:
+    def complete(self, scope: Scope, token: str, completion: Completion) -> bool:
         """Store the outcome, fenced by the claim's token and the in-progress state: a
         claim that was taken over matches nothing (``rowcount`` 0)."""
+        alias = self.alias
         connection = connections[alias]
+        values = {
+            "response_status": completion.status,
+            "response_headers": [list(pair) for pair in completion.headers],
+            "response_body": completion.body,
+            "completed_at": completion.completed_at,
+            "expires_at": completion.expires_at,
+        }
         statements = _statements(alias)
         params = _prepared(statements.complete_fields, values, connection)
-        times = _time_params(statements, connection, values, "completed_at")
+        times = _time_params(statements, connection, values, "completed_at", completion.ttl)
         with transaction.mark_for_rollback_on_error(alias):
             updated = _execute(
                 connection,
@@ -248,7 +289,9 @@ class DatabaseStore:
                     State.COMPLETED.value,
                     *params,
                     *times,
-                    *_key(lookup),
+                    scope.account,
+                    scope.endpoint,
+                    scope.key,
                     token,
                     State.IN_PROGRESS.value,
                 ],
@@ -256,28 +299,33 @@ class DatabaseStore:
             )
         return updated == 1
 
-    def is_completed(self, alias: str, lookup: dict[str, str], token: str) -> bool:
+    def is_completed(self, scope: Scope, token: str) -> bool:
         return bool(
-            self._records(alias).filter(token=token, state=State.COMPLETED, **lookup).exists()
+            self._records(self.alias)
+            .filter(token=token, state=State.COMPLETED, **scope.lookup())
+            .exists()
         )
 
-    def release(self, alias: str, lookup: dict[str, str], token: str) -> int:
+    def release(self, scope: Scope, token: str) -> int:
         """Delete the claim's record, fenced by its token and the in-progress state: one
         statement (the ORM's ``delete()`` wraps its ``DELETE`` in a transaction: two more
         round trips)."""
+        alias = self.alias
         connection = connections[alias]
         with transaction.mark_for_rollback_on_error(alias):
             return _execute(
-                connection, _statements(alias).release, [*_key(lookup), token], _rowcount
+                connection,
+                _statements(alias).release,
+                [scope.account, scope.endpoint, scope.key, token],
+                _rowcount,
             )
 
-    def renew(
-        self, alias: str, claims: Sequence[tuple[dict[str, str], str]], lease: float, timeout: float
-    ) -> int:
+    def renew(self, claims: Sequence[tuple[Scope, str]], lease: float, timeout: float) -> int:
         """Push the lease of each in-progress ``(lookup, token)`` to ``lease`` seconds from
         the database's now, in one statement bounded by ``timeout`` (``_statement_timeout``);
         returns how many records were renewed. A record that was taken over (another
         token) or completed is left alone."""
+        alias = self.alias
         connection = connections[alias]
         statements = _statements(alias)
         duration = timedelta(seconds=lease)
@@ -286,23 +334,23 @@ class DatabaseStore:
             # wait for its lock (``clock_timestamp()``); SQLite from now, on this process's
             # clock, taken after any wait for the connection or the transaction.
             params = _clock_params(connection, duration, timezone.now() + duration)
-            for lookup, token in claims:
-                params += [*_key(lookup), token]
+            for scope, token in claims:
+                params += [scope.account, scope.endpoint, scope.key, token]
             return _execute(connection, statements.renew_many(len(claims)), params, _rowcount)
 
-    def lock_wait(self, alias: str, seconds: float) -> AbstractContextManager[None]:
+    def lock_wait(self, seconds: float) -> AbstractContextManager[None]:
         """Bound how long the claim run inside waits for a row lock (``_lock_timeout``):
         in atomic mode a duplicate's insert waits on the first request's transaction."""
-        return _lock_timeout(alias, seconds)
+        return _lock_timeout(self.alias, seconds)
 
-    def count_in_use(self, alias: str, account: str, now: datetime, limit: int) -> int:
+    def count_in_use(self, account: str, now: datetime, limit: int) -> int:
         """How many of ``account``'s records are in use (in progress under a live lease),
         counted no further than ``limit``. PostgreSQL and SQLite read the partial index of
         in-progress records (``idempotency_record_in_use``, migration 0005); MariaDB/MySQL,
         which have no partial indexes, the in-progress records of every account (the
         ``(state, lease_expires_at)`` index) or the account's records (the unique index),
         whichever the planner expects fewer of."""
-        connection = connections[alias]
+        connection = connections[self.alias]
         fields = {field.name: field for field in IdempotencyRecord._meta.concrete_fields}
         column = {
             name: connection.ops.quote_name(str(field.column)) for name, field in fields.items()
@@ -322,13 +370,13 @@ class DatabaseStore:
         row = _execute(connection, sql, [account, *now_params, limit], _fetchone)
         return int(row[0])
 
-    def oldest_expired(self, alias: str) -> datetime | None:
+    def oldest_expired(self) -> datetime | None:
         """The expiry of the oldest expired record still present, or ``None``: the first
         entry of the ``expires_at`` index past which a record is expired by the database's
         clock (an in-progress record under a live lease is in use, not expired, whatever
         its TTL says, and the purge keeps it). One short index walk, at any table size."""
         first: datetime | None = (
-            self._records(alias)
+            self._records(self.alias)
             .filter(expired_q(DatabaseNow()))
             .order_by("expires_at")
             .values_list("expires_at", flat=True)
@@ -336,30 +384,30 @@ class DatabaseStore:
         )
         return first
 
-    def ping(self, alias: str, timeout: float) -> None:
+    def ping(self, timeout: float) -> None:
         """One round trip to the records table, bounded by ``timeout`` (``bounded_reads``):
         the health check's. Reads no row (a primary key no record has), but needs the
         connection, the server and the table: a database that is down, a table that was
         never migrated, a server that stalls are each a ``DatabaseError``."""
-        with self.bounded_reads(alias, timeout):
-            self._records(alias).filter(pk=0).exists()
+        with self.bounded_reads(timeout):
+            self._records(self.alias).filter(pk=0).exists()
 
-    def bounded_reads(self, alias: str, timeout: float) -> AbstractContextManager[None]:
+    def bounded_reads(self, timeout: float) -> AbstractContextManager[None]:
         """Bound the ``SELECT`` statements run inside to ``timeout`` seconds on the
         server, as the heartbeat bounds its renewals (``_statement_timeout``)."""
-        return _statement_timeout(alias, timeout, verb="SELECT")
+        return _statement_timeout(self.alias, timeout, verb="SELECT")
 
-    def in_transaction(self, alias: str) -> bool:
-        return connections[alias].in_atomic_block
+    def in_transaction(self) -> bool:
+        return connections[self.alias].in_atomic_block
 
-    def reset(self, alias: str) -> None:
-        """Drop ``alias``'s connection, so that the next call opens a new one."""
+    def reset(self) -> None:
+        """Drop the alias's connection, so that the next call opens a new one."""
         with suppress(DatabaseError):
-            connections[alias].close()
+            connections[self.alias].close()
 
-    def usable(self, alias: str) -> bool:
-        """Whether ``alias``'s connection still works; closes it when it does not."""
-        connection = connections[alias]
+    def usable(self) -> bool:
+        """Whether the alias's connection still works; closes it when it does not."""
+        connection = connections[self.alias]
         with suppress(Exception):
             if connection.connection is not None and connection.is_usable():
                 return True
@@ -367,13 +415,95 @@ class DatabaseStore:
             connection.close()
         return False
 
-    def failure_kind(self, alias: str, error: BaseException) -> FailureKind:
+    def failure_kind(self, error: BaseException) -> FailureKind:
         """Tell "the store cannot be reached" from "a concurrent transaction is in the way".
 
         Only the first may fail open; contention is what a concurrent duplicate causes and
         must never let a second execution through.
         """
-        return error_kind(error, connections[alias].vendor)
+        return error_kind(error, connections[self.alias].vendor)
+
+    # -- inspection (``base.Inspects``): tests and tools, never a request's path -------------
+
+    def keeps_own_clock(self) -> bool:
+        return has_own_clock(connections[self.alias])
+
+    def remember_scopes(self) -> None:
+        """Nothing to remember: a row keeps its scope."""
+
+    def records(self) -> list[Record]:
+        return [_record(row) for row in self._records(self.alias).all()]
+
+    def put(self, record: Record, fields: Collection[str] | None = None) -> Record:
+        names = [name for name in _RECORD_FIELDS if fields is None or name in fields]
+        values = {name: getattr(record, name) for name in names}
+        if record.pk is None:
+            return _record(self._records(self.alias).create(**values))
+        self._records(self.alias).filter(pk=record.pk).update(**values)
+        return record
+
+    def drop(self, record: Record) -> None:
+        self._records(self.alias).filter(pk=record.pk).delete()
+
+    def age(self, delta: timedelta) -> list[Any]:
+        """Every time of every row ``delta`` earlier (but ``never()``): the database
+        deletes nothing by itself."""
+        self._records(self.alias).update(
+            lease_expires_at=F("lease_expires_at") - delta,
+            expires_at=Case(
+                When(expires_at__gte=never(), then=F("expires_at")),
+                default=F("expires_at") - delta,
+            ),
+            created_at=F("created_at") - delta,
+            completed_at=F("completed_at") - delta,
+        )
+        return []
+
+    def retime(self, pk: Any, times: Times) -> Times | None:
+        rows = self._records(self.alias).filter(pk=pk)
+        old = (
+            rows.annotate(now=DatabaseNow()).values("lease_expires_at", "expires_at", "now").first()
+        )
+        if old is None:
+            return None
+        changes = {
+            name: DatabaseNow(timedelta(milliseconds=ms))
+            for name, ms in (("lease_expires_at", times.lease), ("expires_at", times.expires))
+            if ms is not None
+        }
+        if changes:
+            rows.update(**changes)
+
+        def ms(when: datetime | None) -> int | None:
+            if when is None or when >= never():
+                return None
+            now: datetime = old["now"]
+            return round((when - now).total_seconds() * 1000)
+
+        return Times(lease=ms(old["lease_expires_at"]), expires=ms(old["expires_at"]), pttl=None)
+
+
+_RECORD_FIELDS = tuple(name for name in Record.__dataclass_fields__ if name != "pk")
+
+
+def _record(row: IdempotencyRecord) -> Record:
+    body = row.response_body
+    return Record(
+        pk=row.pk,
+        account=row.account,
+        endpoint=row.endpoint,
+        key=row.key,
+        state=row.state,
+        token=row.token,
+        fingerprint=row.fingerprint,
+        lease_expires_at=row.lease_expires_at,
+        expires_at=row.expires_at,
+        response_status=row.response_status,
+        response_headers=row.response_headers,
+        response_body=None if body is None else bytes(body),
+        created_at=row.created_at,
+        completed_at=row.completed_at,
+    )
 
 
 def rolled_back(error: BaseException) -> bool:
@@ -382,7 +512,7 @@ def rolled_back(error: BaseException) -> bool:
     "contention" kind). Nothing of that statement committed, and its transaction is gone
     (PostgreSQL aborts it; MariaDB rolls it back on a deadlock, and Django's ``atomic``
     does on the way out after a lock timeout): the lifecycle's unknown-outcome rule
-    (``lifecycle.outcome_unknown``) counts it as a known failure. The vendor is the
+    (``decisions.outcome_unknown``) counts it as a known failure. The vendor is the
     driver's, told by the error itself: the work's database need not be the store's."""
     return error_kind(error, _vendor_of(error)) == "contention"
 
@@ -631,18 +761,43 @@ def _key(values: dict[str, Any]) -> tuple[str, str, str]:
     return values["account"], values["endpoint"], values["key"]
 
 
-def _lookup(values: dict[str, Any]) -> dict[str, str]:
-    return {"account": values["account"], "endpoint": values["endpoint"], "key": values["key"]}
+def _scope(values: dict[str, Any]) -> Scope:
+    return Scope(values["account"], values["endpoint"], values["key"])
+
+
+def _claim_values(write: Write) -> dict[str, Any]:
+    """A claim's columns (``_CLAIM_FIELDS`` and ``_CLAIM_TIMES``)."""
+    scope = write.scope
+    return {
+        "account": scope.account,
+        "endpoint": scope.endpoint,
+        "key": scope.key,
+        "fingerprint": write.fingerprint,
+        "state": State.IN_PROGRESS,
+        "token": write.token,
+        "lease_expires_at": write.lease_expires_at,
+        "response_headers": [],
+        "created_at": write.created_at,
+        "expires_at": write.expires_at,
+    }
 
 
 def _claim_params(statements: _Statements, values: dict[str, Any], connection: Any) -> list[Any]:
     if len(values) != len(statements.claim_fields) + len(_CLAIM_TIMES):
         names = [f.name for f in statements.claim_fields] + list(_CLAIM_TIMES)
         raise ValueError(f"a claim sets {sorted(names)}")
+    lease = values["lease_expires_at"] - values["created_at"]
     return [
         *_prepared(statements.claim_fields, values, connection),
-        *_time_params(statements, connection, values, "created_at"),
+        *_time_params(statements, connection, values, "created_at", _ttl(values), lease),
     ]
+
+
+def _ttl(values: dict[str, Any], since: str = "created_at") -> timedelta | None:
+    """The TTL of ``values`` (``expires_at`` less ``since``), or None for a record kept
+    forever (``never()``): a duration, for the database's own clock."""
+    expires: datetime = values["expires_at"]
+    return None if expires >= never() else expires - values[since]
 
 
 def _prepared(
@@ -728,7 +883,12 @@ def _expiry_params(connection: Any, ttl: timedelta | None, app_time: datetime) -
 
 
 def _time_params(
-    statements: _Statements, connection: Any, values: dict[str, Any], since: str
+    statements: _Statements,
+    connection: Any,
+    values: dict[str, Any],
+    since: str,
+    ttl: timedelta | None,
+    lease: timedelta | None = None,
 ) -> list[Any]:
     """The parameters of the times a claim (``since="created_at"``: ``_CLAIM_TIMES``) or a
     completion (``"completed_at"``: ``_COMPLETE_TIMES``) writes: only the durations of the
@@ -740,8 +900,8 @@ def _time_params(
     start = values[since]
     params = _clock_params(connection, _ZERO, start)
     if since == "created_at":
-        params += _clock_params(connection, lease_duration(values), values["lease_expires_at"])
-    return params + _expiry_params(connection, ttl_duration(values, since), values["expires_at"])
+        params += _clock_params(connection, lease, values["lease_expires_at"])
+    return params + _expiry_params(connection, ttl, values["expires_at"])
 
 
 def _now_params(statements: _Statements, connection: Any) -> list[Any]:

@@ -17,9 +17,11 @@ import hashlib
 import importlib
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from typing import Any, ClassVar, TypeVar
 
 from django.core import checks
@@ -30,12 +32,18 @@ from idempotency_django.conf import conf, is_number
 from idempotency_django.store.base import (
     CLAIMED,
     ClaimOrRead,
+    Completion,
     FailureKind,
+    Record,
+    Scope,
     Snapshot,
     Stored,
     StoreError,
+    Times,
+    Write,
     never,
     shared,
+    store_alias,
 )
 
 try:
@@ -253,11 +261,11 @@ return renewed
 )
 
 
-def record_key(prefix: str, lookup: dict[str, str]) -> str:
+def record_key(prefix: str, scope: Scope) -> str:
     """The record's key: its scope hashed (any length, any characters), inside a hash tag
     so that every key of the record lives in one cluster slot."""
-    scope = "\x00".join((lookup["account"], lookup["endpoint"], lookup["key"]))
-    digest = hashlib.sha256(scope.encode("utf-8", "surrogatepass")).hexdigest()
+    joined = "\x00".join((scope.account, scope.endpoint, scope.key))
+    digest = hashlib.sha256(joined.encode("utf-8", "surrogatepass")).hexdigest()
     return f"{prefix}:{{{digest}}}"
 
 
@@ -348,7 +356,7 @@ class RedisStore:
 
     def _connect(self, options: dict[str, Any], socket_timeout: float | None = None) -> Any:
         """A client that never retries on its own: a command that timed out may have run,
-        and the lifecycle decides (``claims.reconnecting`` retries a lost connection once).
+        and the lifecycle decides (``shell.reconnecting`` retries a lost connection once).
         ``socket_timeout``: shorter than ``SOCKET_TIMEOUT`` (the heartbeat's, ``renew``)."""
         timeout = options["SOCKET_TIMEOUT"] if socket_timeout is None else socket_timeout
         connect_timeout = min(options["CONNECT_TIMEOUT"], timeout)
@@ -386,8 +394,18 @@ class RedisStore:
         }
         return client
 
-    def key(self, lookup: dict[str, str], options: dict[str, Any] | None = None) -> str:
-        return record_key(str((options or self.options())["KEY_PREFIX"]), lookup)
+    # -- the database alias: not this store's, whose records are in Redis ------------------
+
+    @property
+    def alias(self) -> str:
+        return store_alias()
+
+    def bind(self, alias: str) -> RedisStore:
+        """This store: it keeps no record in the database, whatever the alias."""
+        return self
+
+    def key(self, scope: Scope, options: dict[str, Any] | None = None) -> str:
+        return record_key(str((options or self.options())["KEY_PREFIX"]), scope)
 
     def _call(self, operation: Callable[[Any], T], client: Any = None) -> T:
         """``operation(client)``, any failure of the client a ``StoreError``: every call the
@@ -442,37 +460,37 @@ class RedisStore:
 
     # -- the Store interface ----------------------------------------------------------------
 
-    def claim_or_read(self, alias: str, values: dict[str, Any], fingerprint: str) -> ClaimOrRead:
+    def claim_or_read(self, write: Write) -> ClaimOrRead:
         options = self.options()  # read once per call: the hot path's (docs/performance.md)
-        key = self.key(values, options)
+        key = self.key(write.scope, options)
         reply, acked = self._run_replicated(
             "claim",
             [key],
             [
-                values["token"],
-                _ms(_seconds(values["lease_expires_at"] - values["created_at"])),
-                _ms(_ttl(values)),
-                _meta(values["fingerprint"]),
+                write.token,
+                _ms(_seconds(write.lease)),
+                _ms(None if write.ttl is None else _seconds(write.ttl)),
+                _meta(write.fingerprint),
             ],
             options,
         )
         if reply[0] == 1:
-            self._replicated(acked, key, values["token"], "claim")
+            self._replicated(acked, key, write.token, "claim")
             return CLAIMED
-        return _snapshot(key, bytes(reply[2]), int(reply[1]), fingerprint)
+        return _snapshot(key, bytes(reply[2]), int(reply[1]), write.fingerprint)
 
-    def claim(self, alias: str, values: dict[str, Any]) -> bool:
-        return self.claim_or_read(alias, values, values["fingerprint"]) == CLAIMED
+    def claim(self, write: Write) -> bool:
+        return self.claim_or_read(write) == CLAIMED
 
-    def read(self, alias: str, lookup: dict[str, str], fingerprint: str) -> Snapshot | None:
+    def read(self, scope: Scope, fingerprint: str) -> Snapshot | None:
         """The record (``TIME`` and ``GET`` in one round trip), for tests and tools."""
-        key = self.key(lookup)
+        key = self.key(scope)
         server_ms, value = self._call(lambda client: redis_cluster.time_and_get(client, key))
         if value is None:
             return None
         return _snapshot(key, bytes(value), server_ms, fingerprint)
 
-    def read_stored(self, alias: str, pk: Any) -> Stored | None:
+    def read_stored(self, pk: Any) -> Stored | None:
         """The stored response of a completed record: one ``GET``."""
         value = self._call(lambda client: client.get(pk))
         if value is None:
@@ -482,33 +500,30 @@ class RedisStore:
             return None
         return _stored(meta, body)
 
-    def take_over(self, alias: str, record: Snapshot, values: dict[str, Any]) -> bool:
+    def take_over(self, record: Snapshot, write: Write) -> bool:
         reply, acked = self._run_replicated(
             "take_over",
             [record.pk],
             [
                 record.token,
-                values["token"],
-                _ms(_seconds(values["lease_expires_at"] - values["created_at"])),
-                _ms(_ttl(values)),
-                _meta(values["fingerprint"]),
+                write.token,
+                _ms(_seconds(write.lease)),
+                _ms(None if write.ttl is None else _seconds(write.ttl)),
+                _meta(write.fingerprint),
             ],
         )
         if reply == 1:
-            self._replicated(acked, record.pk, values["token"], "take-over")
+            self._replicated(acked, record.pk, write.token, "take-over")
         return bool(reply == 1)
 
-    def complete(
-        self, alias: str, lookup: dict[str, str], token: str, values: dict[str, Any]
-    ) -> bool:
+    def complete(self, scope: Scope, token: str, completion: Completion) -> bool:
         options = self.options()
-        key = self.key(lookup, options)
-        ttl = None if values["expires_at"] >= never() else values["expires_at"]
-        ttl_seconds = None if ttl is None else _seconds(ttl - values["completed_at"])
-        body = values["response_body"]
+        key = self.key(scope, options)
+        ttl_seconds = None if completion.ttl is None else _seconds(completion.ttl)
+        body = completion.body
         # The meta after its fingerprint (the script keeps the claim's), then "\n" and the
         # body, or "\r" for a response completed without a storable body.
-        rest = _status_and_headers(values["response_status"], values["response_headers"])
+        rest = _status_and_headers(completion.status, completion.headers)
         reply, acked = self._run_replicated(
             "complete",
             [key],
@@ -524,20 +539,18 @@ class RedisStore:
             self._outcome_replicated(acked)
         return bool(reply == 1)
 
-    def is_completed(self, alias: str, lookup: dict[str, str], token: str) -> bool:
-        key = self.key(lookup)
+    def is_completed(self, scope: Scope, token: str) -> bool:
+        key = self.key(scope)
         value = self._call(lambda client: client.get(key))
         if value is None:
             return False
         state, stored_token, *_ = _parse(bytes(value))
         return state == COMPLETED and stored_token == token
 
-    def release(self, alias: str, lookup: dict[str, str], token: str) -> int:
-        return int(self._run("release", [self.key(lookup)], [token]))
+    def release(self, scope: Scope, token: str) -> int:
+        return int(self._run("release", [self.key(scope)], [token]))
 
-    def renew(
-        self, alias: str, claims: Sequence[tuple[dict[str, str], str]], lease: float, timeout: float
-    ) -> int:
+    def renew(self, claims: Sequence[tuple[Scope, str]], lease: float, timeout: float) -> int:
         """Renew every claim: one script per group of keys (``groups``: all of them on a
         single Redis, one round trip; a cluster groups them per slot). Each round trip is
         bounded by ``timeout`` where it is shorter than ``SOCKET_TIMEOUT`` (``_renewal``),
@@ -546,7 +559,7 @@ class RedisStore:
         if redis_cluster.is_cluster(client):
             return self._renew_per_node(client, claims, lease)
         renewed = 0
-        for group in self.groups([(self.key(lookup), token) for lookup, token in claims]):
+        for group in self.groups([(self.key(scope), token) for scope, token in claims]):
             keys = [key for key, _ in group]
             tokens = [token for _, token in group]
             renewed += int(self._run("renew", keys, [_ms(lease), *tokens], client))
@@ -579,15 +592,15 @@ class RedisStore:
         single Redis. (A cluster client groups them by slot: a script's keys share one.)"""
         return [claims] if claims else []
 
-    def failure_kind(self, alias: str, error: BaseException) -> FailureKind:
+    def failure_kind(self, error: BaseException) -> FailureKind:
         if isinstance(error, StoreError):
             return error.kind
         return self._kind(error) if isinstance(error, CLIENT_ERRORS) else "other"
 
-    def in_transaction(self, alias: str) -> bool:
+    def in_transaction(self) -> bool:
         return False
 
-    def reset(self, alias: str) -> None:
+    def reset(self) -> None:
         """Before a retry on a new connection: close the pool's idle connections, which may
         be as dead as the one that failed (a restarted server), never those other threads
         are using. redis-py has already closed the connection that raised; on a cluster it
@@ -599,11 +612,11 @@ class RedisStore:
     # -- Redis Cluster and WAIT (store/redis_cluster.py) -------------------------------------
 
     def _renew_per_node(
-        self, client: Any, claims: Sequence[tuple[dict[str, str], str]], lease: float
+        self, client: Any, claims: Sequence[tuple[Scope, str]], lease: float
     ) -> int:
         """On a cluster a script's keys must share a slot: the renewal script once per
         claim, in one round trip per master (``redis_cluster.eval_per_node``)."""
-        calls = [(self.key(lookup), [_ms(lease), token]) for lookup, token in claims]
+        calls = [(self.key(scope), [_ms(lease), token]) for scope, token in claims]
         replies = self._call(
             lambda client: redis_cluster.eval_per_node(client, self._scripts["renew"], calls),
             client,
@@ -677,7 +690,7 @@ class RedisStore:
                 "other",
             )
 
-    def ping(self, alias: str, timeout: float) -> None:
+    def ping(self, timeout: float) -> None:
         """One round trip (``PING``), bounded by ``timeout`` where it is shorter than
         ``SOCKET_TIMEOUT`` (the renewal's client of that timeout): the health check's. On a
         cluster, the node the client asks first; a ``StoreError`` when it does not answer."""
@@ -685,20 +698,20 @@ class RedisStore:
         if not self._call(lambda client: client.ping(), bounded):
             raise StoreError("Redis: PING was not answered PONG", "other")
 
-    def bounded_reads(self, alias: str, timeout: float) -> AbstractContextManager[None]:
+    def bounded_reads(self, timeout: float) -> AbstractContextManager[None]:
         """Nothing to bound: the health check reads nothing else from Redis."""
         return contextlib.nullcontext()
 
-    def oldest_expired(self, alias: str) -> datetime | None:
+    def oldest_expired(self) -> datetime | None:
         """Always ``None``: Redis deletes a key when its TTL runs out, so no expired record
         is ever left to purge (a purge lag does not apply to this store)."""
         return None
 
-    def usable(self, alias: str) -> bool:
+    def usable(self) -> bool:
         try:
             return bool(self._call(lambda client: client.ping()))
         except StoreError:
-            self.reset(alias)
+            self.reset()
             return False
 
     # -- checks -----------------------------------------------------------------------------
@@ -777,6 +790,208 @@ class RedisStore:
             )
             for problem in sentinel_problems
         ]
+
+    # -- inspection (``base.Inspects``): tests and tools, never a request's path -------------
+
+    def keeps_own_clock(self) -> bool:
+        return True  # Redis's TIME
+
+    def remember_scopes(self) -> None:
+        """A key is a digest of its scope: from now on, this instance's ``key`` notes the
+        scope of each key it makes (in this process), which ``records`` then names. An
+        instance attribute over the method, so that the request path pays nothing for it
+        until a test asks."""
+        if "key" in self.__dict__:
+            return
+        named = self._named
+        plain: Callable[[Scope, dict[str, Any] | None], str] = RedisStore.key.__get__(self)
+
+        def key(scope: Scope, options: dict[str, Any] | None = None) -> str:
+            made = plain(scope, options)
+            named[made] = scope
+            return made
+
+        self.key = key  # type: ignore[method-assign]
+
+    @property
+    def _named(self) -> dict[str, Scope]:
+        return self.__dict__.setdefault("_scopes", {})  # type: ignore[no-any-return]
+
+    def records(self) -> list[Record]:
+        client = self.client()
+        pattern = f"{self.options()['KEY_PREFIX']}:*"
+        keys = sorted(
+            {k.decode() if isinstance(k, bytes) else k for k in client.scan_iter(pattern)}
+        )
+        found = [self._inspected(client, key) for key in keys]
+        return [record for record in found if record is not None]
+
+    def _inspected(self, client: Any, key: str) -> Record | None:
+        value = client.get(key)
+        if value is None:
+            return None
+        state, token, lease, expires, meta, body = _parse(bytes(value))
+        scope = self._named.get(key)
+        completed = state == COMPLETED
+        return Record(
+            pk=key,
+            account=None if scope is None else scope.account,
+            endpoint=None if scope is None else scope.endpoint,
+            key=None if scope is None else scope.key,
+            state=state,
+            token=token,
+            fingerprint=str(meta["f"]),
+            lease_expires_at=None if completed or lease == 0 else _at(lease),
+            expires_at=never() if expires == 0 else _at(expires),
+            response_status=meta.get("s"),
+            response_headers=[[str(n), str(v)] for n, v in meta.get("h", [])]
+            if completed
+            else None,
+            response_body=body if completed else None,
+        )
+
+    def put(self, record: Record, fields: Collection[str] | None = None) -> Record:
+        """Writes ``record`` whole, as the store would have (its times moved onto Redis's
+        clock: Redis runs on this machine, one clock); a record past its expiry is kept a
+        minute, as if Redis had not evicted it yet."""
+        client = self.client()
+        if record.pk is None:
+            assert record.account is not None
+            assert record.endpoint is not None
+            assert record.key is not None
+            record = replace(
+                record, pk=self.key(Scope(record.account, record.endpoint, record.key))
+            )
+        key = record.pk
+        server_ms = int(redis_cluster.time_and_get(client, key)[0])
+
+        def ms(when: datetime) -> int:
+            return round(when.timestamp() * 1000)
+
+        completed = record.state == COMPLETED
+        lease = 0 if completed or record.lease_expires_at is None else ms(record.lease_expires_at)
+        expires = 0 if record.expires_at >= never() else ms(record.expires_at)
+        meta: dict[str, Any] = {"f": record.fingerprint}
+        if completed:
+            meta.update(
+                s=record.response_status, h=[list(h) for h in record.response_headers or []]
+            )
+        else:
+            meta.update(s=None, h=[])
+        body = record.response_body
+        head = f"{'c' if completed else 'i'}|{record.token}|{lease}|{expires}|{json.dumps(meta)}"
+        value = head.encode() + (b"\r" if completed and body is None else b"\n" + (body or b""))
+        ttl = 60_000 if expires == 0 else max(60_000, expires - server_ms)
+        if expires == 0 and completed:
+            client.set(key, value)
+        else:
+            client.set(key, value, px=ttl)
+        return record
+
+    def drop(self, record: Record) -> None:
+        self.client().delete(record.pk)
+
+    def age(self, delta: timedelta) -> list[Any]:
+        """Also each key's PTTL ``delta`` shorter: the keys Redis would have expired by
+        then are deleted (``_AGE``)."""
+        ms = round(delta.total_seconds() * 1000)
+        client = self.client()
+        run = self._inspection_script(_AGE)
+        return [
+            record.pk
+            for record in self.records()
+            if run(keys=[record.pk], args=[ms], client=client) == 1
+        ]
+
+    def retime(self, pk: Any, times: Times) -> Times | None:
+        def arg(ms: int | None) -> str:
+            return "" if ms is None else str(ms)
+
+        now, old, pttl = self._inspection_script(_RETIME)(
+            keys=[pk],
+            args=[arg(times.lease), arg(times.expires), arg(times.pttl)],
+            client=self.client(),
+        )
+        if old is None:
+            return None
+        _state, _token, lease, expires, _meta, _body = _parse(bytes(old))
+        return Times(
+            lease=None if lease == 0 else lease - int(now),
+            expires=None if expires == 0 else expires - int(now),
+            pttl=None if pttl < 0 else int(pttl),
+        )
+
+    def _inspection_script(self, source: str) -> Any:
+        client = self.client()
+        scripts = self.__dict__.setdefault("_inspection_scripts", {})
+        found = scripts.get((id(client), source))
+        if found is None:
+            found = scripts[(id(client), source)] = client.register_script(source)
+        return found
+
+
+def _at(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=dt_timezone.utc)
+
+
+# Inspection's scripts (``age``, ``retime``): a test that fakes the time moves the records
+# instead, since leases and expiry run on Redis's clock.
+
+# KEYS[1]; ARGV: ms. -> 1 when the key is gone. The record as it would be ``ms`` later: its
+# lease and expiry (0: none) ``ms`` earlier, its PTTL ``ms`` shorter, and the key deleted
+# when its PTTL is no longer than that, as Redis would have expired it by then.
+_AGE = """
+local old = redis.call('GET', KEYS[1])
+if not old then return 1 end
+local pttl = redis.call('PTTL', KEYS[1])
+local ms = tonumber(ARGV[1])
+if pttl >= 0 and pttl <= ms then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+local a = string.find(old, '|', 1, true)
+local b = string.find(old, '|', a + 1, true)
+local c = string.find(old, '|', b + 1, true)
+local d = string.find(old, '|', c + 1, true)
+local function earlier(field)
+  local n = tonumber(field)
+  if n == 0 then return '0' end
+  return string.format('%.0f', n - ms)
+end
+local value = string.sub(old, 1, b) .. earlier(string.sub(old, b + 1, c - 1)) .. '|'
+  .. earlier(string.sub(old, c + 1, d - 1)) .. string.sub(old, d)
+if pttl < 0 then
+  redis.call('SET', KEYS[1], value)
+else
+  redis.call('SET', KEYS[1], value, 'PX', pttl - ms)
+end
+return 0
+"""
+
+# KEYS[1]; ARGV: lease, expiry and PTTL in ms from now by Redis's clock ('': the lease or
+# the expiry field unchanged, no PTTL). -> {now, the value before, its PTTL before}.
+_RETIME = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local old = redis.call('GET', KEYS[1])
+local pttl = redis.call('PTTL', KEYS[1])
+if not old then return {now, false, pttl} end
+local a = string.find(old, '|', 1, true)
+local b = string.find(old, '|', a + 1, true)
+local c = string.find(old, '|', b + 1, true)
+local d = string.find(old, '|', c + 1, true)
+local lease = string.sub(old, b + 1, c - 1)
+local expires = string.sub(old, c + 1, d - 1)
+if ARGV[1] ~= '' then lease = string.format('%.0f', now + tonumber(ARGV[1])) end
+if ARGV[2] ~= '' then expires = string.format('%.0f', now + tonumber(ARGV[2])) end
+local value = string.sub(old, 1, b) .. lease .. '|' .. expires .. string.sub(old, d)
+if ARGV[3] == '' then
+  redis.call('SET', KEYS[1], value)
+else
+  redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
+end
+return {now, old, pttl}
+"""
 
 
 def _evalsha(client: Any, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -877,11 +1092,6 @@ def _there(error: BaseException) -> bool:
 
 def _seconds(delta: timedelta) -> float:
     return delta.total_seconds()
-
-
-def _ttl(values: dict[str, Any]) -> float | None:
-    expires: datetime = values["expires_at"]
-    return None if expires >= never() else _seconds(expires - values["created_at"])
 
 
 def _parse(value: bytes) -> tuple[str, str, int, int, dict[str, Any], bytes | None]:

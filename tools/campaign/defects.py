@@ -13,22 +13,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from idempotency_django.store.base import ClaimOrRead
+from idempotency_django.store.base import ClaimOrRead, Write
 from idempotency_django.store.database import DatabaseStore
 from idempotency_django.store.redis import RedisStore
 
 
 class NoClaimRedisStore(RedisStore):
-    def claim_or_read(self, alias: str, values: dict[str, Any], fingerprint: str) -> ClaimOrRead:
-        self._call(lambda client: client.delete(self.key(values)))
-        return super().claim_or_read(alias, values, fingerprint)
+    def claim_or_read(self, write: Write) -> ClaimOrRead:
+        self._call(lambda client: client.delete(self.key(write.scope)))
+        return super().claim_or_read(write)
 
 
 class NoClaimDatabaseStore(DatabaseStore):
-    def claim_or_read(self, alias: str, values: dict[str, Any], fingerprint: str) -> ClaimOrRead:
-        lookup = {name: values[name] for name in ("account", "endpoint", "key")}
-        self._records(alias).filter(**lookup).delete()
-        return super().claim_or_read(alias, values, fingerprint)
+    def claim_or_read(self, write: Write) -> ClaimOrRead:
+        self._records(self.alias).filter(**write.scope.lookup()).delete()
+        return super().claim_or_read(write)
 
 
 def _complete_once(self: Any, claim: Any, response: Any, body_stored: bool) -> bool:
