@@ -156,7 +156,7 @@ MUTANTS = [
     Mutant(
         "ninja-warned-with-the-views-advice",
         "ninja under ATOMIC_REQUESTS is told to use non_atomic_requests, which cannot reach it",
-        "transactions.py",
+        "core/transactions.py",
         '    if "ninja" in label or label.startswith("IdempotentRouter"):',
         "    if False:",
         (
@@ -207,7 +207,7 @@ MUTANTS = [
     Mutant(
         "engine-live-lease-lapsed",
         "the engine treats a live lease as lapsed and tries to take it over",
-        "decisions.py",
+        "core/decisions.py",
         "lapsed = is_lapsed(record, now)",
         "lapsed = record.state == State.IN_PROGRESS",
         (
@@ -267,7 +267,7 @@ MUTANTS = [
     Mutant(
         "account-constant",
         "the account is dropped from the scope: one user's key replays another's response",
-        "protect.py",
+        "core/protect.py",
         "account=keys.fit(account, ACCOUNT_MAX_LENGTH)",
         'account=keys.fit("everyone", ACCOUNT_MAX_LENGTH)',
         (DEC + "test_two_accounts_with_one_key_are_independent",),
@@ -275,7 +275,7 @@ MUTANTS = [
     Mutant(
         "anonymous-accepted",
         "anonymous requests get an account (all of them the same one)",
-        "keys.py",
+        "core/keys.py",
         "if user is None or not user.is_authenticated:",
         "if user is None:",
         (
@@ -286,7 +286,7 @@ MUTANTS = [
     Mutant(
         "atomic-requests-dropped",
         "ATOMIC_REQUESTS transactions are not given back: the view's work loses its transaction",
-        "transactions.py",
+        "core/transactions.py",
         "def to_reopen(self) -> list[str]:\n        return _atomic_requests(",
         "def to_reopen(self) -> list[str]:\n        return [] if True else _atomic_requests(",
         ("test_transactions.py",),
@@ -294,7 +294,7 @@ MUTANTS = [
     Mutant(
         "store-transaction-never",
         "under ATOMIC_REQUESTS the completion is written after the commit, not inside it",
-        "shell.py",
+        "core/shell.py",
         "self._store_transaction = self.store.transactional and self.alias in self.reopen",
         "self._store_transaction = False",
         (ATOM + "test_atomic_requests_completion_lost_is_a_503_and_the_retry_runs_once",),
@@ -326,7 +326,7 @@ MUTANTS = [
     Mutant(
         "any-error-fails-open",
         "any store error fails open when ON_STORE_ERROR is 'open', not only an unreachable store",
-        "decisions.py",
+        "core/decisions.py",
         'policy = on_store_error if kind == "unreachable" else "closed"',
         "policy = on_store_error",
         (DEC + "test_a_store_that_answers_with_an_error_fails_closed_even_when_open",),
@@ -334,7 +334,7 @@ MUTANTS = [
     Mutant(
         "release-on-lost-connection",
         "a view that lost its database connection releases its key (its work may have committed)",
-        "shell.py",
+        "core/shell.py",
         "if outcome_unknown(error):\n            # Releasing would",
         "if False:\n            # Releasing would",
         ("test_store_failures.py::test_a_view_whose_connection_died_keeps_its_key",),
@@ -342,7 +342,7 @@ MUTANTS = [
     Mutant(
         "release-on-interface-error",
         "a view failing with InterfaceError releases its key (its work may have committed)",
-        "decisions.py",
+        "core/decisions.py",
         "    if isinstance(error, InterfaceError):\n        return True\n",
         "",
         (
@@ -355,7 +355,7 @@ MUTANTS = [
     Mutant(
         "framework-answer-releases",
         "a lost connection answered by DRF's or ninja's exception handler releases the key",
-        "protect.py",
+        "core/protect.py",
         "if unknown is not None:\n            return shell.Outcome(None, unknown=unknown)",
         "if False:\n            return shell.Outcome(None, unknown=unknown)",
         (
@@ -368,7 +368,7 @@ MUTANTS = [
     Mutant(
         "store-commits-first",
         "the store's transaction commits before the work's: a stored 201 for work rolled back",
-        "shell.py",
+        "core/shell.py",
         "self._transactions.open(sorted(self.reopen, key=lambda alias: alias != self.alias))",
         "self._transactions.open(sorted(self.reopen, key=lambda alias: alias == self.alias))",
         (
@@ -378,7 +378,7 @@ MUTANTS = [
     Mutant(
         "store-commit-failure-releases",
         "the store's COMMIT failing after the work's committed releases the key: a retry reruns it",
-        "shell.py",
+        "core/shell.py",
         "committed = isinstance(failure, CommitFailed) and bool(failure.committed)",
         "committed = False",
         (
@@ -389,7 +389,7 @@ MUTANTS = [
     Mutant(
         "work-not-committed-as-unavailable",
         "a commit refused for the work's own reason is a 503 that clients retry forever",
-        "shell.py",
+        "core/shell.py",
         "        if isinstance(failure, CommitFailed):\n            return Refused(\n",
         "        if False:\n            return Refused(\n",
         ("test_separate_store.py::test_work_that_fails_to_commit_is_never_replayed_as_a_success",),
@@ -397,7 +397,7 @@ MUTANTS = [
     Mutant(
         "client-retries-work-not-committed",
         "the client retries a work-not-committed problem where its policy retries the status",
-        "client.py",
+        "client/http.py",
         "        if is_final_problem(response):\n            return False\n",
         "",
         ("test_client.py::test_work_not_committed_is_final_even_where_its_status_is_retried",),
@@ -426,7 +426,7 @@ MUTANTS = [
     Mutant(
         "task-release-on-lost-connection",
         "a task that lost its database connection releases its key (its work may have committed)",
-        "tasks.py",
+        "adapters/tasks.py",
         "if exc is not None:\n            protected.fail(exc)",
         "if exc is not None:\n            protected.fail(Exception(exc))",
         ("test_store_failures.py::test_a_task_whose_connection_died_keeps_its_key",),
@@ -434,7 +434,7 @@ MUTANTS = [
     Mutant(
         "purge-in-use",
         "the purge deletes expired records whose view is still running",
-        "purge.py",
+        "operations/purge.py",
         "expired = expired_q(now, expired_by=cutoff)",
         "expired = Q(expires_at__lte=cutoff)",
         ("test_purge.py::test_a_record_whose_view_still_runs_is_kept_even_past_its_ttl",),
@@ -454,7 +454,7 @@ MUTANTS = [
     Mutant(
         "health-ok-when-store-down",
         "the health check answers 200 while the store refuses connections",
-        "health.py",
+        "operations/health.py",
         '        return False, _failure(store, error, timeout, detail, "the store"), None',
         '        return True, _failure(store, error, timeout, detail, "the store"), None',
         (
@@ -474,7 +474,7 @@ MUTANTS = [
     Mutant(
         "health-purge-lag-ignored",
         "the health check passes however long ago the oldest expired record expired",
-        "health.py",
+        "operations/health.py",
         "    if lag > max_lag:",
         "    if lag > max_lag * 1000:",
         ("test_health.py::test_a_purge_lag_over_the_threshold_answers_503_until_the_purge_runs",),
@@ -482,7 +482,7 @@ MUTANTS = [
     Mutant(
         "health-late-heartbeat-alive",
         "a heartbeat whose renewals fail counts as alive while its thread runs",
-        "heartbeat.py",
+        "core/heartbeat.py",
         "        return self.renewing == 0 or (self.thread_alive and self.late == 0)",
         "        return self.renewing == 0 or self.thread_alive",
         ("test_health.py::test_a_heartbeat_whose_renewals_fail_is_late_and_fails",),
@@ -490,7 +490,7 @@ MUTANTS = [
     Mutant(
         "overview-without-permission",
         "the admin overview is shown to staff without the records' view permission",
-        "admin.py",
+        "operations/admin.py",
         "        if not self.has_view_permission(request):\n            raise PermissionDenied",
         "        if False:\n            raise PermissionDenied",
         ("test_admin_overview.py::test_the_overview_needs_the_view_permission",),
@@ -498,7 +498,7 @@ MUTANTS = [
     Mutant(
         "overview-counts-the-table",
         "the overview's counts read the whole range (a COUNT(*) of millions of rows per panel)",
-        "overview.py",
+        "operations/overview.py",
         "    found = queryset.order_by()[: COUNT_LIMIT + 1].count()",
         "    found = queryset.order_by().count()",
         ("test_admin_overview.py::test_counts_stop_at_their_limit_and_say_more_than",),
@@ -506,7 +506,7 @@ MUTANTS = [
     Mutant(
         "overview-lapsed-in-flight",
         "the overview counts lapsed claims as in flight",
-        "overview.py",
+        "operations/overview.py",
         "    live = records.filter(in_use_q(DatabaseNow()))",
         "    live = records.filter(state=State.IN_PROGRESS)",
         ("test_admin_overview.py::test_the_overview_shows_every_panel",),
@@ -514,7 +514,7 @@ MUTANTS = [
     Mutant(
         "purge-stops-after-one-batch",
         "the purge stops after its first full batch: the rest of the expired records stay",
-        "purge.py",
+        "operations/purge.py",
         "            if len(pks) < room:\n                break",
         "            if len(pks) <= room:\n                break",
         ("test_purge.py::test_deletes_in_batches_by_primary_key_each_re_checking_the_expiry",),
@@ -522,7 +522,7 @@ MUTANTS = [
     Mutant(
         "purge-stale-live",
         "the purge counts live leases as stale in-progress records",
-        "purge.py",
+        "operations/purge.py",
         "lease_expires_at__lt=DatabaseNow(-stale_after),",
         "lease_expires_at__lt=DatabaseNow(stale_after),",
         ("test_purge.py::test_stale_in_progress_records_are_purged_and_counted_apart",),
@@ -530,7 +530,7 @@ MUTANTS = [
     Mutant(
         "admin-release-live",
         "the admin's release deletes keys whose lease is live",
-        "admin.py",
+        "operations/admin.py",
         "released = _delete_returning(queryset.filter(lapsed_q(DatabaseNow())))",
         "released = _delete_returning(queryset.filter(_in_progress()))",
         ("test_admin.py::test_release_skips_a_key_whose_lease_is_live",),
@@ -569,7 +569,7 @@ MUTANTS = [
         "purge-on-the-app-clock",
         "the purge tells in use and expired by its own server's clock: one ahead deletes a "
         "live claim past its TTL",
-        "purge.py",
+        "operations/purge.py",
         "    now = DatabaseNow()\n    cutoff = DatabaseNow(-older_than)",
         "    from django.utils import timezone\n\n    now = timezone.now()\n"
         "    cutoff = now - older_than",
@@ -582,7 +582,7 @@ MUTANTS = [
         "admin-release-on-the-app-clock",
         "the admin's release tells a lapsed lease by the admin server's clock: one ahead "
         "releases a live key",
-        "admin.py",
+        "operations/admin.py",
         "released = _delete_returning(queryset.filter(lapsed_q(DatabaseNow())))",
         "released = _delete_returning(queryset.filter(lapsed_q(database_store.timezone.now())))",
         ("test_admin.py::test_release_by_a_server_whose_clock_runs_ahead_skips_a_live_lease",),
@@ -590,7 +590,7 @@ MUTANTS = [
     Mutant(
         "retry-after-ignores-the-lease",
         "a 409 in flight says RETRY_AFTER_SECONDS for the whole of a dead worker's lease",
-        "shell.py",
+        "core/shell.py",
         "retry_after=in_flight_retry_after(\n"
         "                    record, now, lease=options.lease, retry_after=options.retry_after\n"
         "                ),",
@@ -600,7 +600,7 @@ MUTANTS = [
     Mutant(
         "retry-after-for-a-live-lease",
         "a 409 for a lease renewed on schedule says the whole lease, not RETRY_AFTER_SECONDS",
-        "decisions.py",
+        "core/decisions.py",
         "    if left > lease / 2:",
         "    if left > lease:",
         (DEC + "test_an_in_flight_409_says_how_long_is_left_of_a_lease_that_missed_its_renewals",),
@@ -608,7 +608,7 @@ MUTANTS = [
     Mutant(
         "retry-after-below-the-setting",
         "a 409 for a lease about to lapse says less than RETRY_AFTER_SECONDS",
-        "decisions.py",
+        "core/decisions.py",
         "    return max(retry_after, math.ceil(left))",
         "    return math.ceil(left)",
         (DEC + "test_an_in_flight_409_says_how_long_is_left_of_a_lease_that_missed_its_renewals",),
@@ -616,7 +616,7 @@ MUTANTS = [
     Mutant(
         "admin-counts-the-table",
         "the admin's list counts every record (seconds at 10M rows)",
-        "admin.py",
+        "operations/admin.py",
         "    paginator = BoundedPaginator\n",
         "",
         ("test_admin.py::test_the_changelist_never_counts_or_distincts_the_table",),
@@ -624,7 +624,7 @@ MUTANTS = [
     Mutant(
         "admin-distinct-filter",
         "the admin's endpoint filter offers a DISTINCT over the whole table",
-        "admin.py",
+        "operations/admin.py",
         '("endpoint", RecentValuesListFilter),',
         '"endpoint",',
         ("test_admin.py::test_the_changelist_never_counts_or_distincts_the_table",),
@@ -632,7 +632,7 @@ MUTANTS = [
     Mutant(
         "heartbeat-register-noop",
         "the heartbeat never renews: register() forgets the claim",
-        "heartbeat.py",
+        "core/heartbeat.py",
         "self._entries[claim.token] = _Entry(claim, lease, stop, claim.since)",
         "_Entry(claim, lease, stop, claim.since)",
         ("test_heartbeat.py::test_a_beat_renews_every_registered_claim_in_one_statement",),
@@ -660,7 +660,7 @@ MUTANTS = [
     Mutant(
         "unknown-commit-released",
         "a COMMIT whose answer was lost releases the key: the retry redoes committed work",
-        "shell.py",
+        "core/shell.py",
         "unknown = committed or (isinstance(failure, CommitFailed) and outcome_unknown(error))",
         "unknown = committed",
         (
@@ -671,7 +671,7 @@ MUTANTS = [
     Mutant(
         "completion-failure-swallowed",
         "a completion that fails inside the work's transaction is answered as a success",
-        "shell.py",
+        "core/shell.py",
         "        except (_StoreError, CommitFailed) as failure:\n",
         "        except _StoreError:\n"
         "            return None\n"
@@ -681,7 +681,7 @@ MUTANTS = [
     Mutant(
         "commit-failure-swallowed",
         "a COMMIT that fails is answered as a success",
-        "transactions.py",
+        "core/transactions.py",
         "except DatabaseError as error:\n"
         "            raise CommitFailed(error, self._committed) from error",
         "except DatabaseError:\n            return",
@@ -690,7 +690,7 @@ MUTANTS = [
     Mutant(
         "mismatch-undetected",
         "fingerprints always match: a key reused with another body replays the first response",
-        "fingerprint.py",
+        "core/fingerprint.py",
         "    if stored == current:\n        return True\n",
         "    return True\n",
         (DEC + "test_key_reused_with_another_body_is_422_and_runs_nothing",),
@@ -698,7 +698,7 @@ MUTANTS = [
     Mutant(
         "lapsed-mismatch-taken-over",
         "a lapsed lease is taken over by a different request instead of answering 422",
-        "decisions.py",
+        "core/decisions.py",
         "if expired or (lapsed and matches):",
         "if expired or lapsed:",
         (
@@ -709,7 +709,7 @@ MUTANTS = [
     Mutant(
         "fingerprint-ignores-body",
         "the fingerprint ignores the body",
-        "fingerprint.py",
+        "core/fingerprint.py",
         "body_part = canonical_body(request, fields)",
         'body_part = b""',
         (DEC + "test_key_reused_with_another_body_is_422_and_runs_nothing",),
@@ -717,7 +717,7 @@ MUTANTS = [
     Mutant(
         "fingerprint-ignores-query",
         "the fingerprint ignores the query string",
-        "fingerprint.py",
+        "core/fingerprint.py",
         '_canonical_query(request.META.get("QUERY_STRING", "")),',
         'b"",',
         (DEC + "test_key_reused_with_another_query_string_is_422",),
@@ -725,7 +725,7 @@ MUTANTS = [
     Mutant(
         "completed-runs-again",
         "a completed key runs the view again instead of replaying",
-        "shell.py",
+        "core/shell.py",
         "        if decision == REPLAY:\n",
         "        if decision == REPLAY:\n"
         "            return Claim(scope, token, options.alias, options.ttl)\n",
@@ -734,7 +734,7 @@ MUTANTS = [
     Mutant(
         "in-flight-runs",
         "a duplicate of a request still running runs the view too (in-flight policy ignored)",
-        "shell.py",
+        "core/shell.py",
         "assert decision == IN_FLIGHT",
         "return Claim(scope, token, options.alias, options.ttl)",
         (DEC + "test_in_flight_duplicate_gets_409_with_retry_after",),
@@ -742,7 +742,7 @@ MUTANTS = [
     Mutant(
         "any-in-progress-is-ours",
         "any in-progress record is taken for this request's own unacknowledged claim",
-        "decisions.py",
+        "core/decisions.py",
         "if record.token == token and is_in_use(record, now):",
         "if is_in_use(record, now):",
         (
@@ -753,7 +753,7 @@ MUTANTS = [
     Mutant(
         "own-lapsed-claim-kept-lapsed",
         "a claim retried with its own token keeps a lapsed lease (a duplicate can take it)",
-        "decisions.py",
+        "core/decisions.py",
         "if record.token == token and is_in_use(record, now):",
         "if record.token == token and record.state == State.IN_PROGRESS:",
         (
@@ -764,7 +764,7 @@ MUTANTS = [
     Mutant(
         "5xx-stored",
         "a 5xx is stored instead of releasing the key",
-        "responses.py",
+        "core/responses.py",
         "return 400 <= status < 500 and status not in TRANSIENT_CLIENT_ERRORS",
         "return 400 <= status < 600 and status not in TRANSIENT_CLIENT_ERRORS",
         (DEC + "test_5xx_response_releases_the_key",),
@@ -772,7 +772,7 @@ MUTANTS = [
     Mutant(
         "set-cookie-stored",
         "Set-Cookie is stored and replayed to whoever holds the key",
-        "responses.py",
+        "core/responses.py",
         '        "set-cookie",\n        "set-cookie2",\n',
         '        "set-cookie2",\n',
         (
@@ -783,7 +783,7 @@ MUTANTS = [
     Mutant(
         "malformed-key-accepted",
         "a bare key with non-visible-ASCII characters is accepted",
-        "keys.py",
+        "core/keys.py",
         "if error is None and not quoted and not _VISIBLE_ASCII.fullmatch(key):",
         "if False:",
         (DEC + "test_malformed_key_is_400_and_runs_nothing",),
@@ -791,7 +791,7 @@ MUTANTS = [
     Mutant(
         "ttl-from-claim",
         "the TTL counts from the claim, not from the completion",
-        "shell.py",
+        "core/shell.py",
         "        duration(claim.ttl),\n    )",
         # counted from the claim: the view's run comes off it
         "        duration(claim.ttl and claim.ttl - (time.monotonic() - claim.since)),\n    )",
@@ -800,7 +800,7 @@ MUTANTS = [
     Mutant(
         "atomic-failure-committed",
         "atomic mode: a 5xx or exception commits its work instead of rolling it back",
-        "shell.py",
+        "core/shell.py",
         "# that a retry starts clean.\n"
         "                            self._transactions.roll_back([self.alias])\n",
         "# that a retry starts clean.\n",
@@ -809,7 +809,7 @@ MUTANTS = [
     Mutant(
         "drf-rollback-ignored",
         "a rollback DRF's exception handler asked for is ignored",
-        "shell.py",
+        "core/shell.py",
         "elif not self._transactions.failed(self.alias):",
         "elif True:",
         (ATOM + "test_drf_under_atomic_requests_stores_a_validation_error_without_warnings",),
@@ -817,7 +817,7 @@ MUTANTS = [
     Mutant(
         "disconnect-releases",
         "a client that disconnects cancels the view mid-flight (ON_DISCONNECT 'finish' ignored)",
-        "shell.py",
+        "core/shell.py",
         'if policy.on_disconnect == "finish":',
         "if False:",
         ("test_async.py::test_a_disconnected_request_finishes_and_its_retry_gets_the_replay",),
@@ -825,7 +825,7 @@ MUTANTS = [
     Mutant(
         "async-capture-unshielded",
         "a cancel after the work returned, while its outcome is captured, releases the key",
-        "shell.py",
+        "core/shell.py",
         "outcome, late = await _outliving_cancellation(_in_thread(record, value))",
         "outcome, late = await _in_thread(record, value)(), None",
         (
@@ -841,7 +841,7 @@ MUTANTS = [
     Mutant(
         "async-finished-work-taken-for-cancelled",
         "work that returned as the cancel came is taken for cancelled work: the key released",
-        "shell.py",
+        "core/shell.py",
         "            if task.cancelled():",
         "            if task.done():",
         (
@@ -855,7 +855,7 @@ MUTANTS = [
     Mutant(
         "async-cancelled-claim-kept",
         "a claim whose request was cancelled before the work began is kept: 409 for minutes",
-        "shell.py",
+        "core/shell.py",
         "if started is None and protected.claimed:",
         "if started is None and protected.claimed and False:",
         ("test_async.py::test_a_disconnect_while_the_key_is_claimed_releases_the_claim",),
@@ -863,7 +863,7 @@ MUTANTS = [
     Mutant(
         "view-options-unchecked",
         "per-view arguments are no longer validated when the view is decorated",
-        "options.py",
+        "core/options.py",
         "    def __post_init__(self) -> None:\n",
         "    def __post_init__(self) -> None:\n        return\n",
         (ATOM + "test_idempotent_validates_every_argument_naming_the_view",),
@@ -871,7 +871,7 @@ MUTANTS = [
     Mutant(
         "mixin-placement-unchecked",
         "IdempotentMixin after the DRF view class (protecting nothing) is accepted",
-        "drf.py",
+        "adapters/drf.py",
         "if views.APIView in mro and mro.index(views.APIView) < mro.index(IdempotentMixin):",
         "if False:",
         (ATOM + "test_the_mixin_after_the_drf_view_is_refused_at_class_creation",),
@@ -879,7 +879,7 @@ MUTANTS = [
     Mutant(
         "middleware-claims-drf-before-auth",
         "the middleware claims DRF views itself, before DRF authenticates the caller",
-        "middleware.py",
+        "adapters/middleware.py",
         "return _Plan(_DRF, options=options, exempt_methods=exempt)",
         "return _Plan(_PLAIN, options=options, exempt_methods=exempt)",
         ("test_middleware.py::test_drf_views_are_scoped_to_the_token_user",),
@@ -887,7 +887,7 @@ MUTANTS = [
     Mutant(
         "middleware-skips-urlconf-decorators",
         "the middleware runs a DRF view without the decorator a URLconf wrapped around it",
-        "middleware.py",
+        "adapters/middleware.py",
         "            _mark_for_drf(request, view, plan.options)\n"
         "            if iscoroutinefunction(view):\n"
         "                return async_to_sync(call_view)()",
@@ -904,7 +904,7 @@ MUTANTS = [
     Mutant(
         "middleware-skips-urlconf-decorators-asgi",
         "under ASGI, the middleware runs a DRF view without the decorator a URLconf wrapped",
-        "middleware.py",
+        "adapters/middleware.py",
         "            if iscoroutinefunction(view):\n                return await call_view()",
         "            view = __import__('inspect').unwrap(view)\n"
         "            call_view = functools.partial(view, request, *args, **kwargs)\n"
@@ -918,7 +918,7 @@ MUTANTS = [
     Mutant(
         "middleware-drf-mark-ignored",
         "a DRF view the middleware marked runs without a claim",
-        "drf.py",
+        "adapters/drf.py",
         "        if mark is None or isinstance(self, IdempotentMixin) or _handler(self, request) "
         "is None:",
         "        if True:",
@@ -940,7 +940,7 @@ MUTANTS = [
     Mutant(
         "middleware-protects-twice",
         "a view protected by its own decorator is claimed by the middleware: its options lost",
-        "middleware.py",
+        "adapters/middleware.py",
         'if _marked(view, "idempotent_view") or _has_protected_method(cls):',
         "if False:",
         (
@@ -951,7 +951,7 @@ MUTANTS = [
     Mutant(
         "middleware-ignores-atomic-requests",
         "the middleware runs the view outside the ATOMIC_REQUESTS transaction",
-        "middleware.py",
+        "adapters/middleware.py",
         "request_transactions=request_transactions(view)",
         "request_transactions=()",
         (
@@ -961,7 +961,7 @@ MUTANTS = [
     Mutant(
         "unreadable-replayed-as-garbage",
         "a stored response the codec cannot open is replayed as it is stored",
-        "codecs.py",
+        "core/codecs.py",
         "        raise unreadable from error",
         "        return stored",
         (
@@ -971,7 +971,7 @@ MUTANTS = [
     Mutant(
         "admin-shows-plaintext-to-all",
         "the admin shows decrypted bodies to staff without the permission",
-        "admin.py",
+        "operations/admin.py",
         "conf.RESPONSE_CODEC is None or request.user.has_perm(DECRYPT_PERMISSION)",
         "True",
         ("test_admin.py::test_staff_without_the_permission_read_encrypted",),
@@ -979,7 +979,7 @@ MUTANTS = [
     Mutant(
         "middleware-claims-ninja-before-auth",
         "the middleware claims django-ninja views before ninja authenticates the caller",
-        "middleware.py",
+        "adapters/middleware.py",
         'if getattr(view, "__module__", None) == _NINJA_VIEWS:',
         "if False:",
         ("test_ninja.py::test_the_middleware_leaves_ninja_operations_to_the_adapter",),
@@ -987,7 +987,7 @@ MUTANTS = [
     Mutant(
         "custom-fingerprint-not-namespaced",
         "a project's FINGERPRINT value is stored bare: readable, and 100:EUR reads as a version",
-        "protect.py",
+        "core/protect.py",
         "                else keys.custom_fingerprint(fingerprint)",
         "                else str(fingerprint)",
         (
@@ -998,7 +998,7 @@ MUTANTS = [
     Mutant(
         "custom-fingerprint-reads-as-a-version",
         "any N: prefix counts as a library version: a stored 100:EUR matches any fingerprint",
-        "fingerprint.py",
+        "core/fingerprint.py",
         '_VERSIONED = re.compile(r"([1-9][0-9]{0,8}):[0-9a-f]{64}")',
         '_VERSIONED = re.compile(r"([0-9]{1,9}):.*")',
         ("test_fingerprints.py::test_custom_fingerprints_match_only_the_same_value",),
@@ -1006,7 +1006,7 @@ MUTANTS = [
     Mutant(
         "custom-fingerprint-namespace-unchecked",
         "a namespaced stored value is unwrapped again: the custom value x matches custom:x",
-        "fingerprint.py",
+        "core/fingerprint.py",
         "    if named is not None:\n        return named == value_digest\n",
         "",
         (
@@ -1016,7 +1016,7 @@ MUTANTS = [
     Mutant(
         "custom-fingerprint-previous-release-lost",
         "a custom fingerprint an earlier release stored as it was no longer matches: a 422",
-        "fingerprint.py",
+        "core/fingerprint.py",
         '    return stored == "sha256:" + value_digest or _sha256(stored) == value_digest',
         "    return False",
         (CUSTOM_FP + "test_a_record_an_earlier_release_stored_still_matches",),
@@ -1024,7 +1024,7 @@ MUTANTS = [
     Mutant(
         "endpoint-slash-twins-apart",
         "one route's path with and without its trailing slash are two endpoints: two runs",
-        "keys.py",
+        "core/keys.py",
         '    return path + "/" if same_route else path',
         "    return path",
         (
@@ -1035,7 +1035,7 @@ MUTANTS = [
     Mutant(
         "endpoint-slash-any-twin",
         "a path's slash twin shares its endpoint even when it routes to another view",
-        "keys.py",
+        "core/keys.py",
         "    same_route = twin.func == match.func and",
         "    same_route = True or twin.func == match.func and",
         (
@@ -1046,7 +1046,7 @@ MUTANTS = [
     Mutant(
         "endpoint-slash-less-form",
         "the shared endpoint is written without the slash: records stored before are lost",
-        "keys.py",
+        "core/keys.py",
         '    if match is None or path.endswith("/"):\n        return path\n',
         '    if match is None:\n        return path\n    if path.endswith("/"):\n'
         '        return path[:-1] if resolve(request.path_info[:-1] or "/").func == match.func'
@@ -1056,7 +1056,7 @@ MUTANTS = [
     Mutant(
         "key-comma-accepted",
         "a key may hold a comma: two header lines joined by a server are one key",
-        "keys.py",
+        "client/wire.py",
         '    if "," in key:',
         "    if False:",
         (
@@ -1068,7 +1068,7 @@ MUTANTS = [
     Mutant(
         "key-pattern-disagrees",
         "the published key pattern allows a comma the parser refuses",
-        "keys.py",
+        "client/wire.py",
         'KEY_CHARACTER = r"[\\x21-\\x2b\\x2d-\\x7e]"',
         'KEY_CHARACTER = r"[\\x21-\\x7e]"',
         ("test_keys.py::test_parse_key_accepts_exactly_the_published_pattern",),
@@ -1076,7 +1076,7 @@ MUTANTS = [
     Mutant(
         "celery-store-unavailable-not-retried",
         "a Celery task refused by an unreachable store fails and is acked: the work is dropped",
-        "celery.py",
+        "adapters/celery.py",
         "        except (TaskInFlight, TaskStoreUnavailable) as exc:",
         "        except TaskInFlight as exc:",
         (
@@ -1087,7 +1087,7 @@ MUTANTS = [
     Mutant(
         "celery-eager-retry-recurses",
         "apply() or task_always_eager under a store outage retries at once until RecursionError",
-        "celery.py",
+        "adapters/celery.py",
         "            if self.request.is_eager:",
         "            if False:",
         (CELERY + "test_apply_under_a_store_outage_gives_the_refusal_instead_of_recursing",),
@@ -1095,7 +1095,7 @@ MUTANTS = [
     Mutant(
         "celery-in-flight-not-retried",
         "a Celery duplicate that finds its key in flight fails instead of replaying the result",
-        "celery.py",
+        "adapters/celery.py",
         "        except (TaskInFlight, TaskStoreUnavailable) as exc:",
         "        except TaskStoreUnavailable as exc:",
         (CELERY + "test_worker_runs_eight_duplicate_messages_once",),
@@ -1103,7 +1103,7 @@ MUTANTS = [
     Mutant(
         "celery-acks-early",
         "a Celery message is acked before its task ran: a worker killed mid-task loses it",
-        "celery.py",
+        "adapters/celery.py",
         "    acks_late = True",
         "    acks_late = False",
         (CELERY + "test_worker_killed_mid_task_reruns_once_and_only_after_the_lease",),
@@ -1111,7 +1111,7 @@ MUTANTS = [
     Mutant(
         "multipart-body-never-read-first",
         "a multipart body is parsed from its stream: a view reading request.body fails (500)",
-        "fingerprint.py",
+        "core/fingerprint.py",
         "    if 0 <= length <= limit:",
         "    if length < 0:",
         (
@@ -1122,7 +1122,7 @@ MUTANTS = [
     Mutant(
         "multipart-body-always-read-first",
         "an upload over DATA_UPLOAD_MAX_MEMORY_SIZE is read whole first: refused, not streamed",
-        "fingerprint.py",
+        "core/fingerprint.py",
         "    if 0 <= length <= limit:",
         "    if 0 <= length:",
         (
@@ -1133,7 +1133,7 @@ MUTANTS = [
     Mutant(
         "sealed-binding-unchecked",
         "a sealed response copied into another account's record is replayed to that account",
-        "codecs.py",
+        "core/codecs.py",
         "    if not hmac.compare_digest(binding, record.binding()):",
         "    if False:",
         (
@@ -1144,7 +1144,7 @@ MUTANTS = [
     Mutant(
         "reseal-leaves-unbound",
         "the reseal command writes unbound frames: a swap of a resealed record replays",
-        "codecs.py",
+        "core/codecs.py",
         "    sealed = _sealed(codec, opened, record)",
         "    sealed = SEALED_UNBOUND + codec.encode(_frame(opened))",
         (
@@ -1155,7 +1155,7 @@ MUTANTS = [
     Mutant(
         "ninja-validates-before-the-claim",
         "ninja's 422 for invalid input is not stored, unlike DRF's 400: a correction reruns",
-        "ninja.py",
+        "adapters/ninja.py",
         "        operation._get_values = _deferred(operation._get_values)",
         "",
         (
@@ -1175,7 +1175,7 @@ MUTANTS = [
         "stored-headers-after-the-work",
         "a bad STORED_HEADERS is met only by the capture, after the view: the key is released "
         "and the retry runs the view again",
-        "options.py",
+        "core/options.py",
         'conf.checked("STORED_HEADERS")  # read after the work',
         'conf.get("STORED_HEADERS")  # read after the work',
         ("test_conf.py::test_a_setting_its_check_refuses_fails_the_request_before_the_view_runs",),
@@ -1183,7 +1183,7 @@ MUTANTS = [
     Mutant(
         "on-disconnect-unchecked",
         'an unknown ON_DISCONNECT reaches the lifecycle, which treats it as "release"',
-        "options.py",
+        "core/options.py",
         'on_disconnect=str(checked("on_disconnect")),',
         'on_disconnect=str(conf.get("ON_DISCONNECT")),',
         ("test_conf.py::test_a_setting_its_check_refuses_fails_the_request_before_the_view_runs",),
@@ -1218,7 +1218,7 @@ MUTANTS = [
     Mutant(
         "nested-claims-again",
         "an inner @idempotent of the request's own scope claims again: 409 forever",
-        "protect.py",
+        "core/protect.py",
         "        with _inner(held, guard.scope):\n            return call_view()\n",
         "        pass\n",
         (
@@ -1228,7 +1228,7 @@ MUTANTS = [
     Mutant(
         "nested-claims-again-async",
         "an inner async @idempotent of the request's own scope claims again: 409 forever",
-        "protect.py",
+        "core/protect.py",
         "        with _inner(held, guard.scope):\n            return await call_view()\n",
         "        pass\n",
         (
@@ -1238,7 +1238,7 @@ MUTANTS = [
     Mutant(
         "nested-runs-twice",
         "a view calling an @idempotent function twice under one claim does the work twice",
-        "protect.py",
+        "core/protect.py",
         "        held[scope] = True\n",
         "        pass\n",
         ("test_middleware.py::test_a_second_inner_call_under_one_claim_is_refused",),
@@ -1246,7 +1246,7 @@ MUTANTS = [
     Mutant(
         "middleware-starts-before-process-view",
         "the middleware starts before CsrfViewMiddleware: a keyed POST without a token is served",
-        "middleware.py",
+        "adapters/middleware.py",
         "        _refuse_unsafe_position(type(self))\n",
         "",
         (
@@ -1257,7 +1257,7 @@ MUTANTS = [
     Mutant(
         "middleware-leaves-plain-ninja",
         "a plain django-ninja operation under the middleware runs unprotected",
-        "middleware.py",
+        "adapters/middleware.py",
         "    request.__dict__[UNDER_MIDDLEWARE] = True",
         "    request.__dict__[UNDER_MIDDLEWARE] = False",
         ("test_ninja.py::test_the_middleware_protects_a_plain_operation_after_ninjas_auth",),
@@ -1265,7 +1265,7 @@ MUTANTS = [
     Mutant(
         "ninja-protected-without-middleware",
         "once the middleware has seen a ninja operation, it is protected without the middleware",
-        "ninja.py",
+        "adapters/ninja.py",
         "        if request.__dict__.get(UNDER_MIDDLEWARE):\n"
         "            return protected(request, **values)",
         "        if True:\n            return protected(request, **values)",
@@ -1274,7 +1274,7 @@ MUTANTS = [
     Mutant(
         "drf-misspelling-accepted",
         "a misspelled idempotency_* attribute on a DRF view is ignored without a word",
-        "drf.py",
+        "adapters/drf.py",
         "        if unknown:\n            raise ImproperlyConfigured(",
         "        if False:\n            raise ImproperlyConfigured(",
         ("test_drf.py::test_a_misspelled_idempotency_attribute_is_refused_at_class_creation",),
@@ -1282,7 +1282,7 @@ MUTANTS = [
     Mutant(
         "contract-problem-type-closed",
         "the published problem type is an enum of the app's types: a view's own problem fails",
-        "contract.py",
+        "core/contract.py",
         '                "format": "uri-reference",\n',
         '                "format": "uri-reference",\n                "enum": types,\n',
         ("test_openapi.py::test_a_views_own_problem_types_validate",),
@@ -1290,7 +1290,7 @@ MUTANTS = [
     Mutant(
         "contract-view-problem-schema-replaced",
         "the view's own problem+json schema for a status is replaced by the app's",
-        "contract.py",
+        "core/contract.py",
         '        theirs["schema"] = {"anyOf": [theirs["schema"], mine["schema"]]}',
         '        theirs["schema"] = mine["schema"]',
         ("test_openapi.py::test_a_views_own_problem_schema_is_kept_beside_the_apps",),
@@ -1298,7 +1298,7 @@ MUTANTS = [
     Mutant(
         "contract-replay-header-not-on-problem-statuses",
         "a view's stored 400 or 422 is replayed with a header its schema does not document",
-        "contract.py",
+        "core/contract.py",
         "        if code.isdigit() and stored(int(code)):",
         "        if code.isdigit() and stored(int(code)) and int(code) not in PROBLEMS:",
         ("test_openapi.py::test_every_stored_status_documents_the_replay_header",),
@@ -1306,7 +1306,7 @@ MUTANTS = [
     Mutant(
         "contract-replay-header-ignores-store-statuses",
         "the replay header is documented on statuses STORE_STATUSES never stores",
-        "contract.py",
+        "core/contract.py",
         "        if code.isdigit() and stored(int(code)):",
         '        if code.isdigit() and code[0] in "234" and code != "409":',
         ("test_openapi.py::test_the_replay_header_follows_store_statuses",),
@@ -1314,7 +1314,7 @@ MUTANTS = [
     Mutant(
         "key-pattern-quoted-unbounded",
         "the published pattern lets a quoted key longer than the parser's limit through",
-        "keys.py",
+        "client/wire.py",
         '{_QUOTED_CHARACTER}{{1,{KEY_MAX_LENGTH}}}")$',
         '{_QUOTED_CHARACTER}+")$',
         (
@@ -1325,7 +1325,7 @@ MUTANTS = [
     Mutant(
         "key-pattern-bare-quote-first",
         "the published pattern lets a bare value start with a quote, which the parser refuses",
-        "keys.py",
+        "client/wire.py",
         r'rf"^(?:[\x21\x23-\x2b\x2d-\x7e]{KEY_CHARACTER}',
         r'rf"^(?:{KEY_CHARACTER}{KEY_CHARACTER}',
         (
@@ -1336,7 +1336,7 @@ MUTANTS = [
     Mutant(
         "openapi-mixin-docstring-described",
         "IdempotentMixin's docstring becomes the description of every undocumented DRF operation",
-        "openapi.py",
+        "adapters/openapi.py",
         "                return _view_doc(self.view.__class__)",
         "                return description",
         ("test_openapi.py::test_the_mixins_docstring_describes_no_operation",),
@@ -1344,7 +1344,7 @@ MUTANTS = [
     Mutant(
         "drf-options-never-rebuilt",
         "the DRF mixin keeps its first options after a class attribute changed",
-        "drf.py",
+        "adapters/drf.py",
         "if cached is not None and cached[0] == custom and cached[1] == values:",
         "if cached is not None:",
         ("test_drf.py::test_one_options_per_class_until_a_class_attribute_changes",),
@@ -1352,7 +1352,7 @@ MUTANTS = [
     Mutant(
         "drf-ignores-non-atomic-requests",
         "the DRF mixin reopens a request transaction its author opted out of",
-        "drf.py",
+        "adapters/drf.py",
         "reopen = request_transactions(None) if transactions is None else transactions.to_reopen()",
         "reopen = request_transactions(None)",
         (
@@ -1363,7 +1363,7 @@ MUTANTS = [
     Mutant(
         "middleware-drf-drops-non-atomic-requests",
         "the middleware's DRF view forgets its author's non_atomic_requests opt-out",
-        "middleware.py",
+        "adapters/middleware.py",
         "mark_for_middleware(request, MiddlewareMark(options, request_transactions(view)))",
         "mark_for_middleware(request, MiddlewareMark(options, request_transactions(None)))",
         ("test_protect.py::test_under_the_middleware_too",),
@@ -1372,7 +1372,7 @@ MUTANTS = [
         "task-ttl-none-uses-the-setting",
         "a task's (or a DRF view's) ttl_seconds=None takes the TTL_SECONDS setting instead "
         "of keeping keys forever",
-        "options.py",
+        "core/options.py",
         "if value is not _UNSET and (value is not None or accepted[name].nullable)",
         "if value is not _UNSET and value is not None",
         ("test_adapters_agree.py::test_ttl_seconds_none_keeps_the_key_forever_in_every_adapter",),
@@ -1380,7 +1380,7 @@ MUTANTS = [
     Mutant(
         "async-atomic-accepted",
         "an async view in atomic mode is declared, and silently runs in commit mode",
-        "options.py",
+        "core/options.py",
         'if self.mode == "atomic":',
         "if False:",
         ("test_adapters_agree.py::test_an_async_view_in_atomic_mode_is_refused_when_declared",),
@@ -1388,7 +1388,7 @@ MUTANTS = [
     Mutant(
         "too-big-stored",
         "a response or task result over max_response_bytes is stored with its body all the same",
-        "decisions.py",
+        "core/decisions.py",
         "return body is not None and len(body) <= max_response_bytes",
         "return body is not None",
         (
@@ -1400,7 +1400,7 @@ MUTANTS = [
     Mutant(
         "own-max-response-bytes-ignored",
         "a view's or task's own max_response_bytes is ignored for the MAX_RESPONSE_BYTES setting",
-        "options.py",
+        "core/options.py",
         'max_response_bytes=int(checked("max_response_bytes")),',
         'max_response_bytes=int(conf.checked("MAX_RESPONSE_BYTES")),',
         (
@@ -1412,7 +1412,7 @@ MUTANTS = [
     Mutant(
         "protect-claims-every-method",
         "protect() claims a key for a method (or with ENABLED off) that its options leave alone",
-        "protect.py",
+        "core/protect.py",
         "    if not options.protects(request.method):\n        return unprotected(",
         "    if False:\n        return unprotected(",
         (
@@ -1423,7 +1423,7 @@ MUTANTS = [
     Mutant(
         "aprotect-claims-every-method",
         "aprotect() claims a key for a method (or with ENABLED off) that its options leave alone",
-        "protect.py",
+        "core/protect.py",
         "    if not options.protects(request.method):\n        return await call_view()",
         "    if False:\n        return await call_view()",
         (
@@ -1440,7 +1440,7 @@ MUTANTS = [
         "completion-not-sent-again",
         "a completion the store failed is given up at once: a stall shorter than the lease "
         "loses the outcome, and a late duplicate runs the work again",
-        "shell.py",
+        "core/shell.py",
         "                if pause >= remaining:\n                    raise",
         "                if True:\n                    raise",
         (
@@ -1452,7 +1452,7 @@ MUTANTS = [
         "completion-unregistered-first",
         "the heartbeat forgets the claim before its outcome is stored: its completion is no "
         "longer sent again past the lease its claim was made with",
-        "shell.py",
+        "core/shell.py",
         "        try:\n            return self._finish(claim, outcome)",
         "        heartbeat.unregister(claim)\n"
         "        try:\n            return self._finish(claim, outcome)",
@@ -1462,7 +1462,7 @@ MUTANTS = [
         "max-run-forgets-the-claim",
         "past MAX_RUN_SECONDS the heartbeat drops the claim: its completion is cut short of "
         "the lease it was last renewed for",
-        "heartbeat.py",
+        "core/heartbeat.py",
         "                self._entries[entry.claim.token] = replace(entry, renewing=False)",
         "                del self._entries[entry.claim.token]",
         (
@@ -1475,7 +1475,7 @@ MUTANTS = [
         "deadline-ignores-the-lease",
         "the completion's deadline is the last renewal itself, not a lease after it: never "
         "sent again",
-        "heartbeat.py",
+        "core/heartbeat.py",
         "return None if entry is None else entry.renewed_at + entry.lease",
         "return None if entry is None else entry.renewed_at",
         (REDIS + "test_a_stall_longer_than_the_socket_timeout_still_stores_the_outcome",),
@@ -1484,7 +1484,7 @@ MUTANTS = [
         "deadline-ignores-renewals",
         "the completion's deadline counts from the claim, not its last renewal: a view that "
         "ran longer than its lease loses its outcome to a stall",
-        "heartbeat.py",
+        "core/heartbeat.py",
         "                if entry is not None and entry.renewed_at < sent:",
         "                if False:",
         (REDIS + "test_a_view_past_max_run_still_stores_its_outcome_through_a_stall",),
@@ -1493,7 +1493,7 @@ MUTANTS = [
         "completion-sent-again-past-a-lease",
         "a completion the store keeps failing while it takes the renewals is sent again until "
         "MAX_RUN_SECONDS, not a lease: the answer is held for minutes",
-        "shell.py",
+        "core/shell.py",
         "        return min(lapses, started + lease) - lease * LEASE_MARGIN",
         "        return lapses - lease * LEASE_MARGIN",
         (REPLICAS + "test_a_completion_no_replica_acknowledged_within_its_lease_is_signalled",),
@@ -1502,7 +1502,7 @@ MUTANTS = [
         "refused-completion-sent-again",
         "a completion the database refuses for its data is sent again until the lease lapses: "
         "the answer held for nothing",
-        "decisions.py",
+        "core/decisions.py",
         "    return not isinstance(error, (DataError, IntegrityError, ProgrammingError, "
         "NotSupportedError))",
         "    return True",
@@ -1859,7 +1859,7 @@ MUTANTS = [
     Mutant(
         "fingerprint-unkeyed",
         "the stored fingerprint is a plain digest: a short body (a PIN) is guessed back from it",
-        "fingerprint.py",
+        "core/fingerprint.py",
         '    mac = hmac.digest(derived, material, "sha256").hex()',
         "    mac = material.hex()",
         (KEYED + "test_a_short_body_cannot_be_guessed_back_from_the_stored_value",),
@@ -1867,7 +1867,7 @@ MUTANTS = [
     Mutant(
         "fingerprint-unkeyed-in-redis",
         "the fingerprint in a Redis value is a plain digest: a short body is guessed back",
-        "fingerprint.py",
+        "core/fingerprint.py",
         '    mac = hmac.digest(derived, material, "sha256").hex()',
         "    mac = material.hex()",
         (KEYED + "test_a_short_body_cannot_be_guessed_back_from_the_stored_value",),
@@ -1876,7 +1876,7 @@ MUTANTS = [
     Mutant(
         "fingerprint-fallback-keys-ignored",
         "a record keyed with a key in SECRET_KEY_FALLBACKS is not compared: another body replays",
-        "fingerprint.py",
+        "core/fingerprint.py",
         '    for secret in (settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", ())):',
         "    for secret in (settings.SECRET_KEY,):",
         (KEYED + "test_a_record_keyed_with_a_fallback_key_still_tells_retries_from_others",),
@@ -1884,7 +1884,7 @@ MUTANTS = [
     Mutant(
         "fingerprint-unknown-key-refused",
         "after a rotation without fallbacks every retry is a 422 (a client may resend: twice)",
-        "fingerprint.py",
+        "core/fingerprint.py",
         "                _report_unknown_key(stored[2:10])\n                return True\n",
         "                return False\n",
         (KEYED + "test_a_record_keyed_with_a_key_no_longer_held_is_replayed_never_run_again",),
@@ -1892,7 +1892,7 @@ MUTANTS = [
     Mutant(
         "admin-shows-the-fingerprint",
         "the admin shows the stored fingerprint: an earlier release's plain digest is readable",
-        "admin.py",
+        "operations/admin.py",
         '        "fingerprint_shown",\n',
         '        "fingerprint",\n',
         (
@@ -1902,7 +1902,7 @@ MUTANTS = [
     Mutant(
         "fingerprint-ignores-djangos-field-limit",
         "a 2.5 MiB JSON or form body is canonicalised whole before the view: seconds, 100+ MB",
-        "fingerprint.py",
+        "core/fingerprint.py",
         "    return None if limit is None else int(limit)",
         "    return None",
         (
@@ -1913,7 +1913,7 @@ MUTANTS = [
     Mutant(
         "fingerprint-limit-off-by-one",
         "a JSON body of one value more than DATA_UPLOAD_MAX_NUMBER_FIELDS is still canonical",
-        "fingerprint.py",
+        "core/fingerprint.py",
         "    left = -1 if max_values is None else max_values - 1  # the value itself",
         "    left = -1 if max_values is None else max_values",
         (FP + "test_json_of_exactly_the_allowed_number_of_values_is_canonical",),
@@ -1921,7 +1921,7 @@ MUTANTS = [
     Mutant(
         "principals-not-namespaced",
         "NAMESPACE_PRINCIPALS does nothing: merchant 7 is replayed user 7's refund",
-        "keys.py",
+        "core/keys.py",
         "    if conf.NAMESPACE_PRINCIPALS:\n",
         "    if False:\n",
         (SCOPES + "test_a_merchant_and_the_user_with_its_pk_never_share_keys",),
@@ -1929,7 +1929,7 @@ MUTANTS = [
     Mutant(
         "principal-without-pk-is-none",
         "a principal without a primary key is the account 'None', shared by all of them",
-        "keys.py",
+        "core/keys.py",
         "    if pk is None:\n        return None\n",
         "",
         (SCOPES + "test_a_principal_without_a_primary_key_is_anonymous_not_account_none",),
@@ -1937,7 +1937,7 @@ MUTANTS = [
     Mutant(
         "deleted-user-keeps-its-records",
         "a new user given a deleted user's pk inherits its keys: a replay or 422 of another's",
-        "accounts.py",
+        "core/accounts.py",
         "    transaction.on_commit(lambda: _forget_after_commit(account), using=using)",
         "    return",
         (SCOPES + "test_a_new_user_with_a_deleted_users_pk_inherits_none_of_its_keys",),
@@ -1945,7 +1945,7 @@ MUTANTS = [
     Mutant(
         "deleted-user-forgotten-before-commit",
         "a user deletion that rolls back has deleted the records: the user's retries run again",
-        "accounts.py",
+        "core/accounts.py",
         "    transaction.on_commit(lambda: _forget_after_commit(account), using=using)",
         "    _forget_after_commit(account)",
         (
@@ -1956,7 +1956,7 @@ MUTANTS = [
     Mutant(
         "deleted-user-takes-others-records",
         "deleting user 7 deletes records a merchant or a custom ACCOUNT named '7': they rerun",
-        "accounts.py",
+        "core/accounts.py",
         '    if not (conf.NAMESPACE_PRINCIPALS and conf.get("ACCOUNT") == DEFAULTS["ACCOUNT"]):',
         "    if False:",
         (SCOPES + "test_where_a_bare_pk_may_not_be_a_user_deleting_one_keeps_every_record",),
@@ -1972,7 +1972,7 @@ MUTANTS = [
     Mutant(
         "tenant-ignored",
         "TENANT is not put into the endpoint: a user is replayed tenant A's answer in tenant B",
-        "protect.py",
+        "core/protect.py",
         "            endpoint = keys.tenant_endpoint(endpoint, resolved.tenant(request))",
         "            pass",
         (
@@ -1983,7 +1983,7 @@ MUTANTS = [
     Mutant(
         "tenant-endpoint-ambiguous",
         "a tenant is written unencoded: a tenant holding a space passes for another's endpoint",
-        "keys.py",
+        "core/keys.py",
         "    return f\"tenant:{quote(str(tenant), safe='')} {endpoint}\"",
         '    return f"tenant:{tenant} {endpoint}"',
         (SCOPES + "test_tenant_endpoints_never_meet",),
@@ -1999,7 +1999,7 @@ MUTANTS = [
     Mutant(
         "guests-share-a-downstream-key",
         "downstream_key_for gives every guest sending one key the same downstream key",
-        "downstream.py",
+        "core/downstream.py",
         "        if account is None:\n            raise AnonymousNotAllowed(",
         "        if False:\n            raise AnonymousNotAllowed(",
         (SCOPES + "test_a_guests_downstream_key_needs_an_account_the_guest_holds",),
@@ -2007,7 +2007,7 @@ MUTANTS = [
     Mutant(
         "empty-account-accepted",
         "an ACCOUNT of '' or 'None' is an account: every such request shares one",
-        "keys.py",
+        "core/keys.py",
         '    if not text.strip() or text == "None":',
         "    if False:",
         (SCOPES + "test_an_account_of_empty_or_none_text_is_refused_as_anonymous",),
@@ -2015,7 +2015,7 @@ MUTANTS = [
     Mutant(
         "atomic-claim-lock-wait-unbounded",
         "in atomic mode a duplicate's claim waits on the first transaction's row until it ends",
-        "shell.py",
+        "core/shell.py",
         "        if store.in_transaction():\n            # Atomic mode",
         "        if False:\n            # Atomic mode",
         (EXH + "test_atomic_mode_conflict_answers_a_duplicate_409_without_waiting_for_the_first",),
@@ -2023,7 +2023,7 @@ MUTANTS = [
     Mutant(
         "atomic-wait-past-wait-seconds",
         "under wait, an atomic-mode duplicate waits on the row lock past WAIT_SECONDS",
-        "shell.py",
+        "core/shell.py",
         "bound = max(bound, deadline - time.monotonic())",
         "bound = max(bound, 3600)",
         (EXH + "test_atomic_mode_wait_bounds_a_duplicates_wait_by_wait_seconds",),
@@ -2039,7 +2039,7 @@ MUTANTS = [
     Mutant(
         "max-waiters-ignored",
         "every duplicate of a process may wait under wait: duplicates hold all its threads",
-        "shell.py",
+        "core/shell.py",
         "            if self.count >= limit:",
         "            if False:",
         (EXH + "test_with_every_waiter_place_taken_a_duplicate_is_told_409_at_once",),
@@ -2047,7 +2047,7 @@ MUTANTS = [
     Mutant(
         "waiter-place-never-given-back",
         "a waiter keeps its place: after MAX_WAITERS waits, no duplicate of the process may wait",
-        "shell.py",
+        "core/shell.py",
         "        if self.held:\n            waiters.leave()",
         "        if self.held:\n            pass",
         (EXH + "test_a_waiter_gives_its_place_back",),
@@ -2063,7 +2063,7 @@ MUTANTS = [
     Mutant(
         "quota-never-checked",
         "MAX_IN_FLIGHT_PER_ACCOUNT is ignored: an account holds any number of requests",
-        "shell.py",
+        "core/shell.py",
         "    if options.account_limit is not None:\n        _within_quota",
         "    if False:\n        _within_quota",
         (EXH + "test_an_account_at_its_quota_is_told_429_before_any_claim",),
@@ -2092,7 +2092,7 @@ MUTANTS = [
     Mutant(
         "quota-holds-tasks",
         "tasks are held to the account quota: a queue redelivers them until one completes",
-        "options.py",
+        "core/options.py",
         '"requests": where != TASK}',
         '"requests": True}',
         (EXH + "test_tasks_are_not_held_to_the_account_quota",),
@@ -2108,7 +2108,7 @@ MUTANTS = [
     Mutant(
         "stored-length-replayed",
         "a stored Content-Length is replayed: a redacted replay announces the first body's length",
-        "responses.py",
+        "core/responses.py",
         "    return lower not in NEVER_STORED_HEADERS and lower not in BODY_LENGTH_HEADERS",
         "    return lower not in NEVER_STORED_HEADERS",
         (REPLAYED + "test_a_redacted_replay_does_not_carry_the_first_responses_length",),
@@ -2116,7 +2116,7 @@ MUTANTS = [
     Mutant(
         "replay-without-cache-control",
         "a replay says nothing of caching when the first response said nothing",
-        "responses.py",
+        "core/responses.py",
         '    if "Cache-Control" not in response:\n        response["Cache-Control"]',
         '    if False:\n        response["Cache-Control"]',
         (REPLAYED + "test_a_replay_says_no_store_when_the_first_response_said_nothing_of_caching",),
@@ -2124,7 +2124,7 @@ MUTANTS = [
     Mutant(
         "replay-forgets-the-views-caching",
         "the view's Cache-Control is not stored: its replays say no-store whatever it allowed",
-        "responses.py",
+        "core/responses.py",
         'ALWAYS_STORED_HEADERS = ("Content-Type", "Location", "Cache-Control")',
         'ALWAYS_STORED_HEADERS = ("Content-Type", "Location")',
         (REPLAYED + "test_a_replay_keeps_the_caching_the_view_allowed",),
@@ -2148,7 +2148,7 @@ MUTANTS = [
     Mutant(
         "admin-history-keeps-the-key",
         "the admin's history, kept forever, names each released key as it is",
-        "admin.py",
+        "operations/admin.py",
         "key=signals.key_digest(record.key),",
         "key=record.key,",
         (EXPOSED + "test_the_history_of_a_release_names_the_key_by_its_digest",),
@@ -2156,7 +2156,7 @@ MUTANTS = [
     Mutant(
         "admin-any-lookup",
         "the admin's query string takes any field lookup: a full scan of the table per page",
-        "admin.py",
+        "operations/admin.py",
         "        return lookup in ALLOWED_LOOKUPS",
         "        return True",
         (EXPOSED + "test_a_lookup_no_index_serves_is_refused",),
@@ -2164,7 +2164,7 @@ MUTANTS = [
     Mutant(
         "admin-sorts-by-the-query-string",
         "the admin sorts by ?o=: a sort of the whole table per page",
-        "admin.py",
+        "operations/admin.py",
         '            return ["-expires_at", "-pk"]\n        return ["-pk"]',
         '            return ["-expires_at", "-pk"]\n'
         "        return super().get_ordering(request, queryset)",
@@ -2173,7 +2173,7 @@ MUTANTS = [
     Mutant(
         "admin-silent-on-bodies-in-clear",
         "the admin does not say that, without a codec, its readers read every stored body",
-        "admin.py",
+        "operations/admin.py",
         '    return {"bodies_in_clear": conf.RESPONSE_CODEC is None}',
         '    return {"bodies_in_clear": False}',
         (EXPOSED + "test_without_a_codec_the_list_and_each_record_say_the_bodies_are_in_clear",),
@@ -2181,7 +2181,7 @@ MUTANTS = [
     Mutant(
         "client-key-to-another-origin",
         "the client follows a redirect to another origin with the key (and the body)",
-        "client.py",
+        "client/http.py",
         "        if not _key_may_follow(response.request.url, following.url):",
         "        if False:",
         (REDIRECTS + "test_a_redirect_to_another_origin_that_resends_the_body_is_not_followed",),
@@ -2189,7 +2189,7 @@ MUTANTS = [
     Mutant(
         "client-logs-the-key",
         "the client's logs and errors name the key as it is",
-        "client.py",
+        "client/http.py",
         "            shown=self.log_key(key),",
         "            shown=key,",
         (REDIRECTS + "test_the_key_is_not_logged_or_raised_as_it_is",),
@@ -2197,7 +2197,7 @@ MUTANTS = [
     Mutant(
         "client-auth-applied-on-redirects",
         "the client applies its credentials again to every redirect, another origin's too",
-        "client.py",
+        "client/http.py",
         "            response = self.http.send(following, auth=None, follow_redirects=False)",
         "            response = self.http.send(\n"
         "                following, auth=_auth(auth), follow_redirects=False\n"
@@ -2236,7 +2236,7 @@ MUTANTS = [
     Mutant(
         "purge-age-unbounded",
         "a purge age past 100 years is a traceback (OverflowError), not a usage error",
-        "purge.py",
+        "operations/purge.py",
         "    if seconds > MAX_DURATION_SECONDS:\n",
         "    if False:\n",
         (DURATIONS + "test_the_purge_command_refuses_an_age_over_a_hundred_years",),
@@ -2257,7 +2257,7 @@ MUTANTS = [
         "own-store-under-atomic-accepted",
         "a view given the Redis store under a project-wide MODE atomic is declared, then "
         "answers 500 to every request",
-        "options.py",
+        "core/options.py",
         'mode = self.mode if own_mode else setting_at_declaration("MODE")',
         "mode = self.mode if own_mode else None",
         (
@@ -2270,7 +2270,7 @@ MUTANTS = [
         "rolled-back-work-keeps-its-key",
         "a lock timeout or deadlock, which the database rolled back, keeps the key for a lease: "
         "the retry is told 409 for an outcome that is known",
-        "decisions.py",
+        "core/decisions.py",
         "    return isinstance(error, OperationalError) and not rolled_back(error)",
         "    return isinstance(error, OperationalError)",
         (
@@ -2296,7 +2296,7 @@ MUTANTS = [
         "require-bound-replays-sealed-unbound",
         "under REQUIRE_BOUND_RESPONSES a response sealed before binding (maybe copied from "
         "another account's record) is replayed",
-        "codecs.py",
+        "core/codecs.py",
         "    if not bound and bound_required():\n        raise _unbound(stored.status)\n",
         "",
         (
@@ -2307,7 +2307,7 @@ MUTANTS = [
     Mutant(
         "require-bound-replays-clear",
         "under REQUIRE_BOUND_RESPONSES a response stored in clear is replayed",
-        "codecs.py",
+        "core/codecs.py",
         "        if bound_required():\n"
         "            raise _unbound(stored.status)\n"
         "        return stored",
@@ -2321,7 +2321,7 @@ MUTANTS = [
         "reseal-binds-an-unbound-copy",
         "under REQUIRE_BOUND_RESPONSES the reseal binds an unbound response to the record it "
         "was copied into, which then replays it",
-        "codecs.py",
+        "core/codecs.py",
         "        opened = unseal(stored, account=account, endpoint=endpoint, key=key)\n",
         "        opened = (\n"
         "            _unframe(stored.status, codec.decode(stored.body[len(SEALED) :]))\n"
@@ -2347,7 +2347,7 @@ MUTANTS = [
     Mutant(
         "ninja-own-account-ignored",
         "a django-ninja operation's own account= is replaced by ninja's authenticated caller",
-        "ninja.py",
+        "adapters/ninja.py",
         '    if values.get("account") in (None, _UNSET):\n        values["account"] = _account',
         '    if True:\n        values["account"] = _account',
         ("test_ninja.py::test_an_operations_own_account_takes_precedence_over_ninjas_caller",),
@@ -2355,7 +2355,7 @@ MUTANTS = [
     Mutant(
         "own-wait-seconds-ignored",
         "a view's or task's own wait_seconds is ignored: WAIT_SECONDS bounds its wait instead",
-        "options.py",
+        "core/options.py",
         '                wait_seconds=float(checked("wait_seconds")),',
         '                wait_seconds=float(conf.checked("WAIT_SECONDS")),',
         (
@@ -2367,7 +2367,7 @@ MUTANTS = [
         "async-inner-layer-runs-twice",
         "async code calls an inner layer of the same scope twice under one claim: the work of "
         "one key done twice",
-        "protect.py",
+        "core/protect.py",
         "        if held[guard.scope]:\n"
         "            return _ran_once(error_response)\n"
         "        with _inner(held, guard.scope):\n"
@@ -2379,7 +2379,7 @@ MUTANTS = [
         "async-refusal-sent-on-the-loop",
         "an async view's refusal before the claim is sent on the event loop: a receiver that "
         "uses the database fails",
-        "protect.py",
+        "core/protect.py",
         "        await sync_to_async(_refused)(request, error)",
         "        _refused(request, error)",
         ("test_async.py::test_a_refusals_receiver_may_use_the_database",),
@@ -2387,7 +2387,7 @@ MUTANTS = [
     Mutant(
         "endpoint-slash-twin-other-arguments",
         "a path and its slash twin share an endpoint even when they resolve to other arguments",
-        "keys.py",
+        "core/keys.py",
         "    same_route = twin.func == match.func and twin.args == match.args and twin.kwargs == "
         "match.kwargs",
         "    same_route = twin.func == match.func",
@@ -2397,7 +2397,7 @@ MUTANTS = [
         "heartbeat-not-woken-by-a-shorter-lease",
         "a claim with a shorter lease than the heartbeat sleeps on does not wake it: its lease "
         "lapses while its view runs",
-        "heartbeat.py",
+        "core/heartbeat.py",
         "        if sleeping is None or lease / 3 < sleeping:",
         "        if sleeping is None:",
         ("test_heartbeat.py::test_a_claim_with_a_shorter_lease_wakes_the_sleeping_heartbeat",),
@@ -2406,7 +2406,7 @@ MUTANTS = [
         "metrics-waited-counted-as-replayed",
         "a duplicate that waited for the first request, then replayed it, is counted as a plain "
         "replay: the waits an IN_FLIGHT 'wait' policy causes disappear from the metrics",
-        "observe.py",
+        "core/observe.py",
         '        frame.outcome = "waited_then_replayed" if waited else "replayed"',
         '        frame.outcome = "replayed"',
         ("test_observe.py::test_a_duplicate_that_waited_and_replayed_is_waited_then_replayed",),
@@ -2414,7 +2414,7 @@ MUTANTS = [
     Mutant(
         "metrics-mismatch-under-another-label",
         "a 422 (a key reused for another request) is counted as a 409 in flight",
-        "observe.py",
+        "core/observe.py",
         '        (signals.mismatch, _outcome_of("mismatch")),',
         '        (signals.mismatch, _outcome_of("in_flight")),',
         ("test_observe.py::test_each_outcome_is_counted_once_under_its_label",),
@@ -2423,7 +2423,7 @@ MUTANTS = [
         "metrics-failed-open-counted-as-unavailable",
         "a request run unprotected after a store failure (ON_STORE_ERROR 'open') is counted as "
         "a 503",
-        "observe.py",
+        "core/observe.py",
         '        frame.outcome = "failed_open" if policy == "open" else "store_unavailable"',
         '        frame.outcome = "store_unavailable"',
         ("test_observe.py::test_store_unavailable_and_failed_open_are_counted",),
@@ -2431,7 +2431,7 @@ MUTANTS = [
     Mutant(
         "metrics-key-in-the-log-line",
         "the request log line carries the client's key instead of its HMAC",
-        "observe.py",
+        "core/observe.py",
         '            "idempotency_key_hmac": frame.key,',
         '            "idempotency_key_hmac": frame.key and signals.raw_key(),',
         ("test_observe.py::test_one_log_line_per_request_with_the_keys_hmac_only",),
@@ -2439,7 +2439,7 @@ MUTANTS = [
     Mutant(
         "metrics-path-as-route",
         "http.route is the request's path, not its route template: one series per order id",
-        "observe.py",
+        "core/observe.py",
         '    return str(match.route) if match is not None else ""',
         "    return request.path",
         ("test_observe.py::test_routes_are_templates_and_no_key_or_account_is_a_label",),
@@ -2484,7 +2484,7 @@ MUTANTS = [
     Mutant(
         "metrics-span-event-on-take-over-missing",
         "a take-over leaves no event on the request's span",
-        "observe.py",
+        "core/observe.py",
         '        (signals.lease_taken_over, _with_event("taken_over", "idempotency.taken_over")),',
         '        (signals.lease_taken_over, _outcome_of("taken_over")),',
         ("test_observe.py::test_span_events_on_take_over_and_outcome_not_stored",),

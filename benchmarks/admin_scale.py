@@ -265,8 +265,8 @@ def report_overview(rounds: int) -> int:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from idempotency_django import health, overview
     from idempotency_django.models import IdempotencyRecord
+    from idempotency_django.operations import health, overview
     from idempotency_django.store.base import get_store
 
     store = get_store()
@@ -322,7 +322,7 @@ def claim_cost(count: int, step: Callable[[str], None]) -> dict[str, float]:
     them (dropped), and with them again (rebuilt: minutes at 10M rows)."""
     from django.db import connection
 
-    from idempotency_django import claims, shell
+    from idempotency_django.core import claims, shell
     from idempotency_django.models import IdempotencyRecord
     from idempotency_django.responses import StoredResponse
 

@@ -95,9 +95,9 @@ def measure(calls: int, profile: bool) -> list[Row]:
     from django.http import HttpRequest
     from django.test import RequestFactory
 
-    from idempotency_django import claims, shell
-    from idempotency_django.options import Options
-    from idempotency_django.protect import Guard
+    from idempotency_django.core import claims, shell
+    from idempotency_django.core.options import Options
+    from idempotency_django.core.protect import Guard
     from idempotency_django.store import store
 
     call_command("migrate", "--noinput", verbosity=0)

@@ -94,8 +94,8 @@ def pieces(cpu: Callable[..., float], alice: Any, token: str) -> None:
 
     from benchmarks.benchproject.drf_protected import IdempotentCharge
     from example_project.payments import service
-    from idempotency_django import claims, shell
-    from idempotency_django.protect import Guard
+    from idempotency_django.core import claims, shell
+    from idempotency_django.core.protect import Guard
     from idempotency_django.responses import replay
 
     factory = RequestFactory()

@@ -35,7 +35,7 @@ os.environ["DJANGO_SETTINGS_MODULE"] = "tests.project.settings"
 import django
 django.setup()
 from django.test import RequestFactory
-from idempotency_django import keys
+from idempotency_django.core import keys
 
 kind, size = sys.argv[1], int(sys.argv[2])
 

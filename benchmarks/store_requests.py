@@ -148,7 +148,8 @@ def measure_chain(calls: int, rounds: int) -> None:
     from django.test import RequestFactory, override_settings
     from django.urls import resolve
 
-    from idempotency_django import observe, signals
+    from idempotency_django import signals
+    from idempotency_django.core import observe
     from idempotency_django.store.base import get_store
 
     store = get_store()

@@ -17,7 +17,8 @@ class IdempotencyConfig(AppConfig):
         from django.core.signals import setting_changed
         from django.db.models.signals import post_delete
 
-        from idempotency_django import accounts, checks, observe
+        from idempotency_django import checks
+        from idempotency_django.core import accounts, observe
 
         checks.register()
         post_delete.connect(
@@ -28,9 +29,11 @@ class IdempotencyConfig(AppConfig):
         # Nothing, unless METRICS or LOG_REQUESTS is set (a missing extra, a bad setting:
         # checks E060, E061, E001).
         observe.setting_changed("IDEMPOTENCY")
-        setting_changed.connect(observe.setting_changed, dispatch_uid="idempotency_django.observe")
+        setting_changed.connect(
+            observe.setting_changed, dispatch_uid="idempotency_django.core.observe"
+        )
         try:
             import drf_spectacular  # noqa: F401
         except ImportError:
             return
-        from idempotency_django import openapi  # noqa: F401  (registers the extension)
+        from idempotency_django.adapters import openapi  # noqa: F401  (registers the extension)

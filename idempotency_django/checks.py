@@ -16,7 +16,6 @@ from django.db import connections
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils.module_loading import import_string
 
-from idempotency_django import codecs
 from idempotency_django.conf import (
     CHOICES,
     DEFAULTS,
@@ -37,7 +36,8 @@ from idempotency_django.conf import (
     status_predicate,
     too_long,
 )
-from idempotency_django.responses import BODY_LENGTH_HEADERS, NEVER_STORED_HEADERS
+from idempotency_django.core import codecs
+from idempotency_django.core.responses import BODY_LENGTH_HEADERS, NEVER_STORED_HEADERS
 
 NUMBERS = tuple(MINIMUMS)
 CALLABLES = ("ACCOUNT", "ENDPOINT", "FINGERPRINT")
@@ -651,7 +651,7 @@ def check_drf_view_attributes(
         from rest_framework.views import APIView
         from rest_framework.viewsets import ViewSetMixin
 
-        from idempotency_django.drf import unknown_attributes, viewset_actions
+        from idempotency_django.adapters.drf import unknown_attributes, viewset_actions
     except ImportError:  # pragma: no cover - DRF is optional
         return []
     served: dict[type, set[str]] = {}

@@ -9,8 +9,8 @@ from typing import Any
 from django.db import models
 
 # Defined with the rules that use them (keys.py imports no model: the client imports it).
-from idempotency_django.keys import FINGERPRINT_MAX_LENGTH as FINGERPRINT_MAX_LENGTH
-from idempotency_django.keys import KEY_MAX_LENGTH as KEY_MAX_LENGTH
+from idempotency_django.core.keys import FINGERPRINT_MAX_LENGTH as FINGERPRINT_MAX_LENGTH
+from idempotency_django.core.keys import KEY_MAX_LENGTH as KEY_MAX_LENGTH
 
 # Column widths are chosen so the unique index fits MariaDB/MySQL's 3072-byte
 # InnoDB limit with utf8mb4 (4 bytes per character): (128 + 255 + 255) * 4 = 2552.

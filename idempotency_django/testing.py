@@ -192,7 +192,7 @@ def assert_single_flight(
             "cannot see into. Use @pytest.mark.django_db(transaction=True) or "
             "TransactionTestCase."
         )
-    from idempotency_django import claims  # imports models: not at plugin load time
+    from idempotency_django.core import claims  # imports models: not at plugin load time
 
     store = connections[claims.store_alias()]
     if store.vendor == "sqlite" and getattr(store, "is_in_memory_db", bool)():

@@ -16,9 +16,10 @@ from django.test import Client
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
-from idempotency_django import fingerprint, keys, signals, transactions
+from idempotency_django import signals
 from idempotency_django.conf import DEFAULTS
-from idempotency_django.heartbeat import heartbeat
+from idempotency_django.core import fingerprint, keys, transactions
+from idempotency_django.core.heartbeat import heartbeat
 from tests.models import SideEffect
 from tests.project.factories import UserFactory
 from tests.project.views import gate

@@ -392,7 +392,7 @@ KEYS = [
 
 
 def _by_http(key: str) -> None:
-    from idempotency_django import keys
+    from idempotency_django.core import keys
 
     # What the client puts in the header, as the server reads it back.
     assert keys.parse_key(keys.header_value(key)) == key

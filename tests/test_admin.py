@@ -21,10 +21,12 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import path, reverse
 from django.utils import timezone
 
-from idempotency_django import admin as idempotency_admin
-from idempotency_django import claims, codecs, keys, purge, shell, signals
+from idempotency_django import signals
+from idempotency_django.core import claims, codecs, keys, shell
 from idempotency_django.exceptions import InFlight
 from idempotency_django.models import IdempotencyRecord
+from idempotency_django.operations import admin as idempotency_admin
+from idempotency_django.operations import purge
 from idempotency_django.responses import StoredResponse
 from idempotency_django.store import database as database_store
 from tests.conftest import Skew

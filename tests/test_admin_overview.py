@@ -17,8 +17,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import path, reverse
 from django.utils import timezone
 
-from idempotency_django import overview
 from idempotency_django.models import IdempotencyRecord
+from idempotency_django.operations import overview
 from tests.project.factories import IdempotencyRecordFactory, UserFactory
 
 

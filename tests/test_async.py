@@ -15,8 +15,8 @@ from django.db import connection
 from django.test import AsyncClient, AsyncRequestFactory
 from django.test.client import FakePayload
 
+from idempotency_django.core.heartbeat import heartbeat
 from idempotency_django.decorators import idempotent
-from idempotency_django.heartbeat import heartbeat
 from idempotency_django.models import IdempotencyRecord
 from tests import records
 from tests.conftest import effects

@@ -25,8 +25,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from idempotency_django import keys
 from idempotency_django.celery import IdempotentTask
+from idempotency_django.core import keys
 from idempotency_django.exceptions import InFlight
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.tasks import TaskInFlight, TaskStoreUnavailable

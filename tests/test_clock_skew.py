@@ -20,9 +20,9 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from idempotency_django import claims, shell
+from idempotency_django.core import claims, shell
+from idempotency_django.core.heartbeat import heartbeat
 from idempotency_django.exceptions import InFlight
-from idempotency_django.heartbeat import heartbeat
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.purge import purge_records
 from idempotency_django.responses import StoredResponse

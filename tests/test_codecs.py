@@ -18,7 +18,6 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.http import HttpResponse
 
-from idempotency_django import codecs
 from idempotency_django.checks import check_codec_settings
 from idempotency_django.codecs import (
     SEALED,
@@ -29,6 +28,7 @@ from idempotency_django.codecs import (
     seal,
     unseal,
 )
+from idempotency_django.core import codecs
 from idempotency_django.exceptions import ResponseNotStored
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.responses import StoredResponse, replay

@@ -16,7 +16,6 @@ from django.contrib.auth.models import User
 from django.core.management import CommandError, ManagementUtility, call_command
 from rest_framework.test import APIClient
 
-from idempotency_django import codecs
 from idempotency_django.checks import check_codec_settings
 from idempotency_django.codecs import (
     SEALED,
@@ -24,6 +23,7 @@ from idempotency_django.codecs import (
     UNSTORABLE,
     FernetCodec,
 )
+from idempotency_django.core import codecs
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.tasks import TaskResultNotStored, claim_once
 from tests import records

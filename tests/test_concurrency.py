@@ -216,7 +216,7 @@ def test_atomic_requests_view_that_lost_its_claim_rolls_back(
 
     from django.utils import timezone
 
-    from idempotency_django import claims, shell
+    from idempotency_django.core import claims, shell
 
     monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
     first: queue.Queue[Any] = queue.Queue()

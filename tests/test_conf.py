@@ -9,8 +9,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 from django.test import override_settings
 
-from idempotency_django import keys, responses
 from idempotency_django.conf import DEFAULTS, conf, resolve_callable, status_predicate
+from idempotency_django.core import keys, responses
 from idempotency_django.decorators import idempotent
 from tests import records
 from tests.conftest import Post, effects

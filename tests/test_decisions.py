@@ -28,7 +28,7 @@ from django.db import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from idempotency_django.decisions import (
+from idempotency_django.core.decisions import (
     IN_FLIGHT,
     MAX_RACES,
     MISMATCH,

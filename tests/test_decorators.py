@@ -18,7 +18,8 @@ from django.contrib.auth.models import User
 from django.db import OperationalError, ProgrammingError, connection
 from django.utils import timezone
 
-from idempotency_django import claims, shell, signals
+from idempotency_django import signals
+from idempotency_django.core import claims, shell
 from idempotency_django.models import IdempotencyRecord
 from tests import records
 from tests.conftest import Post, effects
@@ -778,7 +779,7 @@ def test_claim_lost_completion_does_not_overwrite_the_new_owner(
     alice: User, post: Post, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A view that outlives its lease (no heartbeat here) and is taken over does not store."""
-    from idempotency_django import claims, shell
+    from idempotency_django.core import claims, shell
 
     scope = claims.Scope(str(alice.pk), "POST /effect/", "k1")
     options = claims.ClaimPolicy(
@@ -848,7 +849,7 @@ def test_keys_compare_exactly_on_every_database(alice: User, post: Post, other: 
 
 def test_a_retried_claim_recognises_its_own_unacknowledged_row(alice: User) -> None:
     """A claim that committed while its connection died is this request's, on the retry."""
-    from idempotency_django import claims, shell
+    from idempotency_django.core import claims, shell
     from idempotency_django.exceptions import InFlight
 
     scope = claims.Scope(str(alice.pk), "POST /effect/", "k1")
@@ -867,7 +868,7 @@ def test_a_retried_claim_recognises_its_own_unacknowledged_row(alice: User) -> N
 def test_a_retried_completion_is_not_reported_lost(
     alice: User, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from idempotency_django import claims, shell
+    from idempotency_django.core import claims, shell
     from idempotency_django.responses import StoredResponse
 
     scope = claims.Scope(str(alice.pk), "POST /effect/", "k1")

@@ -26,7 +26,8 @@ from django.dispatch import Signal
 from django.test import Client, RequestFactory, override_settings
 
 import idempotency_django
-from idempotency_django import checks, exceptions, keys
+from idempotency_django import checks, exceptions
+from idempotency_django.core import keys
 from tests import records
 from tests.conftest import PACKAGE_DEFAULTS
 from tests.docs_snippets import client as client_snippet

@@ -22,7 +22,6 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import RequestFactory
 from django.utils import timezone
 
-from idempotency_django import claims, shell
 from idempotency_django.checks import check_settings
 from idempotency_django.conf import (
     DURATIONS,
@@ -31,6 +30,7 @@ from idempotency_django.conf import (
     check_argument,
     is_number,
 )
+from idempotency_django.core import claims, shell
 from idempotency_django.decorators import idempotent
 from idempotency_django.purge import parse_duration, purge_records
 from idempotency_django.store.base import get_store

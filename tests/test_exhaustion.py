@@ -21,8 +21,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.utils import timezone
 
-from idempotency_django import checks, claims, shell, signals
+from idempotency_django import checks, signals
 from idempotency_django.conf import MAX_WAIT_SECONDS, conf
+from idempotency_django.core import claims, shell
 from idempotency_django.decorators import idempotent
 from idempotency_django.exceptions import InFlight
 from idempotency_django.models import IdempotencyRecord
@@ -410,7 +411,7 @@ def test_the_quota_needs_a_store_that_can_count(settings: Any) -> None:
 
 
 def test_the_published_contract_names_429_while_a_quota_is_set(settings: Any) -> None:
-    from idempotency_django import contract
+    from idempotency_django.core import contract
 
     settings.IDEMPOTENCY = {"MAX_IN_FLIGHT_PER_ACCOUNT": 5}
     limited = contract.document({}, required=True, ttl=60, stored=lambda status: False)

@@ -33,7 +33,7 @@ from rest_framework.parsers import BaseParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.test import APIClient
 
-from idempotency_django import keys
+from idempotency_django.core import keys
 from idempotency_django.models import FINGERPRINT_MAX_LENGTH, IdempotencyRecord
 from tests import records
 from tests.conftest import effects, keyed
@@ -612,7 +612,7 @@ def test_a_large_json_body_stops_being_parsed_at_the_limit(
     """A 2.5 MiB array of numbers (the largest body Django reads by default) made 650,000
     Decimals and a canonical form of them: seconds and 100+ MB. Past
     ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` (1000) values, the parse stops."""
-    from idempotency_django import fingerprint as module
+    from idempotency_django.core import fingerprint as module
 
     monkeypatch.setattr(module, "Decimal", CountingDecimal)
     CountingDecimal.made = 0

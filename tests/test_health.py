@@ -23,9 +23,10 @@ from django.db import connection, connections, transaction
 from django.test import Client
 from django.utils import timezone
 
-from idempotency_django import claims, health
-from idempotency_django import heartbeat as heartbeat_module
-from idempotency_django.heartbeat import Heartbeat
+from idempotency_django.core import claims
+from idempotency_django.core import heartbeat as heartbeat_module
+from idempotency_django.core.heartbeat import Heartbeat
+from idempotency_django.operations import health
 from idempotency_django.purge import Pacing, purge_records
 from tests.conftest import ON_REDIS, REDIS_URL
 from tests.project.factories import IdempotencyRecordFactory

@@ -20,9 +20,10 @@ from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from idempotency_django import claims, shell, signals
-from idempotency_django import heartbeat as heartbeat_module
-from idempotency_django.heartbeat import THREAD_NAME, Heartbeat, heartbeat
+from idempotency_django import signals
+from idempotency_django.core import claims, shell
+from idempotency_django.core import heartbeat as heartbeat_module
+from idempotency_django.core.heartbeat import THREAD_NAME, Heartbeat, heartbeat
 from idempotency_django.models import IdempotencyRecord
 from tests import records
 from tests.conftest import another_waits_for_a_row_lock, wait_until

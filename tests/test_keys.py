@@ -9,7 +9,7 @@ from django.contrib.auth.models import AnonymousUser, User
 from django.http import HttpRequest
 from django.test import RequestFactory
 
-from idempotency_django import keys
+from idempotency_django.core import keys
 from idempotency_django.exceptions import KeyMalformed
 from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH, KEY_MAX_LENGTH
 from tests.conftest import keyed
@@ -140,7 +140,7 @@ def test_parse_key_rejects_malformed(raw: str) -> None:
 def test_parse_key_accepts_exactly_the_published_pattern(character: str) -> None:
     """The parser and the OpenAPI pattern clients validate against agree on every character
     of a bare key (inside one: a key that starts with a quote is read as a quoted string)."""
-    from idempotency_django.contract import key_parameter
+    from idempotency_django.core.contract import key_parameter
 
     pattern = re.compile(key_parameter(required=True, ttl=None)["schema"]["pattern"])
     raw = f"a{character}b"
@@ -192,7 +192,7 @@ def test_parse_key_accepts_exactly_the_published_schema() -> None:
     neither do the values generated here."""
     from hypothesis import given, settings
 
-    from idempotency_django.contract import key_parameter
+    from idempotency_django.core.contract import key_parameter
 
     schema = key_parameter(required=True, ttl=None)["schema"]
     pattern = re.compile(schema["pattern"])

@@ -23,7 +23,7 @@ from django.db import OperationalError, connection, connections
 from django.test import Client
 from django.utils import timezone
 
-from idempotency_django import claims, shell
+from idempotency_django.core import claims, shell
 from idempotency_django.decorators import idempotent
 from idempotency_django.exceptions import InFlight, KeyMismatch
 from idempotency_django.models import IdempotencyRecord

@@ -418,7 +418,7 @@ def test_under_atomic_requests_the_operation_runs_once_in_the_request_transactio
     database, not ``non_atomic_requests``, which cannot reach ninja's view."""
     from django.db import connections
 
-    from idempotency_django import transactions
+    from idempotency_django.core import transactions
 
     monkeypatch.setattr(transactions, "_warned", set())
     monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
@@ -592,7 +592,7 @@ settings.configure(
 )
 django.setup()
 from ninja import NinjaAPI
-from idempotency_django import contract
+from idempotency_django.core import contract
 from idempotency_django.ninja import IdempotentRouter
 api, router = NinjaAPI(), IdempotentRouter()
 router.post("/x/")(lambda request: {})

@@ -26,8 +26,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from idempotency_django import checks, observe, signals
-from idempotency_django.heartbeat import Heartbeat
+from idempotency_django import checks, signals
+from idempotency_django.core import observe
+from idempotency_django.core.heartbeat import Heartbeat
 from idempotency_django.metrics import prometheus
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.purge import purge_records
@@ -246,7 +247,7 @@ def test_stored_response_sizes(alice: User, post: Post, prom: Scrape, store_name
 def test_heartbeat_samples_in_flight_claims_and_failed_renewals(
     alice: User, prom: Scrape, settings: Any
 ) -> None:
-    from idempotency_django.claims import Claim, Scope
+    from idempotency_django.core.claims import Claim, Scope
     from idempotency_django.store.base import get_store
 
     store = get_store()

@@ -19,7 +19,7 @@ WORKER = textwrap.dedent(
     import sys
     from idempotency_django.metrics import prometheus
     recorder = prometheus.recorder()
-    from idempotency_django.observe import Frame
+    from idempotency_django.core.observe import Frame
     frame = Frame(route="charges/", method="POST", store="database", started=0.0)
     for _ in range(int(sys.argv[1])):
         recorder.end(frame, "replayed", 0.001)
@@ -32,7 +32,7 @@ WORKER = textwrap.dedent(
 
 SCRAPE = textwrap.dedent(
     """
-    from idempotency_django import observe
+    from idempotency_django.core import observe
     observe.purge_lag_seconds = lambda: None  # no database here
     from prometheus_client import generate_latest
     from idempotency_django.metrics import prometheus

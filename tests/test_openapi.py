@@ -310,7 +310,7 @@ def test_every_problem_of_the_package_is_published() -> None:
     import pkgutil
 
     import idempotency_django
-    from idempotency_django.contract import PROBLEMS
+    from idempotency_django.core.contract import PROBLEMS
     from idempotency_django.exceptions import IdempotencyError
 
     # Not HTTP: the task API's errors are raised to the caller, not answered.

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from idempotency_django import decorators, drf, options, tasks
-from idempotency_django.options import DRF, OPTIONS, TASK, VIEW, Options
+from idempotency_django.adapters import decorators, drf, tasks
+from idempotency_django.core import options
+from idempotency_django.core.options import DRF, OPTIONS, TASK, VIEW, Options
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

@@ -28,7 +28,7 @@ from django.test import RequestFactory
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from idempotency_django import keys
+from idempotency_django.core import keys
 from idempotency_django.exceptions import KeyMalformed
 from idempotency_django.models import FINGERPRINT_MAX_LENGTH, KEY_MAX_LENGTH
 

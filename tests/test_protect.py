@@ -146,7 +146,7 @@ def test_under_the_middleware_too(
 def test_the_request_transactions_answer_keeps_its_documented_import_path() -> None:
     """``protect.request_transactions`` (and ``RequestTransactions``) still import from where
     the docs first named them, and are the transaction module's own."""
-    from idempotency_django import protect, transactions
+    from idempotency_django.core import protect, transactions
 
     assert protect.request_transactions is transactions.request_transactions
     assert protect.RequestTransactions is transactions.RequestTransactions

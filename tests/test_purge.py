@@ -26,10 +26,11 @@ from django.db import DatabaseError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from idempotency_django import claims, purge, shell
+from idempotency_django.core import claims, shell
 from idempotency_django.management.commands import purge_idempotency_keys as command_module
 from idempotency_django.management.commands.purge_idempotency_keys import Command
 from idempotency_django.models import IdempotencyRecord
+from idempotency_django.operations import purge
 from idempotency_django.purge import Pacing, PurgeResult, parse_duration, purge_records
 from tests.project.factories import IdempotencyRecordFactory
 from tools.server import example_env, run_python

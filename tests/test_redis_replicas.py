@@ -24,7 +24,8 @@ from django.db import connections
 from django.test import Client, RequestFactory
 from django.utils import timezone
 
-from idempotency_django import claims, shell, signals
+from idempotency_django import signals
+from idempotency_django.core import claims, shell
 from idempotency_django.keys import default_fingerprint
 from idempotency_django.store.base import get_store
 from idempotency_django.store.redis import RedisStore

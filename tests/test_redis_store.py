@@ -26,9 +26,10 @@ from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
-from idempotency_django import claims, signals
+from idempotency_django import signals
 from idempotency_django.checks import check_settings
-from idempotency_django.heartbeat import Heartbeat
+from idempotency_django.core import claims
+from idempotency_django.core.heartbeat import Heartbeat
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store.base import Completion, Scope, StoreError, Write, get_store
 from idempotency_django.store.redis import RedisStore, record_key

@@ -14,8 +14,8 @@ from django.core.management import call_command
 from django.db import transaction
 from django.test import Client, RequestFactory
 
-from idempotency_django import accounts, keys
 from idempotency_django.checks import check_settings
+from idempotency_django.core import accounts, keys
 from idempotency_django.downstream import downstream_key, downstream_key_for
 from idempotency_django.exceptions import AnonymousNotAllowed
 from idempotency_django.models import IdempotencyRecord

@@ -65,10 +65,11 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from idempotency_django import claims, purge, shell
-from idempotency_django import heartbeat as heartbeat_module
+from idempotency_django.core import claims, shell
+from idempotency_django.core import heartbeat as heartbeat_module
+from idempotency_django.core.heartbeat import Heartbeat
 from idempotency_django.exceptions import InFlight, KeyMismatch, ResponseNotStored
-from idempotency_django.heartbeat import Heartbeat
+from idempotency_django.operations import purge
 from idempotency_django.responses import StoredResponse
 from idempotency_django.store import Snapshot, never
 from idempotency_django.store import database as database_store

@@ -13,7 +13,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from idempotency_django import decisions
+from idempotency_django.core import decisions
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store import (
     CLAIMED,

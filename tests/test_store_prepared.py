@@ -321,8 +321,8 @@ def test_the_heartbeat_says_a_refused_statement_in_its_transaction_is_not_sent_a
     where PostgreSQL aborts on the refused statement and nothing is sent again: the log says
     so, rather than "sent again unprepared". That beat renews nothing; the next one, on the
     same connection, no longer prepares and renews."""
-    from idempotency_django import claims, shell
-    from idempotency_django.heartbeat import Heartbeat
+    from idempotency_django.core import claims, shell
+    from idempotency_django.core.heartbeat import Heartbeat
 
     threshold(0)
     policy = claims.ClaimPolicy(
@@ -348,6 +348,6 @@ def test_the_heartbeat_says_a_refused_statement_in_its_transaction_is_not_sent_a
 def _entry(claim: Any) -> Any:
     import time
 
-    from idempotency_django.heartbeat import _Entry
+    from idempotency_django.core.heartbeat import _Entry
 
     return _Entry(claim, 30, time.monotonic() + 60, time.monotonic())

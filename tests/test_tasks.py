@@ -22,9 +22,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connection, connections, transaction
 from django.utils import timezone
 
-from idempotency_django import shell, signals
+from idempotency_django import signals
+from idempotency_django.core import shell
+from idempotency_django.core.heartbeat import heartbeat
 from idempotency_django.exceptions import InFlight, KeyMalformed, KeyMismatch, ResponseNotStored
-from idempotency_django.heartbeat import heartbeat
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.tasks import (
     TaskInFlight,

@@ -238,7 +238,7 @@ def test_releases_on_failure_fails_when_the_key_stays_in_progress(client: Client
     # commit mode, as in production: in a test transaction a failure rolls the claim back.
     UserFactory(username="alice")
     with (
-        mock.patch("idempotency_django.shell.release"),
+        mock.patch("idempotency_django.core.shell.release"),
         pytest.raises(AssertionError, match="refused with 409"),
     ):
         assert_releases_on_failure(

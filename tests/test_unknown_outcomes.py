@@ -321,7 +321,7 @@ def test_a_task_whose_row_lock_timed_out_releases_its_key(
 def test_a_lost_connection_stays_unknown_and_a_lock_timeout_does_not() -> None:
     """The rule, on real errors of this database: a lock timeout's code says "rolled back"; an
     error without such a code (a lost connection) keeps the key."""
-    from idempotency_django.decisions import outcome_unknown
+    from idempotency_django.core.decisions import outcome_unknown
 
     SideEffect.objects.create(label="locked-row")
     with row_held("locked-row"), transaction.atomic(), pytest.raises(OperationalError) as raised:

@@ -18,7 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from idempotency_django.purge import (
+from idempotency_django.operations.purge import (
     MAX_AGE,
     Pacing,
     batch_size_setting,

@@ -19,7 +19,8 @@ from opentelemetry import context, metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from idempotency_django import __version__, observe
+from idempotency_django import __version__
+from idempotency_django.core import observe
 
 SCOPE = "idempotency_django"
 DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)

@@ -35,7 +35,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from idempotency_django import observe
+from idempotency_django.core import observe
 
 REQUEST_LABELS = ("idempotency_outcome", "idempotency_store", "http_route", "http_request_method")
 # Seconds: a claim on a local database takes about a millisecond, a replay on Redis less.

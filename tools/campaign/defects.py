@@ -31,14 +31,14 @@ class NoClaimDatabaseStore(DatabaseStore):
 
 
 def _complete_once(self: Any, claim: Any, response: Any, body_stored: bool) -> bool:
-    from idempotency_django import shell
+    from idempotency_django.core import shell
 
     return bool(shell.complete(claim, response, body_stored=body_stored))
 
 
 def plant(defect: str) -> None:
     if defect == "lost-completion":
-        from idempotency_django.shell import Run as Protected
+        from idempotency_django.core.shell import Run as Protected
 
         Protected._store_outcome = _complete_once  # type: ignore[method-assign]
     elif defect not in ("", "no-claim"):

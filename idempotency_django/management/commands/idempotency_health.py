@@ -11,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from idempotency_django.health import run_checks
+from idempotency_django.operations.health import run_checks
 
 
 class Command(BaseCommand):

@@ -14,7 +14,7 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError
 
 from idempotency_django.management import arguments
-from idempotency_django.purge import PurgeResult, describe, purge_records
+from idempotency_django.operations.purge import PurgeResult, describe, purge_records
 from idempotency_django.store.base import get_store
 
 

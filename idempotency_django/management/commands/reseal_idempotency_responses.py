@@ -8,7 +8,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError, CommandParser
 
-from idempotency_django.codecs import Resealed, get_codec, reseal_records
+from idempotency_django.core.codecs import Resealed, get_codec, reseal_records
 from idempotency_django.management import arguments
 from idempotency_django.store.base import get_store
 from idempotency_django.store.database import DatabaseStore

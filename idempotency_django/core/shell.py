@@ -32,11 +32,12 @@ from django.db import connections
 from django.dispatch import Signal
 from django.utils import timezone
 
-from idempotency_django import codecs, signals
-from idempotency_django.claims import Claim, ClaimPolicy, Scope, new_token
-from idempotency_django.codecs import ResponseUnreadable
+from idempotency_django import signals
 from idempotency_django.conf import conf
-from idempotency_django.decisions import (
+from idempotency_django.core import codecs
+from idempotency_django.core.claims import Claim, ClaimPolicy, Scope, new_token
+from idempotency_django.core.codecs import ResponseUnreadable
+from idempotency_django.core.decisions import (
     IN_FLIGHT,
     MISMATCH,
     RACE,
@@ -53,6 +54,16 @@ from idempotency_django.decisions import (
     races_left,
     store_failure,
 )
+from idempotency_django.core.heartbeat import heartbeat
+from idempotency_django.core.keys import fingerprints_match
+from idempotency_django.core.responses import StoredResponse
+from idempotency_django.core.transactions import (
+    CommitFailed,
+    Transactions,
+    commit_inside_transaction,
+    to_reopen,
+    unprotected,
+)
 from idempotency_django.exceptions import (
     IdempotencyError,
     InFlight,
@@ -62,10 +73,7 @@ from idempotency_django.exceptions import (
     StoreUnavailable,
     WorkNotCommitted,
 )
-from idempotency_django.heartbeat import heartbeat
-from idempotency_django.keys import fingerprints_match
 from idempotency_django.models import IdempotencyRecord
-from idempotency_django.responses import StoredResponse
 from idempotency_django.store.base import (
     CLAIMED,
     Completion,
@@ -76,13 +84,6 @@ from idempotency_django.store.base import (
     Write,
     duration,
     lock_wait,
-)
-from idempotency_django.transactions import (
-    CommitFailed,
-    Transactions,
-    commit_inside_transaction,
-    to_reopen,
-    unprotected,
 )
 
 logger = logging.getLogger("idempotency_django")

@@ -85,7 +85,7 @@ class Recorder(Protocol):
 
 
 _frame: contextvars.ContextVar[Frame | None] = contextvars.ContextVar(
-    "idempotency_django.observe.frame", default=None
+    "idempotency_django.core.observe.frame", default=None
 )
 recorders: list[Recorder] = []
 _tracers: list[Recorder] = []  # the recorders that trace: ``begin`` and ``event`` go to them
@@ -242,7 +242,7 @@ def _purged(expired: int, stale: int, **kwargs: Any) -> None:
 
 
 def _receivers() -> list[tuple[Signal, Callable[..., None]]]:
-    from idempotency_django.purge import purged
+    from idempotency_django.operations.purge import purged
 
     return [
         (signals.claimed, _outcome_of("claimed")),
@@ -299,7 +299,7 @@ def connect() -> None:
     _tracers.extend(recorder for recorder in recorders if recorder.traces)
     for signal, receiver in _receivers():
         signal.connect(
-            receiver, weak=False, dispatch_uid=f"idempotency_django.observe.{id(signal)}"
+            receiver, weak=False, dispatch_uid=f"idempotency_django.core.observe.{id(signal)}"
         )
         _connected.append((signal, receiver))
     watching = True
@@ -309,7 +309,7 @@ def disconnect() -> None:
     global watching
     watching = False
     for signal, _ in _connected:
-        signal.disconnect(dispatch_uid=f"idempotency_django.observe.{id(signal)}")
+        signal.disconnect(dispatch_uid=f"idempotency_django.core.observe.{id(signal)}")
     _connected.clear()
     recorders.clear()
     _tracers.clear()

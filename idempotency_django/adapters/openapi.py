@@ -18,8 +18,8 @@ from drf_spectacular.plumbing import get_doc
 from drf_spectacular.settings import spectacular_settings
 from rest_framework.settings import api_settings
 
-from idempotency_django import contract
 from idempotency_django.conf import status_predicate
+from idempotency_django.core import contract
 
 
 def document(view: Any, method: str, operation: dict[str, Any]) -> dict[str, Any]:

@@ -32,8 +32,8 @@ from django.db import connections
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from idempotency_django.heartbeat import HeartbeatStatus
-from idempotency_django.heartbeat import heartbeat as process_heartbeat
+from idempotency_django.core.heartbeat import HeartbeatStatus
+from idempotency_django.core.heartbeat import heartbeat as process_heartbeat
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store import database as database_store
 from idempotency_django.store.base import Store, expired_q, in_use_q, lapsed_q

@@ -26,9 +26,9 @@ from typing import Any
 
 import httpx
 
-from idempotency_django.downstream import downstream_key, downstream_key_for
-from idempotency_django.keys import KEY_MAX_LENGTH as _SERVER_KEY_MAX_LENGTH
-from idempotency_django.keys import header_value, key_error
+from idempotency_django.client.downstream import downstream_key
+from idempotency_django.client.wire import KEY_MAX_LENGTH as _SERVER_KEY_MAX_LENGTH
+from idempotency_django.client.wire import header_value, key_error
 
 __all__ = [
     "AsyncIdempotentClient",
@@ -37,7 +37,6 @@ __all__ = [
     "RetriesExhausted",
     "RetryPolicy",
     "downstream_key",
-    "downstream_key_for",
 ]
 
 logger = logging.getLogger("idempotency_django.client")

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from idempotency_django import exceptions
-from idempotency_django.codecs import ResponseUnreadable
 from idempotency_django.conf import conf
-from idempotency_django.keys import KEY_PATTERN, KEY_VALUE_MAX_LENGTH
+from idempotency_django.core.codecs import ResponseUnreadable
+from idempotency_django.core.keys import KEY_PATTERN, KEY_VALUE_MAX_LENGTH
 from idempotency_django.models import KEY_MAX_LENGTH
 
 #: The problems each status can carry, in the order a reader meets them.

@@ -17,8 +17,18 @@ from django.dispatch import Signal
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 
-from idempotency_django import claims, keys, observe, shell, signals
-from idempotency_django.decisions import outcome_unknown
+from idempotency_django import signals
+from idempotency_django.core import claims, keys, observe, shell
+from idempotency_django.core.decisions import outcome_unknown
+from idempotency_django.core.options import Options
+from idempotency_django.core.responses import problem_response, replay, stored_headers
+from idempotency_django.core.transactions import (  # re-exported: they lived here
+    RequestTransactions as RequestTransactions,
+)
+from idempotency_django.core.transactions import (
+    request_transactions as request_transactions,
+)
+from idempotency_django.core.transactions import unprotected
 from idempotency_django.exceptions import (
     AnonymousNotAllowed,
     BodyTooLarge,
@@ -28,15 +38,6 @@ from idempotency_django.exceptions import (
     KeyMissing,
 )
 from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH, IdempotencyRecord
-from idempotency_django.options import Options
-from idempotency_django.responses import problem_response, replay, stored_headers
-from idempotency_django.transactions import (  # re-exported: they lived here
-    RequestTransactions as RequestTransactions,
-)
-from idempotency_django.transactions import (
-    request_transactions as request_transactions,
-)
-from idempotency_django.transactions import unprotected
 
 ViewCall = Callable[[], HttpResponseBase]
 AsyncViewCall = Callable[[], Awaitable[HttpResponseBase]]

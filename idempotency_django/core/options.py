@@ -18,7 +18,6 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
-from idempotency_django import claims, shell
 from idempotency_django.conf import (
     check_argument,
     check_durations,
@@ -27,6 +26,7 @@ from idempotency_django.conf import (
     setting_at_declaration,
     status_predicate,
 )
+from idempotency_django.core import claims, shell
 from idempotency_django.store.base import Store, check_store, get_store
 
 VIEW = "view"  # @idempotent, and ninja's @idempotent and IdempotentRouter
@@ -222,7 +222,7 @@ def _settings_changed(**kwargs: Any) -> None:
     _settings_generation += 1
 
 
-setting_changed.connect(_settings_changed, dispatch_uid="idempotency_django.options")
+setting_changed.connect(_settings_changed, dispatch_uid="idempotency_django.core.options")
 
 
 class Resolved:

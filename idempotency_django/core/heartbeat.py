@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from django.db import connections
 
 from idempotency_django import signals
-from idempotency_django.claims import Claim
+from idempotency_django.core.claims import Claim
 from idempotency_django.store.base import Store
 
 logger = logging.getLogger("idempotency_django")
