@@ -10,7 +10,7 @@ its own (PostgreSQL or MariaDB), and each line is the CPU time of this process p
 database, so it is much steadier than throughput on a busy machine. Each whole request is
 shown next to the bare view's, as "added": that is the app's cost per request.
 
-The last block answers issue 10 item 5 (an in-process replay cache): what a replay costs
+The last block answers whether an in-process replay cache would pay: what a replay costs
 with its database read, and what it would cost without it (the read replaced by a lookup in
 a dict), in CPU and in wall time per call.
 

@@ -76,7 +76,7 @@ DEFAULT_URLS = {
     "mariadb": os.environ.get("BENCH_MARIADB_URL", "mysql://root@127.0.0.1:3306/bench"),
 }
 
-# The targets of issue #10, printed as PASS/FAIL lines (never a timed test).
+# The first performance targets (benchmarks/README.md, "Targets"), printed as PASS/FAIL lines (never a timed test).
 TARGET_REPLAY = 1.5  # x bare
 TARGET_REPLAY_PEER = 0.8  # x the faster peer's replays
 TARGET_COMMIT = 0.60  # x bare, and above every peer's first-time keys
@@ -84,7 +84,7 @@ TARGET_ATOMIC = 0.70
 TARGET_GROWTH = 0.9  # the large table's claims over the small one's
 TARGET_PURGE_ROWS = 20_000  # rows/s, on PostgreSQL
 TARGET_PURGE_P99 = 2.0  # claim p99 during the purge over p99 without it
-# The targets of issue #18 (item 7): the Redis store, and the DRF view with token auth.
+# The second round's targets: the Redis store, and the DRF view with token auth.
 TARGET_REDIS_COMMIT = 0.80  # x bare, first-time keys on the Redis store
 TARGET_API_REDIS_REPLAY = 1.3  # x the DRF view bare, replays on the Redis store
 TARGET_API_REPLAY = 1.2  # x the DRF view bare, replays on the database store
