@@ -76,7 +76,8 @@ DEFAULT_URLS = {
     "mariadb": os.environ.get("BENCH_MARIADB_URL", "mysql://root@127.0.0.1:3306/bench"),
 }
 
-# The first performance targets (benchmarks/README.md, "Targets"), printed as PASS/FAIL lines (never a timed test).
+# The first performance targets (benchmarks/README.md, "Targets"), printed as PASS/FAIL
+# lines (never a timed test).
 TARGET_REPLAY = 1.5  # x bare
 TARGET_REPLAY_PEER = 0.8  # x the faster peer's replays
 TARGET_COMMIT = 0.60  # x bare, and above every peer's first-time keys
