@@ -60,7 +60,7 @@ def measure(pauses: list[float], lease: float, socket_timeout: float, requests: 
             stall.execute_command("CLIENT", "PAUSE", str(int(armed.pop() * 1000)), "WRITE")
 
     def lost(sender: Any, **kwargs: Any) -> None:
-        not_stored.append(kwargs["key"])
+        not_stored.append(signals.raw_key())  # ``key`` is its digest
 
     signals.claimed.connect(pause_after_the_claim, weak=False)
     signals.outcome_not_stored.connect(lost, weak=False)

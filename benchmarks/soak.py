@@ -602,6 +602,10 @@ def check(
         late = [c for c, created in made if created > first_replay]
         if late and len(made) > 1:
             extra.append(f"{key.key}: ch_{late[0]} was created after the key was replayed")
+        if len(runs_of[serial]) < 1:
+            # A charge is made inside an execution: one the soak did not record means its
+            # record of executions is broken, and rule 1 above checked nothing.
+            extra.append(f"{listed}: no execution of this key was recorded")
     checks.append(
         Check(
             "at most one charge per key, one more per execution of it the soak cut",

@@ -68,11 +68,23 @@ def _on_signal(name: str, sender: Any, **kwargs: Any) -> None:
             "event": name,
             "account": kwargs.get("account"),
             "endpoint": kwargs.get("endpoint"),
-            "key": kwargs.get("key"),
+            "key": _raw_key(kwargs.get("key")),
             "status": kwargs.get("status"),
             "backend": backend(),
         }
     )
+
+
+def _raw_key(digest: Any) -> Any:
+    """The client's key of the signal being sent: receivers get its digest as ``key`` (so
+    that a receiver that logs its arguments never carries the key), and the key itself from
+    ``signals.raw_key()``, which the soak matches against the keys it sent."""
+    from idempotency_django import signals
+
+    try:
+        return signals.raw_key()
+    except LookupError:  # a signal not sent for one key
+        return digest
 
 
 def _on_request_finished(sender: Any, **kwargs: Any) -> None:
