@@ -1056,7 +1056,7 @@ MUTANTS = [
     Mutant(
         "key-comma-accepted",
         "a key may hold a comma: two header lines joined by a server are one key",
-        "client/wire.py",
+        "core/wire.py",
         '    if "," in key:',
         "    if False:",
         (
@@ -1068,7 +1068,7 @@ MUTANTS = [
     Mutant(
         "key-pattern-disagrees",
         "the published key pattern allows a comma the parser refuses",
-        "client/wire.py",
+        "core/wire.py",
         'KEY_CHARACTER = r"[\\x21-\\x2b\\x2d-\\x7e]"',
         'KEY_CHARACTER = r"[\\x21-\\x7e]"',
         ("test_keys.py::test_parse_key_accepts_exactly_the_published_pattern",),
@@ -1314,7 +1314,7 @@ MUTANTS = [
     Mutant(
         "key-pattern-quoted-unbounded",
         "the published pattern lets a quoted key longer than the parser's limit through",
-        "client/wire.py",
+        "core/wire.py",
         '{_QUOTED_CHARACTER}{{1,{KEY_MAX_LENGTH}}}")$',
         '{_QUOTED_CHARACTER}+")$',
         (
@@ -1325,7 +1325,7 @@ MUTANTS = [
     Mutant(
         "key-pattern-bare-quote-first",
         "the published pattern lets a bare value start with a quote, which the parser refuses",
-        "client/wire.py",
+        "core/wire.py",
         r'rf"^(?:[\x21\x23-\x2b\x2d-\x7e]{KEY_CHARACTER}',
         r'rf"^(?:{KEY_CHARACTER}{KEY_CHARACTER}',
         (
@@ -2507,6 +2507,15 @@ MUTANTS = [
         "answers), a bad URL",
         "        except redis.RedisError:",
         ("test_docs.py::test_settings_snippets_pasted_pass_the_system_checks",),
+    ),
+    Mutant(
+        "server-imports-the-client",
+        "the server imports the client package, whose transport (httpx) is an optional extra: "
+        "a project without it cannot start",
+        "core/keys.py",
+        "from idempotency_django.core.wire import (",
+        "import idempotency_django.client  # noqa: F401\nfrom idempotency_django.core.wire import (",
+        ("test_layout.py::test_the_server_needs_no_httpx",),
     ),
     Mutant(
         "public-path-not-the-module",

@@ -5,6 +5,7 @@ made through it behave as before."""
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -129,3 +130,32 @@ def test_the_client_needs_no_django() -> None:
     from idempotency_django.downstream import downstream_key
 
     assert result.stdout.split() == ["order-1", downstream_key("order-1", "charge", "acct")]
+
+
+def test_the_server_needs_no_httpx() -> None:
+    """The client's transport is an extra: the app, its adapters and its commands import
+    without it (only ``core/wire.py`` is shared, and it needs the standard library only)."""
+    program = (
+        "import sys\n"
+        "class NoHttpx:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'httpx' or name.startswith('httpx.'):\n"
+        "            raise ImportError(name)\n"
+        "sys.meta_path.insert(0, NoHttpx())\n"
+        "import django\n"
+        "django.setup()\n"
+        "import idempotency_django.decorators, idempotency_django.drf, idempotency_django.tasks\n"
+        "import idempotency_django.middleware, idempotency_django.purge, idempotency_django.admin\n"
+        "from idempotency_django.downstream import downstream_key_for\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        cwd=PACKAGE.parent,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.project.settings"},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["ok"]

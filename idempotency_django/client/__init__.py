@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from idempotency_django.client.downstream import downstream_key
 from idempotency_django.client.http import (
     FINAL_PROBLEMS,
     KEY_MAX_LENGTH,
@@ -25,6 +24,7 @@ from idempotency_django.client.http import (
     is_in_flight_conflict,
     parse_retry_after,
 )
+from idempotency_django.core.wire import downstream_key
 
 __all__ = [
     "FINAL_PROBLEMS",

@@ -26,9 +26,8 @@ from typing import Any
 
 import httpx
 
-from idempotency_django.client.downstream import downstream_key
-from idempotency_django.client.wire import KEY_MAX_LENGTH as _SERVER_KEY_MAX_LENGTH
-from idempotency_django.client.wire import header_value, key_error
+from idempotency_django.core.wire import KEY_MAX_LENGTH as _SERVER_KEY_MAX_LENGTH
+from idempotency_django.core.wire import downstream_key, header_value, key_error
 
 __all__ = [
     "AsyncIdempotentClient",

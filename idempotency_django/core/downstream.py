@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from django.http import HttpRequest
 
-from idempotency_django.client.downstream import downstream_key as downstream_key
 from idempotency_django.conf import conf
+from idempotency_django.core.wire import downstream_key as downstream_key
 from idempotency_django.exceptions import AnonymousNotAllowed, KeyMissing
 
 

@@ -22,30 +22,6 @@ from django.http import HttpRequest
 from django.http.request import split_domain_port
 from django.urls import Resolver404, resolve
 
-from idempotency_django.client.wire import (
-    _PRINTABLE_ASCII as _PRINTABLE_ASCII,
-)
-from idempotency_django.client.wire import (
-    _VISIBLE_ASCII as _VISIBLE_ASCII,
-)
-from idempotency_django.client.wire import (
-    KEY_CHARACTER as KEY_CHARACTER,
-)
-from idempotency_django.client.wire import (
-    KEY_MAX_LENGTH as KEY_MAX_LENGTH,
-)
-from idempotency_django.client.wire import (
-    KEY_PATTERN as KEY_PATTERN,
-)
-from idempotency_django.client.wire import (
-    KEY_VALUE_MAX_LENGTH as KEY_VALUE_MAX_LENGTH,
-)
-from idempotency_django.client.wire import (
-    header_value as header_value,
-)
-from idempotency_django.client.wire import (
-    key_error as key_error,
-)
 from idempotency_django.conf import conf
 
 # The fingerprint's public names, re-exported where FINGERPRINT settings and projects
@@ -88,6 +64,30 @@ from idempotency_django.core.fingerprint import (
 )
 from idempotency_django.core.fingerprint import (
     task_fingerprint as task_fingerprint,
+)
+from idempotency_django.core.wire import (
+    _PRINTABLE_ASCII as _PRINTABLE_ASCII,
+)
+from idempotency_django.core.wire import (
+    _VISIBLE_ASCII as _VISIBLE_ASCII,
+)
+from idempotency_django.core.wire import (
+    KEY_CHARACTER as KEY_CHARACTER,
+)
+from idempotency_django.core.wire import (
+    KEY_MAX_LENGTH as KEY_MAX_LENGTH,
+)
+from idempotency_django.core.wire import (
+    KEY_PATTERN as KEY_PATTERN,
+)
+from idempotency_django.core.wire import (
+    KEY_VALUE_MAX_LENGTH as KEY_VALUE_MAX_LENGTH,
+)
+from idempotency_django.core.wire import (
+    header_value as header_value,
+)
+from idempotency_django.core.wire import (
+    key_error as key_error,
 )
 from idempotency_django.exceptions import KeyMalformed
 

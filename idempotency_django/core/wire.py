@@ -1,14 +1,18 @@
-"""The wire format of an ``Idempotency-Key``, shared by the server and the client.
+"""What crosses the wire, shared by the server and the client: Django-free (it imports
+nothing but the standard library), so that the client (``idempotency_django.client``)
+runs in any Python process.
 
-Django-free, so that the client (``idempotency_django.client``) runs in any Python
-process: what a key may hold (``key_error``, the one rule every side applies), how it
-is written in the header (``header_value``), and the pattern the published contract
-gives clients (``KEY_PATTERN``). The server's parser is ``core/keys.py``'s ``parse_key``.
+What a key may hold (``key_error``, the one rule every side applies), how it is written
+in the header (``header_value``), the pattern the published contract gives clients
+(``KEY_PATTERN``), and the downstream key's derivation (``downstream_key``; guide:
+docs/client.md). The server's parser is ``keys.py``'s ``parse_key``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
+import uuid
 
 KEY_MAX_LENGTH = 255
 
@@ -60,3 +64,41 @@ def header_value(key: str) -> str:
     if _VISIBLE_ASCII.fullmatch(key) and not key.startswith('"'):
         return key
     return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+_NAMESPACE = b"idempotency-django/downstream-key/v1"
+
+
+def downstream_key(
+    key: str, purpose: str, account: str | None = None, *, endpoint: str | None = None
+) -> str:
+    """A deterministic key for one downstream call made on behalf of ``key``.
+
+    ``purpose`` names the call (``"stripe-charge"``; ``"stripe-refund:line-3"`` when one
+    request makes several calls of a kind). Give the ``account`` (and ``endpoint``) that
+    scope ``key`` upstream, so that two accounts using the same key get different
+    downstream keys; ``downstream_key_for`` fills them in from a request.
+
+    The result is a UUID-formatted string (36 characters, version 8: RFC 9562's
+    name-based SHA-256 layout), accepted by providers that want a UUID and well within
+    every provider's length limit (Stripe 255, PayPal 108, Square 45).
+    """
+    if not key:
+        raise ValueError("downstream_key needs the incoming Idempotency-Key, not an empty one")
+    if not purpose:
+        raise ValueError("downstream_key needs a purpose naming the downstream call")
+    hasher = hashlib.sha256()
+    for part in (_NAMESPACE, *(_part(value) for value in (purpose, account, endpoint, key))):
+        hasher.update(len(part).to_bytes(8, "big"))
+        hasher.update(part)
+    value = int.from_bytes(hasher.digest()[:16], "big")
+    value &= ~(0xF000 << 64)  # version 8 ...
+    value |= 0x8000 << 64
+    value &= ~(0xC000 << 48)  # ... and the RFC 9562 variant
+    value |= 0x8000 << 48
+    return str(uuid.UUID(int=value))
+
+
+def _part(value: str | None) -> bytes:
+    # None and "" must not collide: an account-less key is not the key of account "".
+    return b"\x00" if value is None else b"\x01" + value.encode("utf-8", "surrogatepass")
