@@ -2513,8 +2513,8 @@ MUTANTS = [
         "the server imports the client package, whose transport (httpx) is an optional extra: "
         "a project without it cannot start",
         "core/keys.py",
-        "from idempotency_django.core.wire import (",
-        "import idempotency_django.client  # noqa: F401\nfrom idempotency_django.core.wire import (",
+        'logger = logging.getLogger("idempotency_django")',
+        'import idempotency_django.client\n\nlogger = logging.getLogger("idempotency_django")',
         ("test_layout.py::test_the_server_needs_no_httpx",),
     ),
     Mutant(
