@@ -154,7 +154,12 @@ def test_the_server_needs_no_httpx() -> None:
         capture_output=True,
         text=True,
         cwd=PACKAGE.parent,
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.project.settings"},
+        # this process's import path: the tests' settings, wherever the package is installed
+        env={
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.project.settings",
+            "PYTHONPATH": os.pathsep.join(path for path in sys.path if path),
+        },
         check=False,
     )
     assert result.returncode == 0, result.stderr
