@@ -107,24 +107,37 @@ def test_the_top_level_holds_the_app_the_public_paths_and_the_role_folders() -> 
         assert "sys.modules[__name__] = _module" in lines, name
 
 
-def test_the_client_needs_no_django() -> None:
-    """The client package runs where Django is not installed (a worker, a script)."""
+def run_without(package: str, body: str) -> subprocess.CompletedProcess[str]:
+    """``body`` run in a fresh interpreter where ``package`` cannot be imported, on this
+    process's import path (the tests' settings, wherever the package is installed)."""
     program = (
         "import sys\n"
-        "class NoDjango:\n"
+        "class Without:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'django' or name.startswith('django.'):\n"
+        f"        if name == {package!r} or name.startswith({package + '.'!r}):\n"
         "            raise ImportError(name)\n"
-        "sys.meta_path.insert(0, NoDjango())\n"
-        "from idempotency_django.client import IdempotentClient, check_key, downstream_key\n"
-        "print(check_key('order-1'), downstream_key('order-1', 'charge', 'acct'))\n"
-    )
-    result = subprocess.run(
+        "sys.meta_path.insert(0, Without())\n"
+    ) + body
+    return subprocess.run(
         [sys.executable, "-c", program],
         capture_output=True,
         text=True,
         cwd=PACKAGE.parent,
+        env={
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.project.settings",
+            "PYTHONPATH": os.pathsep.join(path for path in sys.path if path),
+        },
         check=False,
+    )
+
+
+def test_the_client_needs_no_django() -> None:
+    """The client package runs where Django is not installed (a worker, a script)."""
+    result = run_without(
+        "django",
+        "from idempotency_django.client import IdempotentClient, check_key, downstream_key\n"
+        "print(check_key('order-1'), downstream_key('order-1', 'charge', 'acct'))\n",
     )
     assert result.returncode == 0, result.stderr
     from idempotency_django.downstream import downstream_key
@@ -135,32 +148,14 @@ def test_the_client_needs_no_django() -> None:
 def test_the_server_needs_no_httpx() -> None:
     """The client's transport is an extra: the app, its adapters and its commands import
     without it (only ``core/wire.py`` is shared, and it needs the standard library only)."""
-    program = (
-        "import sys\n"
-        "class NoHttpx:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'httpx' or name.startswith('httpx.'):\n"
-        "            raise ImportError(name)\n"
-        "sys.meta_path.insert(0, NoHttpx())\n"
+    result = run_without(
+        "httpx",
         "import django\n"
         "django.setup()\n"
         "import idempotency_django.decorators, idempotency_django.drf, idempotency_django.tasks\n"
         "import idempotency_django.middleware, idempotency_django.purge, idempotency_django.admin\n"
         "from idempotency_django.downstream import downstream_key_for\n"
-        "print('ok')\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", program],
-        capture_output=True,
-        text=True,
-        cwd=PACKAGE.parent,
-        # this process's import path: the tests' settings, wherever the package is installed
-        env={
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.project.settings",
-            "PYTHONPATH": os.pathsep.join(path for path in sys.path if path),
-        },
-        check=False,
+        "print('ok')\n",
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["ok"]
