@@ -2403,6 +2403,24 @@ MUTANTS = [
         ("test_heartbeat.py::test_a_claim_with_a_shorter_lease_wakes_the_sleeping_heartbeat",),
     ),
     Mutant(
+        "signals-observer-silences-receivers",
+        "with the metrics on, a receiver of one's own stops getting the signals: the metrics' "
+        "slot takes the place of Django's receivers instead of coming before them",
+        "signals.py",
+        "    if not signal.receivers:\n        return\n    sending = _sending.set(key)",
+        "    if signal.observer is not None or not signal.receivers:\n        return\n"
+        "    sending = _sending.set(key)",
+        ("test_observe.py::test_a_receiver_of_ones_own_sees_what_the_metrics_see",),
+    ),
+    Mutant(
+        "signals-observer-not-called",
+        "the metrics' slot is never called: every request is counted as 'other'",
+        "signals.py",
+        "    if signal.observer is not None:\n        signal.observer(account=account",
+        "    if False:\n        signal.observer(account=account",
+        ("test_observe.py::test_each_outcome_is_counted_once_under_its_label",),
+    ),
+    Mutant(
         "metrics-waited-counted-as-replayed",
         "a duplicate that waited for the first request, then replayed it, is counted as a plain "
         "replay: the waits an IN_FLIGHT 'wait' policy causes disappear from the metrics",
@@ -2432,8 +2450,9 @@ MUTANTS = [
         "metrics-key-in-the-log-line",
         "the request log line carries the client's key instead of its HMAC",
         "core/observe.py",
+        '            "idempotency_key_hmac": None if frame.key is None else '
+        "signals.key_digest(frame.key),",
         '            "idempotency_key_hmac": frame.key,',
-        '            "idempotency_key_hmac": frame.key and signals.raw_key(),',
         ("test_observe.py::test_one_log_line_per_request_with_the_keys_hmac_only",),
     ),
     Mutant(

@@ -13,6 +13,8 @@ prefix of its own (deleted afterwards). ``--scenario``: ``bare`` (the view unpro
 ``new`` (a new key each time), ``replay`` (one key, every request after the first a
 replay), ``store`` (the store's claim and completion alone, called directly), or on the
 DRF view with token authentication ``drf-bare`` and ``drf-replay``.
+``--metrics prometheus`` (or ``opentelemetry``) turns the metrics on, to count what they
+add (Prometheus's values in files, as under gunicorn).
 ``--callgrind`` runs the child under callgrind with its instrumentation on around the
 measured loop only (``callgrind_control -i``), and prints its instructions per request
 (``callgrind_annotate`` the file it names for where they go). ``--profile`` prints
@@ -26,8 +28,10 @@ import argparse
 import cProfile
 import os
 import pstats
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -70,6 +74,14 @@ def measure(scenario: str, calls: int, mode: str) -> None:
     from django.core.management import call_command
 
     call_command("migrate", "--noinput", verbosity=0)
+    if os.environ.get("REQUEST_PROFILE_METRICS"):
+        from django.conf import settings
+
+        from idempotency_django.core import observe
+
+        metrics = os.environ["REQUEST_PROFILE_METRICS"]
+        settings.IDEMPOTENCY = {**settings.IDEMPOTENCY, "METRICS": metrics}
+        observe.connect()
     alice = User.objects.get_or_create(username="alice")[0]
     headers = {"HTTP_X_BENCH_USER": "alice"}
     if scenario.startswith("drf"):
@@ -123,33 +135,31 @@ def store_calls() -> Callable[[Any], None]:
     from django.utils import timezone
 
     from idempotency_django.store import get_store
+    from idempotency_django.store.base import Completion, Scope, Write
 
-    store = get_store()
+    store = get_store().bind("default")
+    headers = (("Content-Type", "application/json"), ("Location", "/c/1"))
 
     def call(_env: Any) -> None:
-        now = timezone.now()
         token = uuid.uuid4().hex
-        lookup = {"account": "1", "endpoint": "POST /bench/commit/", "key": token}
-        claim = {
-            **lookup,
-            "fingerprint": "3:" + "a" * 64,
-            "state": "in_progress",
-            "token": token,
-            "lease_expires_at": now + timedelta(seconds=10),
-            "response_headers": [],
-            "created_at": now,
-            "expires_at": now + timedelta(days=1),
-        }
-        assert store.claim_or_read("default", claim, claim["fingerprint"]) == "claimed"
-        done = {
-            "state": "completed",
-            "response_status": 201,
-            "response_headers": [["Content-Type", "application/json"], ["Location", "/c/1"]],
-            "response_body": b'{"id": 1, "amount": 1000, "currency": "EUR"}',
-            "completed_at": timezone.now(),
-            "expires_at": now + timedelta(days=1),
-        }
-        assert store.complete("default", lookup, token, done)
+        scope = Scope(account="1", endpoint="POST /bench/commit/", key=token)
+        write = Write(
+            scope=scope,
+            token=token,
+            fingerprint="3:" + "a" * 64,
+            created_at=timezone.now(),
+            lease=timedelta(seconds=10),
+            ttl=timedelta(days=1),
+        )
+        assert store.claim(write)
+        done = Completion(
+            status=201,
+            headers=headers,
+            body=b'{"id": 1, "amount": 1000, "currency": "EUR"}',
+            completed_at=timezone.now(),
+            ttl=timedelta(days=1),
+        )
+        assert store.complete(scope, token, done)
 
     return call
 
@@ -203,6 +213,11 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("BENCH_DATABASE_URL", "postgres://root@127.0.0.1:5432/bench"),
     )
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/11")
+    parser.add_argument(
+        "--metrics",
+        choices=("prometheus", "opentelemetry"),
+        help="IDEMPOTENCY['METRICS'] (Prometheus as under gunicorn: values in files)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     mode = "callgrind" if args.callgrind else "profile" if args.profile else "cpu"
@@ -212,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = urlsplit(args.database_url)
     name = f"{parts.path.strip('/')}_profile_{os.getpid()}"
     prefix = f"request-profile-{os.getpid()}"
+    multiprocess = tempfile.mkdtemp(prefix="request-profile-prometheus-")
     with own_database(args.database_url, name) as url:
         env = {
             **os.environ,
@@ -220,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
             "EXAMPLE_PROVIDER_DELAY_MS": "0",
             "EXAMPLE_REDIS_URL": args.redis_url if args.store == "redis" else "",
             "EXAMPLE_REDIS_KEY_PREFIX": prefix,
+            "REQUEST_PROFILE_METRICS": args.metrics or "",
+            "PROMETHEUS_MULTIPROC_DIR": multiprocess,
         }
         command = [sys.executable, "-m", "benchmarks.request_profile", "--child"]
         out = args.callgrind_out or f"/tmp/request-profile-{os.getpid()}.callgrind"
@@ -236,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                 per_request = instructions(out) / args.calls
                 print(f"{args.scenario}: {per_request:,.0f} instructions per request ({out})")
         finally:
+            shutil.rmtree(multiprocess, ignore_errors=True)
             if args.store == "redis":
                 from benchmarks.store_requests import clean
 

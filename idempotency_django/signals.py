@@ -24,48 +24,72 @@ from django.dispatch import Signal
 
 logger = logging.getLogger("idempotency_django")
 
-# Every signal below is sent by one sender (``IdempotencyRecord``): ``use_caching`` keeps its
-# receivers' list between sends instead of rebuilding it under a lock on each (a send per
-# request with the metrics on, docs/observability.md "Cost").
+
+class IdempotencySignal(Signal):
+    """A Django signal with one more receiver: this package's own metrics and log line.
+
+    Receivers connect as to any signal (``connect``, ``@receiver``) and get what the
+    docs say. The metrics (``core/observe.py``) are one receiver among them, held in
+    ``observer``, a slot of its own rather than Django's list: a protected request sends
+    two signals or more, and with the metrics on, Django's dispatch (the receivers' lookup,
+    the call with ``signal`` and ``sender``) and the key's digest (which Django's receivers
+    get instead of the key) were most of what the metrics cost a replay
+    (docs/observability.md, "Cost"). The observer is called first, with the same
+    arguments but the key itself (``send``), and never leaves this package.
+
+    Every one is sent by one sender (``IdempotencyRecord``): ``use_caching`` keeps its
+    receivers' list between sends instead of rebuilding it under a lock on each.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(use_caching=True)
+        #: This package's own receiver (``core/observe.py``), or ``None``.
+        self.observer: Callable[..., None] | None = None
+
+    @property
+    def listened(self) -> bool:
+        """Whether sending this signal reaches anyone: the observer or a receiver."""
+        return self.observer is not None or bool(self.receivers)
+
 
 #: A request claimed a key that was absent (or expired) and its view is about to run.
-claimed = Signal(use_caching=True)
+claimed = IdempotencySignal()
 #: A completed key was replayed; ``status`` is the stored status code.
-replayed = Signal(use_caching=True)
+replayed = IdempotencySignal()
 #: A duplicate arrived while the key's first request was still running.
-in_flight = Signal(use_caching=True)
+in_flight = IdempotencySignal()
 #: An account had ``MAX_IN_FLIGHT_PER_ACCOUNT`` requests in progress: a new one was refused
 #: (429) before its claim.
-quota_exceeded = Signal(use_caching=True)
+quota_exceeded = IdempotencySignal()
 #: A key was reused with a different request (answered 422).
-mismatch = Signal(use_caching=True)
+mismatch = IdempotencySignal()
 #: A claim was released because its view failed (exception or unstored status).
-released = Signal(use_caching=True)
+released = IdempotencySignal()
 #: A claim whose lease had lapsed (its worker died or overran) was taken over.
-lease_taken_over = Signal(use_caching=True)
+lease_taken_over = IdempotencySignal()
 #: A finished view could not store its outcome: its claim had been taken over.
-completion_lost = Signal(use_caching=True)
+completion_lost = IdempotencySignal()
 #: Work that ran, and may have committed, could not have its outcome stored (the store failed
 #: after it, retries included): the key stays in progress until its lease lapses, and a
 #: retry after that runs the work again. ``status`` is the response's (``None`` when the
 #: client was answered 503). Alert on it.
-outcome_not_stored = Signal(use_caching=True)
+outcome_not_stored = IdempotencySignal()
 #: The store failed while claiming a key; ``policy`` is ``"closed"`` (503) or ``"open"``
 #: (the view ran unprotected).
-store_unavailable = Signal(use_caching=True)
+store_unavailable = IdempotencySignal()
 #: A request's ``Idempotency-Key`` was missing where one is required, or malformed (400).
 #: Sent with ``reason`` (``"missing"`` or ``"malformed"``) and ``endpoint``; no account and no
 #: key: neither is known yet.
-key_refused = Signal(use_caching=True)
+key_refused = IdempotencySignal()
 #: A request with a key came from nobody (no account) under ``ANONYMOUS = "reject"`` (403).
 #: Sent with ``endpoint``; no account and no key.
-anonymous_refused = Signal(use_caching=True)
+anonymous_refused = IdempotencySignal()
 #: A completed key's stored response could not be read back (its codec cannot open it, or
 #: it was sealed for another record): the retry is answered 409 and the view does not run.
-response_unreadable = Signal(use_caching=True)
+response_unreadable = IdempotencySignal()
 #: A claim's outcome was stored; ``status`` and ``size`` (the stored body's bytes, 0 when
 #: only the status was kept).
-completed = Signal(use_caching=True)
+completed = IdempotencySignal()
 
 # Signals that name no key (sent with plain ``Signal.send``; see each for its arguments).
 
@@ -73,31 +97,42 @@ completed = Signal(use_caching=True)
 #: ``"renew"``, ``"read"``), ``store`` (``store_name``) and ``seconds`` (its duration,
 #: failures included). Sent only while a receiver is connected: timing costs nothing
 #: otherwise.
-store_operation = Signal(use_caching=True)
+store_operation = IdempotencySignal()
 #: The heartbeat beat (or went idle): ``in_flight`` (the claims of this process it keeps),
 #: ``oldest_age`` (seconds since the oldest of them was claimed, 0 when none), ``lag``
 #: (seconds since the least recently renewed of them was last renewed, 0 when none) and
 #: ``failures`` (the claims whose renewal failed at this beat).
-heartbeat_beat = Signal(use_caching=True)
+heartbeat_beat = IdempotencySignal()
 
 
 T = TypeVar("T")
 
 
 def timed(operation: str, store: object, call: Callable[[], T]) -> T:
-    """``call()``, a store operation, timed for ``store_operation`` when a receiver is
-    connected (failures included: a store that times out is a slow store). With none, this
-    is the call alone."""
-    if not store_operation.receivers:
+    """``call()``, a store operation, timed for ``store_operation`` when anyone listens
+    (failures included: a store that times out is a slow store). With no one, this is the
+    call alone."""
+    if not store_operation.listened:
         return call()
     started = time.perf_counter()
     try:
         return call()
     finally:
         seconds = time.perf_counter() - started
-        store_operation.send(
-            _sender(), operation=operation, store=store_name(store), seconds=seconds
-        )
+        name = store_name(store)
+        observer = store_operation.observer  # ``dispatch``, written out: once per operation
+        if observer is not None:
+            observer(operation, name, seconds)
+        if store_operation.receivers:
+            store_operation.send(_sender(), operation=operation, store=name, seconds=seconds)
+
+
+def dispatch(signal: IdempotencySignal, **named: Any) -> None:
+    """Send ``signal``, which names no key, to its observer and its receivers."""
+    if signal.observer is not None:
+        signal.observer(**named)
+    if signal.receivers:
+        signal.send(_sender(), **named)
 
 
 def _sender() -> type:
@@ -128,14 +163,20 @@ def store_name(store: object) -> str:
 
 
 def emit(
-    signal: Signal, level: int, message: str, account: str, endpoint: str, key: str, **extra: Any
+    signal: IdempotencySignal,
+    level: int,
+    message: str,
+    account: str,
+    endpoint: str,
+    key: str,
+    **extra: Any,
 ) -> None:
     """Send ``signal`` and log ``message`` with the scope as structured fields.
 
     With no receiver connected and the level off (a request's ``claimed`` and ``replayed``
     at DEBUG, in production), this builds nothing: no keyword arguments, no log fields.
     """
-    if signal.receivers:
+    if signal.observer is not None or signal.receivers:
         send(signal, account, endpoint, key, **extra)
     if logger.isEnabledFor(level):
         logger.log(level, message, extra=log_fields(account, endpoint, key, **extra))
@@ -152,10 +193,18 @@ _LOG_KEY_SALT = "idempotency_django.signals.log_key"
 _sending: contextvars.ContextVar[str] = contextvars.ContextVar("idempotency_django.key")
 
 
-def send(signal: Signal, account: str, endpoint: str, key: str, **extra: Any) -> None:
+def send(signal: IdempotencySignal, account: str, endpoint: str, key: str, **extra: Any) -> None:
     """Send ``signal`` for one key: receivers get ``key`` as its digest (``key_digest``), and
     the key itself from ``raw_key()`` while they run. A receiver that logs or forwards its
-    arguments (an error tracker, a metrics label) then never carries the client's key."""
+    arguments (an error tracker, a metrics label) then never carries the client's key.
+
+    The observer (``IdempotencySignal``) gets the key itself, and keeps only its digest,
+    computed when something reads it (the request's log line): a replay counted by
+    Prometheus digests nothing."""
+    if signal.observer is not None:
+        signal.observer(account=account, endpoint=endpoint, key=key, **extra)
+    if not signal.receivers:
+        return
     sending = _sending.set(key)
     try:
         signal.send(_sender(), account=account, endpoint=endpoint, key=key_digest(key), **extra)

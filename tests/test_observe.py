@@ -300,7 +300,7 @@ def test_purge_deletions_and_lag(alice: User, post: Post, prom: Scrape) -> None:
 
 def test_with_metrics_off_nothing_is_connected(alice: User, post: Post, settings: Any) -> None:
     settings.IDEMPOTENCY = {"METRICS": "prometheus"}
-    assert signals.store_operation.receivers
+    assert signals.store_operation.listened
     settings.IDEMPOTENCY = {}
 
     assert not observe.watching
@@ -312,12 +312,47 @@ def test_with_metrics_off_nothing_is_connected(alice: User, post: Post, settings
         signals.heartbeat_beat,
         signals.completed,
     ):
+        assert signal.observer is None
         uids = [lookup[0] for lookup, *_ in signal.receivers]
         assert not [uid for uid in uids if "observe" in str(uid)]
-    assert not signals.store_operation.receivers  # so no store operation is timed
+    assert not signals.store_operation.listened  # so no store operation is timed
     before = scrape_once()
     post("/effect/", {"amount": 1}, key="off")
     assert requests_by_outcome(scrape_once()) == requests_by_outcome(before)
+
+
+def test_a_receiver_of_ones_own_sees_what_the_metrics_see(
+    alice: User, post: Post, prom: Scrape
+) -> None:
+    """The metrics hold their receiver in each signal's own slot (outside Django's
+    dispatch): a receiver connected beside them still gets every signal, with the key's
+    digest and ``raw_key()``, and the metrics still count the same requests."""
+    seen: list[tuple[str, str, str]] = []
+
+    def receiver(signal: Any, key: str, **kwargs: Any) -> None:
+        name = "replayed" if signal is signals.replayed else "claimed"
+        seen.append((name, key, signals.raw_key()))
+
+    signals.claimed.connect(receiver)
+    signals.replayed.connect(receiver)
+    operations: list[str] = []
+    signals.store_operation.connect(
+        lambda operation, **kw: operations.append(operation), weak=False, dispatch_uid="own"
+    )
+    try:
+        before = requests_by_outcome(prom())
+        assert post("/effect/", {"amount": 1}, key="own").status_code == 201
+        assert post("/effect/", {"amount": 1}, key="own").status_code == 201
+    finally:
+        signals.claimed.disconnect(receiver)
+        signals.replayed.disconnect(receiver)
+        signals.store_operation.disconnect(dispatch_uid="own")
+
+    digest = signals.key_digest("own")
+    assert seen == [("claimed", digest, "own"), ("replayed", digest, "own")]
+    assert "claim" in operations
+    assert "complete" in operations
+    assert delta(before, requests_by_outcome(prom())) == {"claimed": 1, "replayed": 1}
 
 
 def test_django_prometheus_exports_the_same_metrics_once(

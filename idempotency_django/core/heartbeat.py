@@ -219,16 +219,14 @@ class Heartbeat:
     def _report(self, failures: int = 0) -> None:
         """Send ``heartbeat_beat``: what the metrics sample of this process's claims (how
         many, the oldest's age, the stalest lease) and its renewals that failed."""
-        if not signals.heartbeat_beat.receivers:
+        if not signals.heartbeat_beat.listened:
             return
         now = time.monotonic()
         with self._lock:
             entries = list(self._entries.values())
         renewing = [entry.renewed_at for entry in entries if entry.renewing]
-        from idempotency_django.models import IdempotencyRecord
-
-        signals.heartbeat_beat.send(
-            IdempotencyRecord,
+        signals.dispatch(
+            signals.heartbeat_beat,
             in_flight=len(entries),
             oldest_age=now - min(entry.claim.since for entry in entries) if entries else 0.0,
             lag=now - min(renewing) if renewing else 0.0,

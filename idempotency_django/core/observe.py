@@ -64,7 +64,9 @@ class Frame:
     store: str
     started: float
     outcome: str | None = None
-    key: str | None = None  # the key's digest (``signals.key_digest``), never the key
+    # The client's key, kept for the log line, which names it by its HMAC only
+    # (``signals.key_digest``): never exported as a label or an attribute.
+    key: str | None = None
     span: Any = None  # the recorder's span (OpenTelemetry)
     context_token: Any = None
 
@@ -171,7 +173,7 @@ def log_request(frame: Frame, outcome: str, seconds: float) -> None:
             "http_route": signals.escape_log_text(frame.route),
             "http_request_method": frame.method,
             "idempotency_duration_ms": round(seconds * 1000, 3),
-            "idempotency_key_hmac": frame.key,
+            "idempotency_key_hmac": None if frame.key is None else signals.key_digest(frame.key),
         },
     )
 
@@ -298,9 +300,13 @@ def connect() -> None:
             recorders.append(opentelemetry.recorder())
     _tracers.extend(recorder for recorder in recorders if recorder.traces)
     for signal, receiver in _receivers():
-        signal.connect(
-            receiver, weak=False, dispatch_uid=f"idempotency_django.core.observe.{id(signal)}"
-        )
+        # The package's own signals hold these in their observer slot, outside Django's
+        # dispatch (``signals.IdempotencySignal``: most of the metrics' cost on a replay);
+        # the purge's signal, sent once per purge, takes a plain receiver.
+        if isinstance(signal, signals.IdempotencySignal):
+            signal.observer = receiver
+        else:
+            signal.connect(receiver, weak=False, dispatch_uid=_UID)
         _connected.append((signal, receiver))
     watching = True
 
@@ -309,10 +315,16 @@ def disconnect() -> None:
     global watching
     watching = False
     for signal, _ in _connected:
-        signal.disconnect(dispatch_uid=f"idempotency_django.core.observe.{id(signal)}")
+        if isinstance(signal, signals.IdempotencySignal):
+            signal.observer = None
+        else:
+            signal.disconnect(dispatch_uid=_UID)
     _connected.clear()
     recorders.clear()
     _tracers.clear()
+
+
+_UID = "idempotency_django.core.observe"
 
 
 def purge_lag_seconds() -> float | None:

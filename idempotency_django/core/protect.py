@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from django.core.exceptions import RequestDataTooBig
-from django.dispatch import Signal
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 
@@ -37,7 +36,7 @@ from idempotency_django.exceptions import (
     KeyMalformed,
     KeyMissing,
 )
-from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH, IdempotencyRecord
+from idempotency_django.models import ACCOUNT_MAX_LENGTH, ENDPOINT_MAX_LENGTH
 
 ViewCall = Callable[[], HttpResponseBase]
 AsyncViewCall = Callable[[], Awaitable[HttpResponseBase]]
@@ -124,7 +123,7 @@ _UNKNOWN = "_idempotency_unknown_outcome"
 def _refused(request: HttpRequest, error: IdempotencyError) -> None:
     """Tell a refusal before any claim, which names no key (there is none to name, or no
     account): ``key_refused`` (missing, malformed), ``anonymous_refused``."""
-    signal: Signal
+    signal: signals.IdempotencySignal
     if isinstance(error, KeyMissing):
         signal, extra = signals.key_refused, {"reason": "missing"}
     elif isinstance(error, KeyMalformed):
@@ -133,8 +132,8 @@ def _refused(request: HttpRequest, error: IdempotencyError) -> None:
         signal, extra = signals.anonymous_refused, {}
     else:
         return
-    if signal.receivers:
-        signal.send(IdempotencyRecord, request=request, **extra)
+    if signal.listened:
+        signals.dispatch(signal, request=request, **extra)
 
 
 def answered(error: Exception, response: HttpResponseBase) -> HttpResponseBase:

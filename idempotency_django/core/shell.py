@@ -29,7 +29,6 @@ from typing import Any, Generic, TypeVar
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
-from django.dispatch import Signal
 from django.utils import timezone
 
 from idempotency_django import signals
@@ -200,7 +199,7 @@ def _report(
     level: int | None,
     message: str,
     *args: Any,
-    signal: Signal | None = None,
+    signal: signals.IdempotencySignal | None = None,
     exc_info: BaseException | bool | None = None,
     **extra: Any,
 ) -> None:
@@ -208,7 +207,7 @@ def _report(
     ``message`` at ``level``, the scope (and ``extra``) as structured fields (``signals``:
     ``LOG_KEYS`` and escaping). With no receiver and the level off (``claimed`` and
     ``replayed`` at DEBUG, in production), this builds nothing."""
-    sending = signal is not None and bool(signal.receivers)
+    sending = signal is not None and signal.listened
     logging_on = level is not None and logger.isEnabledFor(level)
     if not (sending or logging_on):
         return
@@ -226,7 +225,7 @@ def _report(
 def _timed(operation: str, store: Store, call: Callable[[], T]) -> T:
     """``call()``, one store operation, timed for ``store_operation`` when a receiver is
     connected (``signals.timed``; with none, this is the call alone)."""
-    if not signals.store_operation.receivers:
+    if not signals.store_operation.listened:
         return call()
     return signals.timed(operation, store, call)
 
