@@ -123,7 +123,10 @@ def defined_signals() -> set[str]:
     names = set()
     for path in PACKAGE.rglob("*.py"):
         module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-        for name in re.findall(r"^(\w+) = Signal\((?:use_caching=True)?\)", path.read_text(), re.M):
+        found = re.findall(
+            r"^(\w+) = (?:Idempotency)?Signal\((?:use_caching=True)?\)", path.read_text(), re.M
+        )
+        for name in found:
             names.add(f"{module}.{name}")
     return names
 
