@@ -240,7 +240,13 @@ def purge_records(
         expires_at__gt=cutoff,
     )
 
-    passes = [_Pass("expired", expired, "expires_at")]
+    # MariaDB/MySQL: a page of the expired pass is read from the ``expires_at`` index alone
+    # (the ``DELETE`` re-checks the rest on every row), not from the table's rows too: half
+    # of the page's time at 10M records. Not in a dry run, which counts its pages, nor for a
+    # selection of records, whose conditions only the page applies.
+    index_only = connection.vendor == "mysql" and not dry_run and queryset is None
+    candidates = Q(expires_at__lte=cutoff) if index_only else None
+    passes = [_Pass("expired", expired, "expires_at", candidates)]
     if include_stale:
         passes.append(_Pass("stale", stale, "lease_expires_at"))
     clock = pacing.clock
@@ -251,8 +257,8 @@ def purge_records(
         while True:
             room = batch_size if limit is None else min(batch_size, limit - result.total)
             if room <= 0:
-                more = current.page(base, cursor).exists() or any(
-                    later.page(base, None).exists() for later in passes[index + 1 :]
+                more = current.page(base, cursor, exact=True).exists() or any(
+                    later.page(base, None, exact=True).exists() for later in passes[index + 1 :]
                 )
                 result = replace(result, limit_reached=more, seconds=clock() - started)
                 return _finish(result, alias)
@@ -283,14 +289,23 @@ def purge_records(
 @dataclass(frozen=True)
 class _Pass:
     kind: str  # the PurgeResult field that counts it
-    condition: Q
+    condition: Q  # what the DELETE re-checks on every row
     order_field: str  # an indexed column, walked in (order_field, pk) order
+    # What a page reads instead of ``condition`` (which implies it), if not None: the
+    # candidates the order field's index alone finds, some of which the DELETE then keeps.
+    candidates: Q | None = None
 
     def page(
-        self, base: QuerySet[IdempotencyRecord], cursor: tuple[datetime, int] | None
+        self,
+        base: QuerySet[IdempotencyRecord],
+        cursor: tuple[datetime, int] | None,
+        *,
+        exact: bool = False,
     ) -> QuerySet[Any]:
-        """The rows to consider after ``cursor`` (keyset pagination), as ``(pk, order)``."""
-        rows = base.filter(self.condition)
+        """The rows to consider after ``cursor`` (keyset pagination), as ``(pk, order)``;
+        ``exact``: only those that match ``condition`` (not all ``candidates``)."""
+        wide = self.candidates is not None and not exact
+        rows = base.filter(self.candidates if wide else self.condition)
         if cursor is not None:
             after, pk = cursor
             # ``>=`` bounds the index scan, so that a page starts where the last one stopped
