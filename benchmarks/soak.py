@@ -800,9 +800,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--sabotage",
-        action="store_true",
-        help="switch idempotency off in the server (IDEMPOTENCY ENABLED=False) to check "
-        "that the invariants catch it: the soak must FAIL",
+        nargs="?",
+        const="disabled",
+        choices=("disabled", "rollback"),
+        default=None,
+        help="plant a defect in the server to check that the invariants catch it (the soak "
+        "must FAIL): 'disabled' (a bare --sabotage) switches idempotency off (IDEMPOTENCY "
+        "ENABLED=False); 'rollback' runs the view in atomic mode, so that a killed worker's "
+        "claim rolls back with its transaction after the view ran its provider call",
     )
     return parser.parse_args(argv)
 
@@ -966,7 +971,7 @@ def soak(run: Run) -> int:
         EXAMPLE_LEASE_SECONDS=str(args.lease),
         EXAMPLE_MAX_RUN_SECONDS=str(max(30.0, 10 * args.lease)),
         SOAK_EVENTS_DIR=str(events_dir),
-        SOAK_SABOTAGE="1" if args.sabotage else "0",
+        SOAK_SABOTAGE=args.sabotage or "",
         **store,
     )
     where = f", Redis store at {redis_url}" if redis_url else ""

@@ -4,7 +4,8 @@
 A worker killed just after its release's ``DELETE`` leaves the key free and no ``released``
 line (that line follows the ``DELETE``); a claim that did not hold (rolled back with a
 transaction the kill ended) leaves the key free too. The line written before the release
-tells them apart: the first is a re-run after a release, the second a violation.
+tells them apart: the first is a re-run after a release, the second a violation. The
+live check of the same is ``python -m benchmarks.soak --sabotage rollback``, which must fail.
 """
 
 from __future__ import annotations
