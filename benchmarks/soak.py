@@ -571,16 +571,17 @@ def check(
                 # A re-run after a release, as above.
                 after_release += 1
                 release_cut.append(
-                    f"{pair}: released at +{before.releasing - t0:.3f}s, its ``released`` event "
-                    f"cut by the {cuts[0]}"
+                    f"{pair}: it began to release the key at +{before.releasing - t0:.3f}s, "
+                    f"and the {' and the '.join(cuts)} cut its ``released`` event"
                 )
             elif cuts and before.end == math.inf:
-                # Killed mid-run, never began a release, and yet the key was free again
-                # within its lease: the claim did not hold while the view ran (a claim
-                # rolled back with a transaction the kill ended, say).
+                # Killed mid-run before it began any release, and yet the key was free again
+                # within its lease: its claim did not hold while the view ran (a claim rolled
+                # back with a transaction the kill ended, say).
+                how = "claimed afresh" if after.how == "claimed" else "taken over"
                 unexcused.append(
-                    f"{pair}, cut by the {cuts[0]} while still leased, and it had not begun "
-                    "to release the key: its claim did not hold"
+                    f"{pair}, cut by the {' and the '.join(cuts)} before it began any release, "
+                    f"and yet the key was {how} within its lease: its claim did not hold"
                 )
             elif cuts:
                 unexcused.append(f"{pair}, cut by the {cuts[0]} but still leased")

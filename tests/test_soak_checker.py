@@ -75,9 +75,9 @@ def test_a_rerun_after_a_release_whose_released_event_a_kill_cut_passes() -> Non
     assert "1 of them after a kill that cut the release's event" in rule.summary
     assert rule.notes == [
         f"{KEY} (timeout): execution 2 (claimed by pid 200 on backend 1200 at +1.200s, ended "
-        "+1.310s) after 1 (claimed by pid 100 on backend 1100 at +1.000s, never ended): "
-        "released at +1.101s, its ``released`` event cut by the kill of worker pid 100 at "
-        "+1.102s (gone +1.104s)"
+        "+1.310s) after 1 (claimed by pid 100 on backend 1100 at +1.000s, never ended): it "
+        "began to release the key at +1.101s, and the kill of worker pid 100 at +1.102s "
+        "(gone +1.104s) cut its ``released`` event"
     ]
     assert charged.ok
 
@@ -94,8 +94,8 @@ def test_a_fresh_claim_within_the_lease_of_a_killed_run_that_never_released_fail
     assert rule.violations == [
         f"{KEY} (new): execution 2 (claimed by pid 200 on backend 1200 at +1.200s, ended "
         "+1.310s) after 1 (claimed by pid 100 on backend 1100 at +1.000s, never ended), cut by "
-        "the kill of worker pid 100 at +1.102s (gone +1.104s) while still leased, and it had "
-        "not begun to release the key: its claim did not hold"
+        "the kill of worker pid 100 at +1.102s (gone +1.104s) before it began any release, "
+        "and yet the key was claimed afresh within its lease: its claim did not hold"
     ]
     assert charged.ok
 
