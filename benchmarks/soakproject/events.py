@@ -7,6 +7,12 @@ runs on (``backend``: the PostgreSQL backend pid, the MariaDB connection id), an
 every request is a ``request_finished`` line. With those the soak tells which executions of a
 view its faults cut: a worker it killed, a connection it terminated. Nothing here changes
 what the example does: it only listens.
+
+One line is written before the store acts, not after: ``releasing``, just before a store's
+``release`` (the ``DELETE`` of the claim's record, or its Redis script), from a wrapper of
+that method. The ``released`` signal follows the release, so a worker killed between the
+two leaves a record deleted and no ``released`` line; the ``releasing`` line tells that
+case from a claim that vanished without any release (``soak.py``, rule 1).
 """
 
 from __future__ import annotations
@@ -100,7 +106,44 @@ def connect() -> None:
         if isinstance(signal, Signal):
             signal.connect(partial(_on_signal, name), weak=False, dispatch_uid=f"soak-{name}")
     request_finished.connect(_on_request_finished, dispatch_uid="soak-request-finished")
+    _record_releases()
     write({"event": "ready", "library": os.path.dirname(idempotency_django.__file__)})
+
+
+def _stores() -> list[Any]:
+    """The store classes the soak runs on: the database store, and the Redis store (which
+    the Redis Cluster store is too) when redis is installed."""
+    from idempotency_django.store.database import DatabaseStore
+
+    try:
+        from idempotency_django.store.redis import RedisStore
+    except ImportError:
+        return [DatabaseStore]
+    return [DatabaseStore, RedisStore]
+
+
+def _record_releases() -> None:
+    """Wrap each store's ``release`` to write a ``releasing`` line before it runs: the
+    library has no signal before a release, and its ``released`` signal comes after it."""
+    for store in _stores():
+        original = store.release
+        if getattr(original, "soak_wrapped", False):
+            continue
+
+        def release(self: Any, scope: Any, token: str, _original: Any = original) -> Any:
+            write(
+                {
+                    "event": "releasing",
+                    "account": scope.account,
+                    "endpoint": scope.endpoint,
+                    "key": scope.key,
+                    "backend": backend(),
+                }
+            )
+            return _original(self, scope, token)
+
+        release.soak_wrapped = True  # type: ignore[attr-defined]
+        store.release = release
 
 
 class EventLogHandler(logging.Handler):

@@ -12,9 +12,16 @@ from example_project.settings import IDEMPOTENCY, INSTALLED_APPS
 
 INSTALLED_APPS = [*INSTALLED_APPS, "benchmarks.soakproject"]
 
-if os.environ.get("SOAK_SABOTAGE") == "1":
-    # ``soak.py --sabotage``: the app switched off, to show that the checks catch it.
+# ``soak.py --sabotage``: a defect planted to show that the checks catch it.
+SABOTAGE = os.environ.get("SOAK_SABOTAGE", "")
+if SABOTAGE == "disabled":
+    # The app switched off: keys charge twice.
     IDEMPOTENCY = {**IDEMPOTENCY, "ENABLED": False}
+elif SABOTAGE == "rollback":
+    # Claim, view and outcome in one transaction: a killed worker's claim rolls back, so a
+    # retry claims the key afresh within the lease, after the view had already called the
+    # provider. The charge rolls back too, so only the re-run rule can see it.
+    IDEMPOTENCY = {**IDEMPOTENCY, "MODE": "atomic"}
 
 LOGGING = {
     "version": 1,
