@@ -2403,6 +2403,17 @@ MUTANTS = [
         ("test_heartbeat.py::test_a_claim_with_a_shorter_lease_wakes_the_sleeping_heartbeat",),
     ),
     Mutant(
+        "resumed-claim-untold",
+        "a claim resumed after its lost reply runs the view without 'claimed': the metrics count "
+        "it as 'other' and an audit of executions misses it",
+        "core/shell.py",
+        "            # view is about to run under a new claim, so this is ``claimed``.\n"
+        '            _report(scope, logging.DEBUG, "Idempotency key claimed.", '
+        "signal=signals.claimed)\n",
+        "            # view is about to run under a new claim, so this is ``claimed``.\n",
+        ("test_decorators.py::test_a_claim_resumed_after_its_lost_reply_is_told_as_claimed",),
+    ),
+    Mutant(
         "signals-observer-silences-receivers",
         "with the metrics on, a receiver of one's own stops getting the signals: the metrics' "
         "slot takes the place of Django's receivers instead of coming before them",

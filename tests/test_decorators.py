@@ -865,6 +865,30 @@ def test_a_retried_claim_recognises_its_own_unacknowledged_row(alice: User) -> N
         shell.claim_or_replay(scope, "f" * 64, options)
 
 
+def test_a_claim_resumed_after_its_lost_reply_is_told_as_claimed(alice: User) -> None:
+    """The view runs under the resumed claim: ``claimed`` is sent for it (the metrics count
+    it as claimed, the soak's ledger records its execution), as for any new claim."""
+    from idempotency_django import signals
+    from idempotency_django.core import claims, shell
+
+    scope = claims.Scope(str(alice.pk), "POST /effect/", "k1")
+    options = claims.ClaimPolicy(
+        "default", lease=10, ttl=60, in_flight="conflict", wait_seconds=0, retry_after=1
+    )
+    told: list[str] = []
+    signals.claimed.connect(
+        lambda **kwargs: told.append(signals.raw_key()), weak=False, dispatch_uid="resumed"
+    )
+    try:
+        shell.claim_or_replay(scope, "f" * 64, options, token="t" * 32)
+        resumed = shell.claim_or_replay(scope, "f" * 64, options, token="t" * 32)
+    finally:
+        signals.claimed.disconnect(dispatch_uid="resumed")
+
+    assert isinstance(resumed, claims.Claim)
+    assert told == ["k1", "k1"]
+
+
 def test_a_retried_completion_is_not_reported_lost(
     alice: User, caplog: pytest.LogCaptureFixture
 ) -> None:

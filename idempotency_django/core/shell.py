@@ -473,7 +473,9 @@ def _claim_or_replay(
         if isinstance(decision, Resume):
             # Ours, unacknowledged (the Redis store's claim answers this itself, rewritten
             # and replicated). Its lease was set by the earlier attempt: what is left of it
-            # dates the claim.
+            # dates the claim. The earlier attempt told nothing (its reply never came): the
+            # view is about to run under a new claim, so this is ``claimed``.
+            _report(scope, logging.DEBUG, "Idempotency key claimed.", signal=signals.claimed)
             return _claim(scope, token, options, min(sent, sent + decision.left - options.lease))
         if isinstance(decision, TakeOver):
             if _take_over(record, scope, fingerprint, token, now, options):
