@@ -310,7 +310,7 @@ MUTANTS = [
     Mutant(
         "engine-expired-in-use",
         "the engine counts a running record past its TTL as absent",
-        "store/base.py",
+        "core/decisions.py",
         "return record.expires_at <= now and not is_in_use(record, now)",
         "return record.expires_at <= now",
         (ATOM + "test_a_live_lease_is_never_taken_over_whatever_the_ttl",),

@@ -327,3 +327,26 @@ def test_races_are_bounded() -> None:
         False,
         False,
     ]
+
+
+@pytest.mark.parametrize(
+    ("module", "names"),
+    [
+        ("idempotency_django.store", ("is_expired", "is_in_use", "is_lapsed")),
+        ("idempotency_django.store.base", ("is_expired", "is_in_use", "is_lapsed", "lease_left")),
+    ],
+)
+def test_the_record_predicates_stay_importable_where_they_were(
+    module: str, names: tuple[str, ...]
+) -> None:
+    """The predicates moved into the decision table; an import by their old path still
+    gets them (the same functions, not copies that could drift apart)."""
+    import importlib
+
+    from idempotency_django.core import decisions
+
+    old = importlib.import_module(module)
+    for name in names:
+        assert getattr(old, name) is getattr(decisions, name)
+    with pytest.raises(AttributeError):
+        old.no_such_predicate  # noqa: B018

@@ -14,15 +14,13 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from idempotency_django.core import decisions
+from idempotency_django.core.decisions import is_expired, is_in_use, is_lapsed
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store import (
     CLAIMED,
     DatabaseStore,
     expired_q,
     in_use_q,
-    is_expired,
-    is_in_use,
-    is_lapsed,
     lapsed_q,
     store,
 )

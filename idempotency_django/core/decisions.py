@@ -2,13 +2,14 @@
 
 ``shell.py`` is the shell around them: it reads the record through the store, asks
 ``decide`` what to do, does it (claims, takes over, replays, waits, refuses) and reports
-each outcome once. The rules around the table live here too: what a store failure means
-(``store_failure``), when a duplicate's ``Retry-After`` is more than the setting
-(``in_flight_retry_after``), which outcomes are too big to store (``fits``), which failed
-work may have committed (``outcome_unknown``) and which failed completion is worth sending
-again (``may_pass_on_retry``). Keeping the rules here, apart from the round trips, lets
-every branch be tested without a database (``tests/test_decisions.py``), and lets a reader
-see the whole table in one screen.
+each outcome once. What the table reads lives here too: whether a record read at ``now``
+is in use, expired or lapsed, and how much of its lease is left (``is_in_use``, ...). So do
+the rules around it: what a store failure means (``store_failure``), when a duplicate's
+``Retry-After`` is more than the setting (``in_flight_retry_after``), which outcomes are
+too big to store (``fits``), which failed work may have committed (``outcome_unknown``)
+and which failed completion is worth sending again (``may_pass_on_retry``). Keeping the
+rules here, apart from the round trips, lets every branch be tested without a database
+(``tests/test_decisions.py``), and lets a reader see the whole table in one screen.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from django.db import (
 )
 
 from idempotency_django.models import IdempotencyRecord
-from idempotency_django.store.base import Snapshot, is_expired, is_in_use, is_lapsed, lease_left
+from idempotency_django.store.base import Snapshot
 from idempotency_django.store.database import rolled_back
 
 State = IdempotencyRecord.State
@@ -63,6 +64,42 @@ REPLAY: Final = "replay"
 IN_FLIGHT: Final = "in-flight"
 
 Decision: TypeAlias = Resume | TakeOver | Action
+
+
+# -- what a record read at ``now`` is: the table's inputs ----------------------------------
+#
+# The engine's side of the record states whose SQL side is ``store.base`` (``in_use_q``,
+# ``expired_q``, ``lapsed_q``: what the stores count, purge and inspect). The two must agree;
+# ``tests/test_store_hot_path.py`` holds them to it.
+
+
+def is_in_use(record: Snapshot, now: datetime) -> bool:
+    """In progress under a lease that has not lapsed: its request may still be running."""
+    return record.state == State.IN_PROGRESS and (
+        record.lease_expires_at is not None and record.lease_expires_at > now
+    )
+
+
+def is_expired(record: Snapshot, now: datetime) -> bool:
+    """Past its TTL and not in use: the key counts as absent."""
+    return record.expires_at <= now and not is_in_use(record, now)
+
+
+def is_lapsed(record: Snapshot, now: datetime) -> bool:
+    """In progress with a lease that nobody renews any more: its worker died or lost the
+    store."""
+    return record.state == State.IN_PROGRESS and not is_in_use(record, now)
+
+
+def lease_left(record: Snapshot, now: datetime) -> float:
+    """Seconds until ``record``'s lease lapses (0 when it has, or it has none)."""
+    if not is_in_use(record, now):
+        return 0.0
+    assert record.lease_expires_at is not None
+    return (record.lease_expires_at - now).total_seconds()
+
+
+# -- the table ------------------------------------------------------------------------------
 
 
 def decide(

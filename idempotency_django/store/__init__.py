@@ -1,4 +1,4 @@
-"""The record stores: every query on records and every definition of record state.
+"""The record stores: every query on records, and the record states in SQL.
 
 ``base`` holds the interface (``Store``, and the ``Write``, ``Completion`` and ``Scope`` it
 is given), the record's states and the failure kinds;
@@ -29,14 +29,25 @@ from idempotency_django.store.base import (
     expiry,
     get_store,
     in_use_q,
-    is_expired,
-    is_in_use,
-    is_lapsed,
     lapsed_q,
     never,
     store_alias,
 )
 from idempotency_django.store.database import TIMESTAMPTZ_OID, DatabaseStore, store
+
+# The record predicates the engine decides with live in ``core/decisions.py``, beside the
+# table that reads them; they stay importable from here, loaded on first use (the decisions
+# import this package: an import at the top would be a cycle).
+_IN_DECISIONS = frozenset({"is_expired", "is_in_use", "is_lapsed"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _IN_DECISIONS:
+        from idempotency_django.core import decisions
+
+        return getattr(decisions, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CLAIMED",

@@ -156,28 +156,6 @@ def lapsed_q(now: Now) -> Q:
     )
 
 
-def is_in_use(record: Snapshot, now: datetime) -> bool:
-    return record.state == State.IN_PROGRESS and (
-        record.lease_expires_at is not None and record.lease_expires_at > now
-    )
-
-
-def is_expired(record: Snapshot, now: datetime) -> bool:
-    return record.expires_at <= now and not is_in_use(record, now)
-
-
-def is_lapsed(record: Snapshot, now: datetime) -> bool:
-    return record.state == State.IN_PROGRESS and not is_in_use(record, now)
-
-
-def lease_left(record: Snapshot, now: datetime) -> float:
-    """Seconds until ``record``'s lease lapses (0 when it has, or it has none)."""
-    if not is_in_use(record, now):
-        return 0.0
-    assert record.lease_expires_at is not None
-    return (record.lease_expires_at - now).total_seconds()
-
-
 @dataclass(frozen=True)
 class Snapshot:
     """What a loser reads of the record it lost to: never the body unless it replays. Its
@@ -486,3 +464,17 @@ def check_store(spec: str | Store, mode: Any, where: str, *, mode_given: bool = 
             f"{type(store).__name__}: no transaction spans it and the database."
         )
     return store
+
+
+# The record predicates the engine decides with (``is_in_use``, ``is_expired``, ``is_lapsed``,
+# ``lease_left``) live in ``core/decisions.py``, beside the table that reads them; they stay
+# importable from here, loaded on first use (the decisions import this module).
+_IN_DECISIONS = frozenset({"is_expired", "is_in_use", "is_lapsed", "lease_left"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _IN_DECISIONS:
+        from idempotency_django.core import decisions
+
+        return getattr(decisions, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

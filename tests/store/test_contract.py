@@ -28,6 +28,7 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 from hypothesis.stateful import run_state_machine_as_test
 
+from idempotency_django.core.decisions import is_expired, is_in_use, is_lapsed
 from idempotency_django.models import IdempotencyRecord
 from idempotency_django.store import base
 from idempotency_django.store.base import (
@@ -39,9 +40,6 @@ from idempotency_django.store.base import (
     Store,
     Write,
     get_store,
-    is_expired,
-    is_in_use,
-    is_lapsed,
 )
 from tests import test_stateful as stateful
 from tests.conftest import REDIS_URL, wait_until
