@@ -183,12 +183,6 @@ class Options:
         resolved = self.resolved()
         return resolved.enabled and (method or "").upper() in resolved.methods
 
-    def raw_key(self, request: Any) -> str | None:
-        """The unparsed key: the ``HEADER`` header, or what the ``key`` callable returns."""
-        if self.key is not None:
-            return self.key(request)
-        return request.headers.get(self.resolved().header)  # type: ignore[no-any-return]
-
     def policy(self) -> shell.Policy:
         return self.resolved().policy(claims.store_alias())
 

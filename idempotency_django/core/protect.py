@@ -57,7 +57,12 @@ class Guard:
         """Parse, scope and fingerprint ``request``; ``None`` when it runs unprotected."""
         resolved = options.resolved()
         resolved.stored_headers  # noqa: B018 - read after the work, refused before it
-        raw = options.raw_key(request)
+        # The unparsed key: what the ``key`` callable returns, or the ``HEADER`` header.
+        raw = (
+            options.key(request)
+            if options.key is not None
+            else request.headers.get(resolved.header)
+        )
         if raw is None:
             if resolved.required:
                 raise KeyMissing(f"This endpoint requires an {resolved.header} header.")
