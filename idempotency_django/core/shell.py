@@ -778,10 +778,7 @@ class Run:
             return self._store_failed(error)
         self._transactions.open([self.alias])
         try:
-            began = self._claim_or_replay(reconnect=False)
-        except IdempotencyError as error:
-            self._transactions.discard(self.alias)
-            return Refused(error)
+            began = self._claim_or_replay(reconnect=False)  # a refusal comes back as one
         except self.store.errors as error:
             self._transactions.discard(self.alias)
             return self._store_failed(error)
