@@ -35,17 +35,15 @@ from idempotency_django.store.base import (
 )
 from idempotency_django.store.database import TIMESTAMPTZ_OID, DatabaseStore, store
 
-# The record predicates the engine decides with live in ``core/decisions.py``, beside the
-# table that reads them; they stay importable from here, loaded on first use (the decisions
-# import this package: an import at the top would be a cycle).
-_IN_DECISIONS = frozenset({"is_expired", "is_in_use", "is_lapsed"})
+# The record predicates the engine decides with live in ``core/decisions.py``; ``store.base``
+# still hands them out (loaded on first use), and so does this package, through it.
 
 
 def __getattr__(name: str) -> object:
-    if name in _IN_DECISIONS:
-        from idempotency_django.core import decisions
+    from idempotency_django.store import base
 
-        return getattr(decisions, name)
+    if name in base.IN_DECISIONS:
+        return getattr(base, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -469,11 +469,11 @@ def check_store(spec: str | Store, mode: Any, where: str, *, mode_given: bool = 
 # The record predicates the engine decides with (``is_in_use``, ``is_expired``, ``is_lapsed``,
 # ``lease_left``) live in ``core/decisions.py``, beside the table that reads them; they stay
 # importable from here, loaded on first use (the decisions import this module).
-_IN_DECISIONS = frozenset({"is_expired", "is_in_use", "is_lapsed", "lease_left"})
+IN_DECISIONS = frozenset({"is_expired", "is_in_use", "is_lapsed", "lease_left"})
 
 
 def __getattr__(name: str) -> object:
-    if name in _IN_DECISIONS:
+    if name in IN_DECISIONS:
         from idempotency_django.core import decisions
 
         return getattr(decisions, name)
